@@ -1,0 +1,5 @@
+import sys
+
+from fbnas.cli import main
+
+sys.exit(main())

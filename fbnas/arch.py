@@ -1,0 +1,210 @@
+"""Architectures as data: a macro-architecture plus one op per searchable layer.
+
+An Architecture is saved and loaded as YAML a person can read and edit, identified by a
+content hash (as NAS-Bench-101 hashes a ModelSpec), and built into a standalone network by
+`build_child` — no MixedOp, no search state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fbnas.blocks import build_block, canonical_op, init_weights
+from fbnas.errors import FbnasError
+from fbnas.io import Fields, load_yaml, write_yaml_atomic
+from fbnas.search_space import MacroSpec, SearchSpace, parse_macro
+
+ARCH_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Architecture:
+    macro: MacroSpec
+    ops: tuple[str, ...]  # canonical op name per searchable layer
+    name: str = "arch"
+    space: str | None = None  # name of the search space it came from (informational)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        n = self.macro.num_layers
+        if len(self.ops) != n:
+            raise FbnasError(f"architecture '{self.name}': {len(self.ops)} ops for {n} layers")
+
+    # ---- identity -----------------------------------------------------------------------
+    def hash(self) -> str:
+        """sha256 over the canonical JSON of (macro, ops); the name and meta do not count."""
+        blob = json.dumps({"macro": self.macro.to_dict(), "ops": list(self.ops)},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def short_hash(self) -> str:
+        return self.hash()[:12]
+
+    # ---- relation to a space ------------------------------------------------------------
+    def check_fits(self, space: SearchSpace, where: str = "architecture") -> None:
+        """Raise unless this architecture is a member of `space`."""
+        if self.macro != space.macro:
+            a, b = self.macro.to_dict(), space.macro.to_dict()
+            diff = next(k for k in a if a[k] != b[k])
+            raise FbnasError(f"{where}: macro.{diff} is {a[diff]!r} but search space "
+                             f"'{space.name}' has {b[diff]!r}")
+        for i, (op, cands) in enumerate(zip(self.ops, space.layer_candidates(), strict=True)):
+            if op not in cands:
+                raise FbnasError(f"{where}: layer {i} op '{op}' is not a candidate of search "
+                                 f"space '{space.name}' ({', '.join(cands)})")
+
+    def stage_ops(self) -> list[list[str]]:
+        out, i = [], 0
+        for st in self.macro.stages:
+            out.append(list(self.ops[i:i + st.repeats]))
+            i += st.repeats
+        return out
+
+    # ---- (de)serialisation --------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"fbnas_arch": ARCH_SCHEMA, "name": self.name}
+        if self.space:
+            d["space"] = self.space
+        d["hash"] = self.hash()
+        d["macro"] = self.macro.to_dict()
+        d["ops"] = self.stage_ops()
+        if self.meta:
+            d["meta"] = self.meta
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "architecture") -> Architecture:
+        f = Fields(data, where)
+        version = f.int("fbnas_arch", required=True)
+        if version != ARCH_SCHEMA:
+            raise FbnasError(f"{f.at('fbnas_arch')}: schema version {version} is not supported "
+                             f"(this fbnas reads version {ARCH_SCHEMA}; upgrade fbnas or "
+                             "re-export the architecture)")
+        name = f.str("name", "arch")
+        space = f.str("space", None)
+        stored_hash = f.str("hash", None)
+        macro, _ = parse_macro(f.sub("macro", required=True), with_candidates=False)
+        macro.layers(f"{where}: macro")
+        raw_ops = f.list("ops", required=True, nonempty=True)
+        meta = f.raw("meta", {}) or {}
+        if not isinstance(meta, dict):
+            raise FbnasError(f"{f.at('meta')}: expected a mapping")
+        f.done()
+        if len(raw_ops) != len(macro.stages):
+            raise FbnasError(f"{f.at('ops')}: {len(raw_ops)} stage lists for "
+                             f"{len(macro.stages)} stages")
+        ops: list[str] = []
+        for si, (stage_ops, st) in enumerate(zip(raw_ops, macro.stages, strict=True)):
+            key = f"{f.at('ops')}[{si}]"
+            if not isinstance(stage_ops, list) or len(stage_ops) != st.repeats:
+                raise FbnasError(f"{key}: expected a list of {st.repeats} ops "
+                                 f"(stage repeats), got {stage_ops!r}")
+            for j, op in enumerate(stage_ops):
+                try:
+                    ops.append(canonical_op(op))
+                except FbnasError as e:
+                    raise FbnasError(f"{key}[{j}] (layer {len(ops)}): {e}") from None
+        arch = cls(macro, tuple(ops), name, space, meta)
+        if stored_hash is not None and stored_hash != arch.hash():
+            # The file was edited: the ops or macro changed, so the recorded hash is stale.
+            arch.meta["edited"] = True
+        return arch
+
+    def save(self, path: str | Path) -> None:
+        write_yaml_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Architecture:
+        return cls.from_dict(load_yaml(path), str(path))
+
+
+# ---- sampling from θ ------------------------------------------------------------------------
+def arch_from_indices(space: SearchSpace, indices: Sequence[int], name: str = "arch",
+                      **meta) -> Architecture:
+    ops = tuple(c[i] for c, i in zip(space.layer_candidates(), indices, strict=True))
+    return Architecture(space.macro, ops, name, space.name, dict(meta))
+
+
+def sample_hard(space: SearchSpace, theta: Sequence[torch.Tensor], name: str = "arch"):
+    """argmax θ per layer."""
+    return arch_from_indices(space, [int(t.detach().argmax()) for t in theta], name)
+
+
+def sample_soft(space: SearchSpace, theta: Sequence[torch.Tensor], generator=None,
+                name: str = "arch") -> Architecture:
+    """One draw from softmax θ per layer."""
+    idx = [int(torch.multinomial(torch.softmax(t.detach().float().cpu(), -1), 1,
+                                 generator=generator)) for t in theta]
+    return arch_from_indices(space, idx, name)
+
+
+def arch_log_prob(space: SearchSpace, theta: Sequence[torch.Tensor], arch: Architecture):
+    """log P_θ(a) = Σ_l log softmax(θ_l)[a_l]."""
+    total = 0.0
+    for t, cands, op in zip(theta, space.layer_candidates(), arch.ops, strict=True):
+        total += float(torch.log_softmax(t.detach().float().cpu(), -1)[cands.index(op)])
+    return total
+
+
+# ---- the standalone child network -----------------------------------------------------------
+class ChildNet(nn.Module):
+    """stem -> one chosen block per searchable layer -> head."""
+
+    def __init__(self, arch: Architecture):
+        super().__init__()
+        self.arch = arch
+        self.stem = arch.macro.build_stem()
+        self.blocks = nn.Sequential(*[
+            _build_layer(op, la.c_in, la.c_out, la.stride, la.index)
+            for op, la in zip(arch.ops, arch.macro.layers(arch.name), strict=True)])
+        self.head = arch.macro.build_head()
+        init_weights(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def _build_layer(op: str, c_in: int, c_out: int, stride: int, index: int) -> nn.Module:
+    try:
+        return build_block(op, c_in, c_out, stride)
+    except FbnasError as e:
+        raise FbnasError(f"layer {index}: {e}") from None
+
+
+def build_child(arch: Architecture) -> ChildNet:
+    return ChildNet(arch)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def count_flops(model: nn.Module, input_size: tuple[int, int], in_channels: int = 3) -> int:
+    """FLOPs of one forward at batch 1, by torch.utils.flop_counter (2 FLOPs per multiply-add;
+    convolutions and linear layers only, as is usual for FLOP counts)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = model.training
+    model.eval()
+    x = torch.zeros(1, in_channels, *input_size)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    model.train(was_training)
+    return int(counter.get_total_flops())
+
+
+def child_stats(arch: Architecture) -> dict[str, Any]:
+    """Parameters, FLOPs and multiply-adds of the child network of `arch`."""
+    net = build_child(arch)
+    flops = count_flops(net, arch.macro.input_size, arch.macro.in_channels)
+    return {"params": count_params(net), "flops": flops, "macs": flops // 2, "hash": arch.hash()}

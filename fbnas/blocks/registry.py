@@ -1,0 +1,104 @@
+"""Block registry: op name -> factory(c_in, c_out, stride, **kw) -> nn.Module.
+
+Two kinds of entry:
+- exact names (`skip`, `basic_block`, ...), registered with `@register_block("name")`;
+- families, registered with `register_family(prefix, parse)`: a parser turns a name such as
+  `ir_k5_e6_se` into (canonical name, factory). Names are parsed, never enumerated.
+
+`canonical_op(name)` maps every accepted spelling to one canonical form, so architectures,
+latency tables and hashes agree however the user spelled an op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from torch import nn
+
+from fbnas.errors import FbnasError
+
+
+class BlockFactory(Protocol):
+    def __call__(self, c_in: int, c_out: int, stride: int, **kw) -> nn.Module: ...
+
+
+# A family parser returns (canonical_name, factory), or raises FbnasError naming the op.
+FamilyParser = Callable[[str], tuple[str, BlockFactory]]
+
+_EXACT: dict[str, BlockFactory] = {}
+_ALIASES: dict[str, str] = {}
+_FAMILIES: dict[str, FamilyParser] = {}
+_FAMILY_EXAMPLES: dict[str, list[str]] = {}
+
+
+def register_block(name: str, *aliases: str) -> Callable[[BlockFactory], BlockFactory]:
+    """Decorator: register `factory` under an exact op name (and aliases); duplicates raise."""
+
+    def deco(factory: BlockFactory) -> BlockFactory:
+        for n in (name, *aliases):
+            if n in _EXACT or n in _ALIASES:
+                raise ValueError(f"block name '{n}' is already registered")
+        _EXACT[name] = factory
+        for a in aliases:
+            _ALIASES[a] = name
+        return factory
+
+    return deco
+
+
+def register_alias(alias: str, target: str) -> None:
+    """Register `alias` as another spelling of op `target` (which may be a family member)."""
+    if alias in _EXACT or alias in _ALIASES:
+        raise ValueError(f"block name '{alias}' is already registered")
+    _ALIASES[alias] = target
+
+
+def register_family(prefix: str, parse: FamilyParser, examples: list[str]) -> None:
+    """Register a parsed family: every name `prefix_...` goes to `parse`.
+
+    `examples` are canonical members that tests and docs iterate over.
+    """
+    if prefix in _FAMILIES:
+        raise ValueError(f"block family '{prefix}' is already registered")
+    _FAMILIES[prefix] = parse
+    _FAMILY_EXAMPLES[prefix] = list(examples)
+
+
+def _resolve(name: str) -> tuple[str, BlockFactory]:
+    if not isinstance(name, str) or not name:
+        raise FbnasError(f"op name must be a non-empty string, got {name!r}")
+    name = _ALIASES.get(name, name)
+    if name in _EXACT:
+        return name, _EXACT[name]
+    prefix = name.split("_", 1)[0]
+    if prefix in _FAMILIES:
+        return _FAMILIES[prefix](name)
+    # The paper writes candidates without the ir_ prefix (k3_e1, k5_e1_g2).
+    if name.startswith("k") and "ir" in _FAMILIES:
+        return _FAMILIES["ir"]("ir_" + name)
+    known = ", ".join(sorted(_EXACT)) + ", " + ", ".join(f"{p}_..." for p in sorted(_FAMILIES))
+    raise FbnasError(f"unknown op '{name}' (known: {known})")
+
+
+def canonical_op(name: str) -> str:
+    """The one canonical spelling of an op name; raises FbnasError for an unknown op."""
+    return _resolve(name)[0]
+
+
+def build_block(name: str, c_in: int, c_out: int, stride: int, **kw) -> nn.Module:
+    """Build candidate block `name` for the given shape."""
+    for what, v in (("c_in", c_in), ("c_out", c_out), ("stride", stride)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise FbnasError(f"op '{name}': {what} must be a positive integer, got {v!r}")
+    _, factory = _resolve(name)
+    return factory(c_in, c_out, stride, **kw)
+
+
+def registered_ops() -> list[str]:
+    """Exact names plus each family's examples (tests loop over this)."""
+    return sorted(_EXACT) + [n for ex in _FAMILY_EXAMPLES.values() for n in ex]
+
+
+def aliases() -> dict[str, str]:
+    return dict(_ALIASES)

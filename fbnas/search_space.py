@@ -1,0 +1,303 @@
+"""Search spaces from YAML, and the shape inference that turns them into layer specs.
+
+A search space is a macro-architecture (input, stem, stages, head) plus candidate ops per
+searchable layer. Every searchable layer's (c_in, c_out, stride, input HxW) is inferred here,
+never typed by hand. The `space:` section of a config file looks like:
+
+    space:
+      name: fbnet_cifar10
+      input_size: 32            # or [H, W]
+      in_channels: 3
+      num_classes: 10
+      width_mult: 1.0
+      stem: {channels: 16, stride: 1}
+      candidates: [ir_k3_e1, ir_k3_e1_g2, ir_k3_e3, ...]   # for every stage ...
+      stages:
+        - {channels: 16, repeats: 1, stride: 1}
+        - {channels: 24, repeats: 4, stride: 2, candidates: [...]}   # ... or per stage
+      head: {channels: 1504, pool: avg, dropout: 0.0}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fbnas.blocks import ConvBN, canonical_op, make_divisible
+from fbnas.errors import FbnasError
+from fbnas.io import Fields, load_yaml
+
+POOLS = ("avg", "max")
+
+
+@dataclass(frozen=True)
+class StemSpec:
+    channels: int
+    stride: int = 2
+    kernel: int = 3
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    channels: int
+    repeats: int
+    stride: int = 1
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    channels: int
+    pool: str = "avg"
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One searchable layer: where it sits and the shape its candidates see."""
+
+    index: int
+    stage: int
+    position: int  # index within its stage
+    c_in: int
+    c_out: int
+    stride: int
+    h: int  # input height
+    w: int  # input width
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return (self.h - 1) // self.stride + 1, (self.w - 1) // self.stride + 1
+
+
+@dataclass(frozen=True)
+class MacroSpec:
+    """The fixed part of a network: input, stem, stages (channels, repeats, stride), head."""
+
+    input_size: tuple[int, int]
+    num_classes: int
+    stem: StemSpec
+    stages: tuple[StageSpec, ...]
+    head: HeadSpec
+    in_channels: int = 3
+    width_mult: float = 1.0
+
+    # ---- channels after the width multiplier -------------------------------------------
+    def scaled(self, c: int) -> int:
+        return c if self.width_mult == 1.0 else make_divisible(c * self.width_mult, 8)
+
+    @property
+    def stem_channels(self) -> int:
+        return self.scaled(self.stem.channels)
+
+    @property
+    def head_channels(self) -> int:
+        # MobileNet convention: the last conv only widens, never narrows, with the multiplier.
+        return self.scaled(self.head.channels) if self.width_mult > 1.0 else self.head.channels
+
+    @property
+    def num_layers(self) -> int:
+        return sum(s.repeats for s in self.stages)
+
+    # ---- shape inference ----------------------------------------------------------------
+    def stem_shape(self) -> tuple[int, int, int, int, int]:
+        """(c_in, c_out, stride, H, W) of the stem conv."""
+        h, w = self.input_size
+        return self.in_channels, self.stem_channels, self.stem.stride, h, w
+
+    def layers(self, where: str = "space") -> tuple[LayerShape, ...]:
+        """Infer every searchable layer's shape; raise if a stride meets a 1x1 map."""
+        h, w = self.input_size
+        if h < self.stem.stride or w < self.stem.stride:
+            raise FbnasError(f"{where}.stem.stride: {self.stem.stride} on a {h}x{w} input "
+                             "would leave less than 1x1")
+        h, w = (h - 1) // self.stem.stride + 1, (w - 1) // self.stem.stride + 1
+        c = self.stem_channels
+        out: list[LayerShape] = []
+        for si, st in enumerate(self.stages):
+            c_out = self.scaled(st.channels)
+            for pos in range(st.repeats):
+                stride = st.stride if pos == 0 else 1
+                if stride > 1 and (h < stride or w < stride):
+                    raise FbnasError(
+                        f"{where}.stages[{si}].stride: stride {stride} on a {h}x{w} map would "
+                        "drive the resolution below 1x1")
+                layer = LayerShape(len(out), si, pos, c, c_out, stride, h, w)
+                out.append(layer)
+                h, w = layer.out_hw
+                c = c_out
+        return tuple(out)
+
+    def head_shape(self) -> tuple[int, int, int, int, int]:
+        """(c_in, head channels, H, W, classes) of the head."""
+        layers = self.layers()
+        if layers:
+            c, (h, w) = layers[-1].c_out, layers[-1].out_hw
+        else:
+            _, c, s, h0, w0 = self.stem_shape()
+            h, w = (h0 - 1) // s + 1, (w0 - 1) // s + 1
+        return c, self.head_channels, h, w, self.num_classes
+
+    # ---- fixed modules ------------------------------------------------------------------
+    def build_stem(self) -> nn.Module:
+        c_in, c_out, stride, _, _ = self.stem_shape()
+        return ConvBN(c_in, c_out, self.stem.kernel, stride)
+
+    def build_head(self) -> nn.Module:
+        c_in, c_head, _, _, classes = self.head_shape()
+        return Head(c_in, c_head, classes, self.head.pool, self.head.dropout)
+
+    # ---- (de)serialisation ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        h, w = self.input_size
+        return {
+            "input_size": h if h == w else [h, w],
+            "in_channels": self.in_channels,
+            "num_classes": self.num_classes,
+            "width_mult": self.width_mult,
+            "stem": {"channels": self.stem.channels, "stride": self.stem.stride,
+                     "kernel": self.stem.kernel},
+            "stages": [{"channels": s.channels, "repeats": s.repeats, "stride": s.stride}
+                       for s in self.stages],
+            "head": {"channels": self.head.channels, "pool": self.head.pool,
+                     "dropout": self.head.dropout},
+        }
+
+
+class Head(nn.Module):
+    """1x1 conv + BN + ReLU -> global pool -> dropout -> linear classifier."""
+
+    def __init__(self, c_in: int, c_head: int, num_classes: int, pool: str = "avg",
+                 dropout: float = 0.0):
+        super().__init__()
+        self.conv = ConvBN(c_in, c_head, 1)
+        self.pool = nn.AdaptiveAvgPool2d(1) if pool == "avg" else nn.AdaptiveMaxPool2d(1)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.fc = nn.Linear(c_head, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.dropout(torch.flatten(self.pool(self.conv(x)), 1)))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A macro-architecture plus candidate ops (canonical names) for each searchable layer."""
+
+    name: str
+    macro: MacroSpec
+    stage_candidates: tuple[tuple[str, ...], ...]  # one tuple of ops per stage
+
+    def layers(self) -> tuple[LayerShape, ...]:
+        return self.macro.layers(self.name)
+
+    def candidates(self, layer: int | LayerShape) -> tuple[str, ...]:
+        stage = layer.stage if isinstance(layer, LayerShape) else self.layers()[layer].stage
+        return self.stage_candidates[stage]
+
+    def layer_candidates(self) -> list[tuple[str, ...]]:
+        return [self.stage_candidates[la.stage] for la in self.layers()]
+
+    @property
+    def num_layers(self) -> int:
+        return self.macro.num_layers
+
+    def size(self) -> int:
+        """Number of distinct architectures in the space."""
+        n = 1
+        for cands in self.layer_candidates():
+            n *= len(cands)
+        return n
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name, **self.macro.to_dict()}
+        shared = self.stage_candidates[0] if self.stage_candidates else ()
+        if all(c == shared for c in self.stage_candidates):
+            d["candidates"] = list(shared)
+        else:
+            for sd, c in zip(d["stages"], self.stage_candidates, strict=True):
+                sd["candidates"] = list(c)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "space") -> SearchSpace:
+        f = Fields(data, where)
+        name = f.str("name", required=True)
+        default_cands = f.list("candidates", None, nonempty=True)
+        macro, per_stage = parse_macro(f, with_candidates=True)
+        f.done()
+        cands: list[tuple[str, ...]] = []
+        for si, c in enumerate(per_stage):
+            if c is None and default_cands is None:
+                raise FbnasError(f"{where}.stages[{si}]: no candidates (set {where}.candidates "
+                                 "or the stage's own candidates)")
+            key = f"{where}.stages[{si}].candidates" if c is not None else f"{where}.candidates"
+            cands.append(_canonical_list(c if c is not None else default_cands, key))
+        space = cls(name, macro, tuple(cands))
+        macro.layers(where)  # shape-inference errors surface at load time, naming the file
+        return space
+
+
+def _canonical_list(ops: list[Any], where: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for i, op in enumerate(ops):
+        if not isinstance(op, str):
+            raise FbnasError(f"{where}[{i}]: expected an op name, got {op!r}")
+        try:
+            c = canonical_op(op)
+        except FbnasError as e:
+            raise FbnasError(f"{where}[{i}]: {e}") from None
+        if c in out:
+            raise FbnasError(f"{where}[{i}]: op '{op}' is listed twice (as '{c}')")
+        out.append(c)
+    return tuple(out)
+
+
+def _hw(v: Any, where: str) -> tuple[int, int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v, v]
+    if (not isinstance(v, list) or len(v) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+        raise FbnasError(f"{where}: expected an integer or [H, W], got {v!r}")
+    if min(v) < 1:
+        raise FbnasError(f"{where}: must be positive, got {v!r}")
+    return int(v[0]), int(v[1])
+
+
+def parse_macro(f: Fields, with_candidates: bool) -> tuple[MacroSpec, list[list | None]]:
+    """Read the macro keys from `f` (a space or an architecture's `macro`)."""
+    input_size = _hw(f.raw("input_size", required=True), f.at("input_size"))
+    in_channels = f.int("in_channels", 3, min=1)
+    num_classes = f.int("num_classes", required=True, min=1)
+    width_mult = f.float("width_mult", 1.0, gt=0.0, max=16.0)
+    sf = f.sub("stem", required=True)
+    stem = StemSpec(sf.int("channels", required=True, min=1), sf.int("stride", 2, min=1),
+                    sf.int("kernel", 3, min=1))
+    if stem.kernel % 2 == 0:
+        raise FbnasError(f"{sf.at('kernel')}: must be odd, got {stem.kernel}")
+    sf.done()
+    stages: list[StageSpec] = []
+    per_stage: list[list | None] = []
+    for i, sd in enumerate(f.list("stages", required=True, nonempty=True)):
+        g = Fields(sd, f"{f.at('stages')}[{i}]")
+        stages.append(StageSpec(g.int("channels", required=True, min=1),
+                                g.int("repeats", 1, min=1), g.int("stride", 1, min=1)))
+        per_stage.append(g.list("candidates", None, nonempty=True) if with_candidates else None)
+        g.done()
+    hf = f.sub("head", required=True)
+    head = HeadSpec(hf.int("channels", required=True, min=1),
+                    hf.str("pool", "avg", choices=POOLS),
+                    hf.float("dropout", 0.0, min=0.0, max=0.99))
+    hf.done()
+    macro = MacroSpec(input_size, num_classes, stem, tuple(stages), head, in_channels, width_mult)
+    return macro, per_stage
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Load the `space:` section of a config file."""
+    data = load_yaml(path)
+    if "space" not in data:
+        raise FbnasError(f"{path}: missing key 'space' (the search space section)")
+    return SearchSpace.from_dict(data["space"], f"{path}: space")

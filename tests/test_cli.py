@@ -1,0 +1,41 @@
+from pathlib import Path
+
+import pytest
+
+from fbnas.cli import main
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_space_command(capsys):
+    assert main(["space", str(ROOT / "configs/fbnet_cifar10.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "22 searchable layers" in out and "352" in out
+
+
+def test_arch_command(capsys):
+    assert main(["arch", str(ROOT / "configs/archs/fbnet_c.yaml"),
+                 "--space", str(ROOT / "configs/fbnet_imagenet.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "fbnet_c" in out and "params 5.57 M" in out
+
+
+def test_errors_are_one_line_with_status_2(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("space: [1, 2")
+    assert main(["space", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(bad) in err and "malformed YAML" in err
+
+
+def test_arch_not_in_space_exit_2(capsys):
+    rc = main(["arch", str(ROOT / "configs/archs/fbnet_a.yaml"),
+               "--space", str(ROOT / "configs/fbnet_cifar10.yaml")])
+    assert rc == 2
+    assert "macro.input_size" in capsys.readouterr().err
+
+
+def test_unknown_command_is_argparse_error():
+    with pytest.raises(SystemExit) as e:
+        main(["frobnicate"])
+    assert e.value.code == 2
