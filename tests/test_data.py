@@ -1,0 +1,403 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fbnas.data import (
+    DataConfig,
+    EpochSampler,
+    build_eval_data,
+    build_search_data,
+    build_train_data,
+    digits_split,
+    split_indices,
+)
+from fbnas.errors import FbnasError
+
+N_DIGITS_TRAIN = 1797 - 360
+
+
+def one_line_error(fn, *needles: str) -> str:
+    with pytest.raises(FbnasError) as ei:
+        fn()
+    msg = str(ei.value)
+    assert "\n" not in msg
+    for n in needles:
+        assert n in msg, (n, msg)
+    return msg
+
+
+def order(loader) -> list[int]:
+    """The dataset indices the loader's next pass visits (advances its sampler's epoch)."""
+    return list(iter(loader.sampler))
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+
+def test_config_defaults_and_round_trip():
+    cfg = DataConfig.from_dict({})
+    assert cfg == DataConfig()
+    assert (cfg.dataset, cfg.batch_size, cfg.eval_batch_size, cfg.workers) == ("digits", 64, 256, 0)
+    assert (cfg.w_fraction, cfg.val_fraction, cfg.augment, cfg.limit) == (0.8, 0.1, True, None)
+    d = DataConfig.from_dict({"dataset": "cifar10", "root": "/x", "download": True, "limit": 9})
+    assert DataConfig.from_dict(d.to_dict()) == d
+    assert "where" not in d.to_dict()
+    assert DataConfig.from_dict(None) == DataConfig()
+
+
+@pytest.mark.parametrize("d, needles", [
+    ({"batchsize": 3}, ["data: unknown key 'batchsize'"]),
+    ({"w_fraction": 1.0}, ["data.w_fraction", "(0, 1)"]),
+    ({"w_fraction": 0}, ["data.w_fraction"]),
+    ({"val_fraction": 1.0}, ["data.val_fraction", "[0, 1)"]),
+    ({"val_fraction": -0.1}, ["data.val_fraction"]),
+    ({"val_fraction": "0.1"}, ["data.val_fraction", "expected a number"]),
+    ({"batch_size": 0}, ["data.batch_size", ">= 1"]),
+    ({"augment": "yes"}, ["data.augment", "true or false"]),
+    ({"limit": 0}, ["data.limit"]),
+    ({"dataset": "mnist"}, ["data.dataset", "digits", "'mnist'"]),
+    ({"dataset": "cifar10"}, ["data.root", "required", "cifar10"]),
+    ({"dataset": "imagefolder"}, ["data.root", "train/ and val/"]),
+])
+def test_config_errors_name_the_key(d, needles):
+    one_line_error(lambda: DataConfig.from_dict(d), *needles)
+
+
+def test_config_where_prefixes_messages():
+    one_line_error(lambda: DataConfig.from_dict({"w_fraction": 2}, "run.yaml: data"),
+                   "run.yaml: data.w_fraction")
+    one_line_error(lambda: DataConfig(val_fraction=1.5), "data.val_fraction")
+
+
+# ---- splits ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, w_frac, val_frac", [(100, 0.8, 0.1), (7, 0.5, 0.0), (3, 0.99, 0.5),
+                                                 (1437, 0.8, 0.1)])
+def test_split_is_disjoint_and_covers(n, w_frac, val_frac):
+    cfg = DataConfig(w_fraction=w_frac, val_fraction=val_frac)
+    w, theta, val = split_indices(n, cfg, seed=3)
+    assert w and theta and (val or val_frac == 0)
+    assert not (set(w) & set(theta) or set(w) & set(val) or set(theta) & set(val))
+    assert sorted(w + theta + val) == list(range(n))
+    assert split_indices(n, cfg, seed=3) == (w, theta, val)
+    assert split_indices(n, cfg, seed=4) != (w, theta, val) or n < 4
+
+
+def test_split_fractions_and_limit():
+    w, theta, val = split_indices(1000, DataConfig(), seed=0)
+    assert (len(val), len(w), len(theta)) == (100, 720, 180)
+    w, theta, val = split_indices(1000, DataConfig(limit=50), seed=0)
+    assert len(w) + len(theta) + len(val) == 50 and len(val) == 5
+    one_line_error(lambda: split_indices(9, DataConfig(limit=2), seed=0),
+                   "data: 2 training samples", "raise data.limit")
+    w, theta, val = split_indices(2, DataConfig(val_fraction=0.0), seed=0)
+    assert (len(w), len(theta), len(val)) == (1, 1, 0)
+
+
+def test_digits_test_split_is_fixed_stratified_and_disjoint():
+    tr, te = digits_split()
+    assert len(te) == 360 and len(tr) == N_DIGITS_TRAIN
+    assert not set(tr) & set(te) and sorted(np.concatenate([tr, te])) == list(range(1797))
+    from sklearn.datasets import load_digits
+
+    y = load_digits().target
+    counts = np.bincount(y[te], minlength=10)
+    assert counts.min() >= 34 and counts.max() <= 38  # 20% of 174..183 per class
+
+
+def test_search_data_index_sets():
+    d = build_search_data(DataConfig(), 16, 1, 10, seed=0)
+    w, theta, val = set(d.w_indices), set(d.theta_indices), set(d.val_indices)
+    assert not (w & theta or w & val or theta & val)
+    assert w | theta | val == set(range(N_DIGITS_TRAIN))
+    assert len(d.w_loader.dataset) == N_DIGITS_TRAIN and len(d.test_loader.dataset) == 360
+    # loaders really draw from their own part (θ does not reuse the weight sampler)
+    assert set(order(d.w_loader)) == w and set(order(d.theta_loader)) == theta
+    assert order(d.val_loader) == list(d.val_indices)  # sequential, no shuffle
+    assert d.theta_loader.sampler is not d.w_loader.sampler
+    # val is read with eval transforms from the training set, never the augmenting view
+    assert d.w_loader.dataset.augment and not d.val_loader.dataset.augment
+    assert d.val_loader.dataset.images is d.w_loader.dataset.images
+    assert not d.test_loader.dataset.augment
+
+
+# ---- loaders --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size, channels", [((32, 32), 3), ((16, 16), 1), ((16, 24), 1)])
+def test_digits_loaders_shapes(size, channels):
+    d = build_search_data(DataConfig(batch_size=32, eval_batch_size=100), size, channels, 10,
+                          seed=0)
+    for loader, bs in ((d.w_loader, 32), (d.theta_loader, 32), (d.val_loader, 100),
+                       (d.test_loader, 100)):
+        x, y = next(iter(loader))
+        assert x.shape == (bs, channels, *size) and x.dtype == torch.float32
+        assert y.dtype == torch.int64 and 0 <= int(y.min()) and int(y.max()) < 10
+        assert torch.isfinite(x).all()
+    if channels == 3:
+        assert torch.equal(x[:, 0], x[:, 1]) and torch.equal(x[:, 0], x[:, 2])
+    x, _ = next(iter(d.test_loader))
+    assert abs(float(x.mean())) < 0.5 and 0.5 < float(x.std()) < 1.5  # normalised
+
+
+def test_augmentation_only_on_training_view():
+    d = build_search_data(DataConfig(), 16, 1, 10, seed=0)
+    i = d.w_indices[0]
+    aug, plain = d.w_loader.dataset, d.val_loader.dataset
+    assert torch.equal(plain[i][0], plain[i][0])
+    assert not torch.equal(aug[i][0], aug[i][0])
+    assert aug[i][1] == plain[i][1]
+    d2 = build_search_data(DataConfig(augment=False), 16, 1, 10, seed=0)
+    assert torch.equal(d2.w_loader.dataset[i][0], plain[i][0])
+
+
+def test_same_seed_same_order_and_set_epoch():
+    cfg = DataConfig(augment=False)
+    a = build_search_data(cfg, 16, 1, 10, seed=5)
+    b = build_search_data(cfg, 16, 1, 10, seed=5)
+    c = build_search_data(cfg, 16, 1, 10, seed=6)
+    e0 = order(a.w_loader)
+    assert e0 == order(b.w_loader) and e0 != order(c.w_loader)
+    e1 = order(a.w_loader)  # iterating again advances to the next epoch
+    assert e1 != e0 and sorted(e1) == sorted(e0)
+    a.set_epoch(3)
+    e3 = order(a.w_loader)
+    assert e3 not in (e0, e1)
+    b.set_epoch(3)
+    assert order(b.w_loader) == e3  # a resumed run sees the same epoch
+    a.set_epoch(0)
+    assert order(a.w_loader) == e0
+    # the batches themselves match, not only the indices
+    a.set_epoch(2), b.set_epoch(2)
+    (xa, ya), (xb, yb) = next(iter(a.theta_loader)), next(iter(b.theta_loader))
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    # w and θ use independent streams
+    a.set_epoch(7)
+    assert order(a.w_loader)[:5] != order(a.theta_loader)[:5]
+
+
+def test_iteration_does_not_touch_global_rng():
+    d = build_search_data(DataConfig(augment=False), 16, 1, 10, seed=0)
+    torch.manual_seed(1)
+    expect = torch.rand(3)
+    torch.manual_seed(1)
+    for _ in d.theta_loader:
+        pass
+    assert torch.equal(torch.rand(3), expect)
+
+
+def test_sampler_distributed_shards():
+    idx = list(range(100, 110))  # 10 indices
+    for world in (2, 5):  # divides: disjoint exact cover
+        shards = [list(EpochSampler(idx, shuffle=True, seed=1, rank=r, world_size=world))
+                  for r in range(world)]
+        flat = [i for s in shards for i in s]
+        assert sorted(flat) == idx and len(set(flat)) == len(flat)
+        full = EpochSampler(idx, shuffle=True, seed=1).order(0)
+        assert [shards[r][k] for k in range(len(shards[0])) for r in range(world)] == full
+    world = 3  # padded like DistributedSampler: equal lengths, every index, 2 repeats
+    shards = [EpochSampler(idx, shuffle=True, seed=1, rank=r, world_size=world)
+              for r in range(world)]
+    lists = [s.order(4) for s in shards]
+    assert {len(x) for x in lists} == {4} and all(len(s) == 4 for s in shards)
+    flat = [i for x in lists for i in x]
+    assert set(flat) == set(idx) and len(flat) - len(set(flat)) == 2
+    assert lists != [s.order(5) for s in shards]
+    # evaluation shards: no padding, exact
+    ev = [list(EpochSampler(idx, shuffle=False, rank=r, world_size=3, pad=False))
+          for r in range(3)]
+    assert sorted(i for x in ev for i in x) == idx and [len(x) for x in ev] == [4, 3, 3]
+    one_line_error(lambda: EpochSampler(idx, shuffle=True, rank=3, world_size=3), "rank")
+
+
+def test_search_data_distributed():
+    cfg = DataConfig(augment=False)
+    ranks = [build_search_data(cfg, 16, 1, 10, seed=2, distributed=(r, 2)) for r in range(2)]
+    for part in ("w", "theta"):
+        got = [order(getattr(d, f"{part}_loader")) for d in ranks]
+        want = set(getattr(ranks[0], f"{part}_indices"))
+        assert set(got[0]) | set(got[1]) == want and len(got[0]) == len(got[1])
+        assert len(set(got[0]) & set(got[1])) <= 1  # at most the one padding repeat
+    val = [order(d.val_loader) for d in ranks]
+    assert sorted(val[0] + val[1]) == list(ranks[0].val_indices)
+    one_line_error(lambda: build_search_data(cfg, 16, 1, 10, seed=0, distributed=(0, 0)),
+                   "world_size")
+
+
+def test_tiny_parts_still_yield_batches():
+    cfg = DataConfig(dataset="synthetic", synthetic_size=20, batch_size=64)
+    d = build_search_data(cfg, 8, 3, 4, seed=0)
+    assert not d.w_loader.drop_last and not d.theta_loader.drop_last
+    assert len(list(d.w_loader)) == 1 and len(list(d.theta_loader)) == 1
+    big = build_search_data(DataConfig(batch_size=16), 8, 1, 10, seed=0)
+    assert big.w_loader.drop_last and big.theta_loader.drop_last
+    assert not big.val_loader.drop_last and not big.test_loader.drop_last
+    assert all(len(x) == 16 for x, _ in big.theta_loader)
+    assert not big.w_loader.pin_memory and not big.w_loader.persistent_workers
+    pinned = build_search_data(DataConfig(), 8, 1, 10, seed=0, pin_memory=True)
+    assert pinned.w_loader.pin_memory
+
+
+def test_workers_are_persistent():
+    cfg = DataConfig(dataset="synthetic", synthetic_size=16, batch_size=4, workers=1)
+    d = build_search_data(cfg, 8, 1, 3, seed=0)
+    assert d.w_loader.persistent_workers and d.w_loader.num_workers == 1
+    xs = [x for x, _ in d.w_loader]
+    assert xs and xs[0].shape == (4, 1, 8, 8)
+
+
+def test_class_count_mismatch():
+    one_line_error(lambda: build_search_data(DataConfig(), 16, 1, 100, seed=0),
+                   "data.dataset", "digits has 10 classes", "num_classes=100")
+
+
+def test_limit_caps_training_samples():
+    d = build_search_data(DataConfig(limit=40, val_fraction=0.25), 8, 1, 10, seed=0)
+    assert (len(d.val_indices), len(d.w_indices), len(d.theta_indices)) == (10, 24, 6)
+    assert len(d.test_loader.dataset) == 360  # the test split is not capped
+
+
+def test_val_fraction_zero_has_no_val_loader():
+    cfg = DataConfig(val_fraction=0.0)
+    d = build_search_data(cfg, 8, 1, 10, seed=0)
+    assert d.val_loader is None and d.val_indices == ()
+    assert len(d.w_indices) + len(d.theta_indices) == N_DIGITS_TRAIN
+    one_line_error(lambda: build_eval_data(cfg, 8, 1, 10, seed=0, split="val"),
+                   "data.val_fraction")
+
+
+# ---- retrain and eval data ------------------------------------------------------------------
+
+
+def test_train_and_eval_data_match_search_split():
+    cfg = DataConfig(augment=False)
+    s = build_search_data(cfg, 8, 1, 10, seed=9)
+    t = build_train_data(cfg, 8, 1, 10, seed=9)
+    assert set(t.train_indices) == set(s.w_indices) | set(s.theta_indices)
+    assert t.val_indices == s.val_indices and not set(t.train_indices) & set(t.val_indices)
+    assert set(order(t.train_loader)) == set(t.train_indices)
+    t.set_epoch(4)
+    e4 = order(t.train_loader)
+    t.set_epoch(4)
+    assert order(t.train_loader) == e4
+    v = build_eval_data(cfg, 8, 1, 10, seed=9, split="val")
+    assert order(v) == list(s.val_indices) and not v.dataset.augment
+    test = build_eval_data(cfg, 8, 1, 10, seed=9, split="test")
+    assert len(test.dataset) == 360 and order(test) == list(range(360))
+    one_line_error(lambda: build_eval_data(cfg, 8, 1, 10, seed=0, split="train"), "split")
+
+
+# ---- synthetic ------------------------------------------------------------------------------
+
+
+def test_synthetic_is_deterministic_given_seed():
+    cfg = DataConfig(dataset="synthetic", synthetic_size=64, batch_size=8)
+    a, b = (build_search_data(cfg, (6, 5), 2, 7, seed=1) for _ in range(2))
+    c = build_search_data(cfg, (6, 5), 2, 7, seed=2)
+    i = a.w_indices[0]
+    assert torch.equal(a.w_loader.dataset[i][0], b.w_loader.dataset[i][0])
+    assert not torch.equal(a.w_loader.dataset[i][0], c.w_loader.dataset[i][0])
+    x, y = next(iter(a.w_loader))
+    assert x.shape == (8, 2, 6, 5) and 0 <= int(y.min()) and int(y.max()) < 7
+    assert a.num_classes == 7 and len(a.test_loader.dataset) == 16
+
+
+def test_synthetic_large_images_are_drawn_per_item(monkeypatch):
+    import fbnas.data as data
+
+    monkeypatch.setattr(data, "SYNTHETIC_CACHE_FLOATS", 10)
+    cfg = DataConfig(dataset="synthetic", synthetic_size=8)
+    d = build_search_data(cfg, 4, 3, 2, seed=0)
+    ds = d.w_loader.dataset
+    assert ds.images is None
+    assert torch.equal(ds[3][0], ds[3][0]) and not torch.equal(ds[3][0], ds[4][0])
+
+
+# ---- cifar and imagefolder: errors and a tiny folder ----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_cifar_errors(tmp_path, name):
+    missing = tmp_path / "nope"
+    cfg = DataConfig(dataset=name, root=str(missing))
+    one_line_error(lambda: build_search_data(cfg, 32, 3, 10, seed=0), "data.root", str(missing),
+                   "no such folder")
+    cfg = DataConfig(dataset=name, root=str(tmp_path))
+    folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
+    one_line_error(lambda: build_search_data(cfg, 32, 3, 10, seed=0), "data.root",
+                   str(tmp_path), folder, "download: true")
+
+
+def _image_folder(root, classes=("cat", "dog"), per_class=(6, 2)):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for part, n in zip(("train", "val"), per_class, strict=True):
+        for c in classes:
+            (root / part / c).mkdir(parents=True)
+            for k in range(n):
+                arr = rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)
+                Image.fromarray(arr).save(root / part / c / f"{k}.png")
+
+
+def test_imagefolder_tiny(tmp_path):
+    _image_folder(tmp_path)
+    cfg = DataConfig(dataset="imagefolder", root=str(tmp_path), batch_size=4,
+                     val_fraction=0.25)
+    d = build_search_data(cfg, 16, 3, 2, seed=0)
+    assert d.num_classes == 2 and len(d.val_indices) == 3
+    assert len(d.w_indices) + len(d.theta_indices) == 9
+    x, y = next(iter(d.w_loader))
+    assert x.shape == (4, 3, 16, 16) and set(y.tolist()) <= {0, 1}
+    x, y = next(iter(d.test_loader))  # val/ serves as the test split
+    assert x.shape == (4, 3, 16, 16) and len(d.test_loader.dataset) == 4
+    g = build_eval_data(cfg, (12, 14), 1, 2, seed=0, split="val")
+    assert next(iter(g))[0].shape == (3, 1, 12, 14)
+    one_line_error(lambda: build_search_data(cfg, 16, 2, 2, seed=0), "in_channels", "got 2")
+
+
+def test_imagefolder_errors(tmp_path):
+    cfg = DataConfig(dataset="imagefolder", root=str(tmp_path / "x"))
+    one_line_error(lambda: build_search_data(cfg, 16, 3, 2, seed=0), "data.root",
+                   str(tmp_path / "x"))
+    (tmp_path / "x" / "train" / "a").mkdir(parents=True)
+    one_line_error(lambda: build_search_data(cfg, 16, 3, 2, seed=0), "data.root",
+                   "no val/ folder")
+    (tmp_path / "x" / "val").mkdir()
+    one_line_error(lambda: build_search_data(cfg, 16, 3, 2, seed=0), "data.root",
+                   str(tmp_path / "x" / "train"))
+    other = tmp_path / "y"
+    _image_folder(other)
+    (other / "val" / "dog").rename(other / "val" / "cow")
+    cfg = DataConfig(dataset="imagefolder", root=str(other))
+    one_line_error(lambda: build_search_data(cfg, 16, 3, 2, seed=0), "different classes")
+
+
+def test_digits_uncached_path_matches_cached(monkeypatch):
+    import fbnas.data as data
+
+    cached = build_search_data(DataConfig(augment=False), (12, 10), 2, 10, seed=0)
+    monkeypatch.setattr(data, "DIGITS_CACHE_FLOATS", 0)
+    plain = build_search_data(DataConfig(augment=False), (12, 10), 2, 10, seed=0)
+    assert cached.w_loader.dataset._cache is not None and plain.w_loader.dataset._cache is None
+    i = plain.theta_indices[0]
+    assert torch.allclose(cached.w_loader.dataset[i][0], plain.w_loader.dataset[i][0])
+    assert plain.w_loader.dataset[i][0].shape == (2, 12, 10)
+
+
+def test_iterate_resumes_inside_an_epoch():
+    cfg = DataConfig(augment=False, batch_size=50)
+    a = build_search_data(cfg, 8, 1, 10, seed=3)
+    b = build_search_data(cfg, 8, 1, 10, seed=3)
+    a.set_epoch(2)
+    full = [y for _, y in a.iterate(a.w_loader)]
+    b.set_epoch(2)
+    rest = [y for _, y in b.iterate(b.w_loader, start=5)]
+    assert len(rest) == len(full) - 5
+    assert all(torch.equal(p, q) for p, q in zip(full[5:], rest, strict=True))
+    assert len([y for _, y in b.iterate(b.w_loader)]) == len(full)  # the skip is one-shot
+    t = build_train_data(cfg, 8, 1, 10, seed=3)
+    assert len(list(t.iterate(t.train_loader, start=2))) == len(t.train_loader) - 2
