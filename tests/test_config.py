@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fbnas.config import (
+    SearchConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+)
+from fbnas.errors import FbnasError
+
+ROOT = Path(__file__).parents[1]
+RUN_CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml"))
+               if "search" in yaml.safe_load(p.read_text())]
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=[p.stem for p in RUN_CONFIGS])
+def test_shipped_run_configs_load_and_resolve_to_a_fixed_point(path):
+    cfg = load_config(path)
+    again = config_from_dict(cfg.resolved(), "resolved")
+    assert again.resolved() == cfg.resolved()
+
+
+def test_overrides_set_nested_values_with_yaml_types():
+    data = {"search": {"epochs": 5}, "space": {"stages": [{"channels": 8}]}}
+    out = apply_overrides(data, ["search.epochs=3", "search.hard=true", "loss.kind=additive",
+                                 "space.stages.0.channels=16", "search.tau0=2.5"])
+    assert out["search"] == {"epochs": 3, "hard": True, "tau0": 2.5}
+    assert out["loss"] == {"kind": "additive"}
+    assert out["space"]["stages"][0]["channels"] == 16
+    assert data["search"]["epochs"] == 5  # the input is not modified
+
+
+@pytest.mark.parametrize("item,match", [
+    ("search.epochs", "expected key=value"),
+    ("serach.epochs=3", "unknown section 'serach'"),
+    ("space.stages.7.channels=3", "index 7 out of range"),
+    ("search..epochs=1", "bad key"),
+])
+def test_bad_overrides(item, match):
+    with pytest.raises(FbnasError, match=match):
+        apply_overrides({"space": {"stages": [{}]}}, [item])
+
+
+def test_unknown_keys_are_errors_naming_the_key():
+    cfg = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    cfg["search"]["epoch"] = 3
+    with pytest.raises(FbnasError, match="q.yaml: search: unknown key 'epoch'"):
+        config_from_dict(cfg, "q.yaml")
+    cfg["search"].pop("epoch")
+    cfg["optimizer"] = {}
+    with pytest.raises(FbnasError, match="unknown section 'optimizer'"):
+        config_from_dict(cfg, "q.yaml")
+
+
+@pytest.mark.parametrize("override,match", [
+    ("search.tau0=0", "search.tau0: must be > 0"),
+    ("search.tau0=-1", "search.tau0"),
+    ("search.warmup_epochs=40", "leaves no θ epochs"),
+    ("loss.alpha=-0.5", "loss.alpha: must be > 0"),
+    ("loss.beta=0", "loss.beta: must be > 0"),
+    ("search.device=tpu", "search.device: must be one of"),
+    ("latency.cost=energy", "latency.cost: must be one of"),
+    ("search.epochs=two", "search.epochs: expected an integer"),
+    ("space.num_classes=0", "space.num_classes: must be >= 1"),
+    ("space.candidates=[]", "space.candidates: must not be empty"),
+])
+def test_out_of_range_values(override, match):
+    with pytest.raises(FbnasError, match=match):
+        load_config(ROOT / "configs/quickstart.yaml", [override])
+
+
+def test_temperature_schedules():
+    exp = SearchConfig(epochs=10, warmup_epochs=2, tau0=5.0, tau_decay=0.5, tau_min=0.01)
+    assert [exp.tau(e) for e in (0, 1, 2)] == [5.0, 5.0, 5.0]
+    assert exp.tau(4) == pytest.approx(5.0 * 2.718281828 ** -1.0, rel=1e-6)
+    lin = SearchConfig(epochs=6, warmup_epochs=1, tau0=5.0, tau_schedule="linear", tau_min=1.0)
+    assert [round(lin.tau(e), 6) for e in range(6)] == [5.0, 5.0, 4.0, 3.0, 2.0, 1.0]
