@@ -1,0 +1,352 @@
+"""Building tables: latency (timed, drift-compensated, resumable) and FLOPs / params (counted).
+
+`build_table(space, timer, table=None)` measures only the signatures `table` lacks, in chunks;
+after each chunk the table can be written (`out=`), so an interrupted build resumes where it
+stopped. Latency values are
+
+    value = ratio (entry / reference op, median over rounds) x reference µs x context scale
+
+where the *context* factor comes from whole child networks ("probes") timed in the same
+interleaved rounds as the entries of a fresh build: a block timed alone runs faster than the
+same block inside a network (its weights stay in cache), and the median of (network time /
+sum of its isolated entries) folds that difference into the table so that its absolute
+predictions hold without a calibration step. Probes and entries see the same machine states;
+timed apart, a few seconds of a noisy neighbour can bend the factor by 20%.
+Extending a table keeps its reference and context, so old and new entries share one scale.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fbnas.arch import Architecture, arch_from_indices, build_child, count_params
+from fbnas.errors import FbnasError
+from fbnas.latency.measure import REFERENCE, Measurement, Protocol, measure, reference_scale
+from fbnas.latency.signature import Signature, arch_signatures, space_signatures
+from fbnas.latency.table import LatencyTable
+from fbnas.latency.timers import Runnable, Timer
+from fbnas.search_space import SearchSpace
+
+
+# ---- progress --------------------------------------------------------------------------------
+class _Bar:
+    """tqdm progress over entry samples (ETA for the whole build), showing the entry being
+    timed and the time per entry so far."""
+
+    def __init__(self, total_items: int, rounds: int, what: str):
+        from tqdm import tqdm
+
+        self.rounds = rounds
+        self.bar = tqdm(total=total_items * rounds, desc=what, unit="sample", file=sys.stderr,
+                        dynamic_ncols=True, smoothing=0.1)
+        self.t0 = time.perf_counter()
+
+    def chunk(self, n_items: int):
+        last, seen = [0], [n_items * self.rounds]
+
+        def cb(done: int, total: int, key: str) -> None:
+            if total > seen[0]:  # extra rounds for noisy entries
+                self.bar.total += total - seen[0]
+                seen[0] = total
+            self.bar.update(done - last[0])
+            last[0] = done
+            per = (time.perf_counter() - self.t0) / max(self.bar.n / self.rounds, 1e-9)
+            self.bar.set_postfix_str(f"{per:.2f} s/item, {key[:36]}", refresh=False)
+
+        return cb
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+# ---- the reference op, shared by everything measured in one process --------------------------
+def prepare_reference(timer: Timer) -> Runnable:
+    torch.manual_seed(0)
+    return timer.prepare(REFERENCE.build(), REFERENCE.input_shape, "reference")
+
+
+def _value_scale(table: LatencyTable) -> float:
+    ref = (table.reference or {}).get("scale_us", 1.0)
+    ctx = (table.context or {}).get("scale", 1.0)
+    return float(ref) * float(ctx)
+
+
+def refresh_values(table: LatencyTable) -> None:
+    """Recompute every latency entry's value from its ratio, the reference and the context."""
+    s = _value_scale(table)
+    for e in table.entries.values():
+        if e.stats and "ratio" in e.stats:
+            e.value = e.stats["ratio"] * s
+
+
+def _check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
+    if table.cost != "latency":
+        raise FbnasError(f"{where}: is a {table.cost} table, not a latency table")
+    want = timer.describe()
+    for key in ("backend", "threads", "batch", "dtype", "memory_format", "device_name",
+                "clock"):
+        if table.meta.get(key) != want.get(key):
+            raise FbnasError(f"{where}: meta.{key} is {table.meta.get(key)!r} but this build "
+                             f"measures with {want.get(key)!r}; extend a table only with the "
+                             "setting it was made with (or write a new --out)")
+
+
+# ---- sampling architectures that span the cost range -----------------------------------------
+def sample_spanning(space: SearchSpace, n: int, rows: Sequence[dict[str, float]],
+                    seed: int = 0, name: str = "val") -> list[Architecture]:
+    """`n` distinct architectures whose predicted cost spans the space's range.
+
+    Uniform random architectures all cost about the same (±12%), so each draw is biased:
+    the first two are the cheapest and the dearest architecture (the ends of the range);
+    then even draws pick, per layer, the op at a target cost quantile q (stratified over
+    [0, 1]) plus noise; odd draws restrict themselves to a random subset of ops (1 op up to
+    all).
+    """
+    rng = np.random.default_rng(seed)
+    cands = space.layer_candidates()
+    order = [sorted(range(len(c)), key=lambda i, c=c, r=r: r[c[i]]) for c, r in zip(
+        cands, rows, strict=True)]
+    out: dict[str, Architecture] = {}
+    for pick in ((lambda o: o[0]), (lambda o: o[-1]))[:n]:
+        arch = arch_from_indices(space, [pick(o) for o in order], f"{name}{len(out):03d}")
+        out.setdefault(arch.hash(), arch)
+    qs = (np.arange(n * 4) + rng.random(n * 4)) / (n * 4)
+    rng.shuffle(qs)
+    tries = 0
+    while len(out) < n and tries < n * 50:
+        q = float(qs[tries % len(qs)])
+        idx = []
+        if tries % 2 == 0:
+            for o in order:
+                k = len(o)
+                j = int(np.clip(round(q * (k - 1) + rng.normal(0, 0.25 * k)), 0, k - 1))
+                idx.append(o[j])
+        else:
+            all_ops = sorted({op for c in cands for op in c})
+            size = int(rng.integers(1, len(all_ops) + 1))
+            subset = set(rng.choice(all_ops, size=size, replace=False).tolist())
+            for c in cands:
+                allowed = [i for i, op in enumerate(c) if op in subset] or list(range(len(c)))
+                idx.append(int(rng.choice(allowed)))
+        tries += 1
+        arch = arch_from_indices(space, idx, f"{name}{len(out):03d}")
+        out.setdefault(arch.hash(), arch)
+    return list(out.values())
+
+
+def prepare_archs(timer: Timer, archs: Sequence[Architecture]) -> dict[str, Runnable]:
+    """Child networks ready to time end to end, keyed by architecture name."""
+    runs: dict[str, Runnable] = {}
+    for a in archs:
+        torch.manual_seed(0)
+        net = build_child(a)
+        runs[a.name] = timer.prepare(net, (a.macro.in_channels, *a.macro.input_size), a.name)
+    return runs
+
+
+def measure_archs(timer: Timer, archs: Sequence[Architecture], protocol: Protocol | None = None,
+                  reference: Runnable | None = None, progress=None) -> Measurement:
+    """End-to-end drift-compensated timing of child networks (keys: architecture names)."""
+    if len({a.name for a in archs}) != len(archs):
+        raise FbnasError("measure: architecture names must be distinct")
+    return measure(timer, prepare_archs(timer, archs), protocol, reference, progress)
+
+
+# ---- latency tables --------------------------------------------------------------------------
+def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = None,
+                table: LatencyTable | None = None, out: str | Path | None = None,
+                chunk: int = 32, context_probes: int = 12, progress: bool = False,
+                log: Callable[[str], None] | None = None) -> LatencyTable:
+    """Measure every signature of `space` that `table` lacks (all of them without a table).
+
+    Writes `out` after every chunk of entries (atomically), so an interrupted build resumes
+    from `out`. A fresh build also times `context_probes` whole child networks, interleaved
+    with the entries of every chunk (so that they see the same machine states), and folds
+    the median in-network / isolated ratio into the values (0 probes: no context factor).
+    Returns the table.
+    """
+    p = protocol or Protocol()
+    log = log or (lambda s: None)
+    where = str(out) if out else "table"
+    if table is None:
+        table = LatencyTable("latency", timer.describe())
+        table.protocol = p.to_dict()
+    else:
+        _check_extend(table, timer, table.path or where)
+    todo = [s for s in space_signatures(space) if s not in table]
+    t0 = time.perf_counter()
+    reference = prepare_reference(timer) if p.reference else None
+    noise = table.noise or {}
+    ref_times: list[float] = list(noise.get("_ref_times_s", []))
+    probe_ratios: dict[str, list[float]] = dict(noise.get("_probe_ratios", {}))
+    remeasured = int(noise.get("remeasured", 0))
+    probes: list[Architecture] = []
+    if context_probes > 0 and table.context is None and todo:
+        probes = sample_spanning(space, context_probes, counted_rows(space), seed=12345,
+                                 name="probe")
+    probe_runs = {f"probe {a.name}": r for a, r in zip(
+        probes, prepare_archs(timer, probes).values(), strict=True)}
+    n_chunks = -(-len(todo) // chunk)
+    bar = (_Bar(len(todo) + len(probe_runs) * n_chunks, p.rounds, f"latency {space.name}")
+           if progress and todo else None)
+    remeasured0 = remeasured
+    try:
+        for i in range(0, len(todo), chunk):
+            part = todo[i:i + chunk]
+            runs = {}
+            for sig in part:
+                torch.manual_seed(0)
+                runs[sig.key()] = timer.prepare(sig.build(), sig.input_shape, sig.key())
+            runs.update(probe_runs)
+            cb = bar.chunk(len(runs)) if bar else None
+            m = measure(timer, runs, p, reference, cb)
+            remeasured += len([k for k in m.remeasured if not k.startswith("probe ")])
+            ref_times += m.ref_times
+            for key in probe_runs:
+                probe_ratios.setdefault(key, []).extend(m.entries[key].ratios)
+            if table.reference is None or table.reference.get("_provisional"):
+                # A fresh build: the unit is the reference's undisturbed time (5th percentile)
+                # over every reference sample so far.
+                scale = reference_scale(ref_times) * 1e6 if p.reference else 1e6
+                table.reference = {"signature": REFERENCE.key() if p.reference else None,
+                                   "scale_us": scale, "statistic": "p5 of reference samples",
+                                   "_provisional": True}
+            for sig in part:
+                st = m.entries[sig.key()]
+                stats = st.summary(m.ref_scale_s if p.reference else 1.0)
+                stats["ratio"] = st.quantiles()[1]
+                table.add(sig, 0.0, stats)
+            refresh_values(table)
+            _record_noise(table, ref_times, remeasured, time.perf_counter() - t0, timer)
+            table.noise["_probe_ratios"] = probe_ratios
+            if out is not None:
+                table.save(out)
+    finally:
+        if bar:
+            bar.close()
+    if table.reference is not None:
+        table.reference.pop("_provisional", None)
+    if todo:
+        log(f"measured {len(todo)} entries in {time.perf_counter() - t0:.0f} s "
+            f"({remeasured - remeasured0} re-measured for spread)")
+    if probes:
+        _context_from(table, probes, probe_ratios, log)
+    refresh_values(table)
+    if table.noise is not None:
+        table.noise.pop("_ref_times_s", None)
+        table.noise.pop("_probe_ratios", None)
+        table.noise["build_seconds"] = round(time.perf_counter() - t0, 1)
+    if out is not None:
+        table.save(out)
+    return table
+
+
+def counted_rows(space: SearchSpace) -> list[dict[str, float]]:
+    """FLOPs per (layer, op) by forward hooks on the meta device (instant; for ordering ops)."""
+    from fbnas.latency.signature import layer_signatures
+    from fbnas.latency.timers import conv_linear_flops
+
+    out = []
+    for row in layer_signatures(space):
+        out.append({op: float(conv_linear_flops(sig.build().eval().to("meta"),
+                                                sig.input_shape, "meta"))
+                    for op, sig in row.items()})
+    return out
+
+
+def _context_from(table: LatencyTable, probes: Sequence[Architecture],
+                  samples: dict[str, list[float]],
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """context.scale = median over probe networks of (network ratio / Σ its entries' ratios)."""
+    ratios = []
+    for a in probes:
+        iso = sum(table.entries[s.key()].stats["ratio"] for s in arch_signatures(a))
+        ratios.append(float(np.median(samples[f"probe {a.name}"])) / iso)
+    scale = float(np.median(ratios))
+    table.context = {"scale": round(scale, 5), "probes": len(probes),
+                     "probe_ratios": [round(r, 4) for r in ratios],
+                     "why": "median over whole child networks of in-network time / sum of "
+                            "their isolated entries, timed interleaved with the entries; "
+                            "folded into every value"}
+    if log:
+        log(f"context factor {scale:.3f} from {len(probes)} probe networks "
+            f"(ratios {min(ratios):.3f}-{max(ratios):.3f})")
+    return table.context
+
+
+def _record_noise(table: LatencyTable, ref_times: list[float], remeasured: int,
+                  seconds: float, timer: Timer) -> None:
+    rel = [e.stats["rel_iqr"] for e in table.entries.values() if e.stats and "rel_iqr" in e.stats]
+    noise: dict[str, Any] = {
+        "entries": len(rel),
+        "median_rel_iqr": round(float(np.median(rel)), 4) if rel else None,
+        "p90_rel_iqr": round(float(np.percentile(rel, 90)), 4) if rel else None,
+        "remeasured": remeasured,
+    }
+    if ref_times:
+        q1, med, q3 = np.percentile(ref_times, [25, 50, 75])
+        noise.update({"reference_median_us": round(float(med) * 1e6, 3),
+                      "reference_min_us": round(float(min(ref_times)) * 1e6, 3),
+                      "reference_rel_iqr": round(float((q3 - q1) / med), 4),
+                      "reference_samples": len(ref_times),
+                      # the machine's drift while building: slowest/fastest reference decile
+                      "drift_p90_over_p10": round(float(np.percentile(ref_times, 90)
+                                                        / np.percentile(ref_times, 10)), 3)})
+    if hasattr(timer, "descheduled_share"):
+        noise["descheduled_share"] = round(timer.descheduled_share(), 4)
+    noise["_ref_times_s"] = ref_times  # kept while resuming; dropped when the build completes
+    noise["seconds"] = round(seconds, 1)
+    table.noise = noise
+
+
+def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: int = 12,
+                protocol: Protocol | None = None, reference: Runnable | None = None,
+                log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Fit the context factor of a complete table on its own (build_table does it while
+    building): time `probes` child networks and fold the median in-network / isolated ratio
+    into the values."""
+    table.require(space)
+    archs = sample_spanning(space, probes, counted_rows(space), seed=12345, name="probe")
+    m = measure_archs(timer, archs, protocol, reference)
+    _context_from(table, archs, {f"probe {a.name}": m.entries[a.name].ratios for a in archs},
+                  log)
+    refresh_values(table)
+    return table.context
+
+
+# ---- FLOPs and params tables -----------------------------------------------------------------
+def count_signature(sig: Signature, cost: str) -> float:
+    """FLOPs (2 per multiply-add, conv and linear, batch 1) or parameters of one entry."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module = sig.build().eval()
+    if cost == "params":
+        return float(count_params(module))
+    x = torch.zeros(1, *sig.input_shape)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        module(x)
+    return float(counter.get_total_flops())
+
+
+def build_cost_table(space: SearchSpace, cost: str = "flops",
+                     table: LatencyTable | None = None) -> LatencyTable:
+    """A FLOPs or params table in the latency-table format, keyed by the same signatures;
+    needs no device. Extends `table` with the missing signatures when given."""
+    if cost not in ("flops", "params"):
+        raise FbnasError(f"cost must be flops or params for a counted table, got {cost!r}")
+    if table is None:
+        table = LatencyTable(cost, {"backend": "none", "batch": 1,
+                                    "note": "counted per sample, device independent"})
+    elif table.cost != cost:
+        raise FbnasError(f"{table.path or 'table'}: is a {table.cost} table, not {cost}")
+    for sig in space_signatures(space):
+        if sig not in table:
+            table.add(sig, count_signature(sig, cost))
+    return table

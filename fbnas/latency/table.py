@@ -1,0 +1,333 @@
+"""The cost table file: latency (µs), FLOPs or parameters per block signature, as JSON.
+
+One file per device (latency) or per space family (FLOPs, params). Entries are keyed by
+signature (see `fbnas.latency.signature`), so identical layers share one entry and one table
+serves every search space whose layers share signatures. Stem and head are entries too, so a
+whole network can be predicted. Schema (version 1):
+
+    {"fbnas_cost_table": 1,
+     "cost": "latency" | "flops" | "params",  "unit": "us" | "flops" | "params",
+     "meta": {backend, device_name, cpu_model, gpu_name?, threads, torch_version, batch,
+              dtype, memory_format, mode, created, fbnas_version},
+     "protocol": {...how entries were timed...} | null,
+     "reference": {"signature": KEY, "scale_us": µs, ...} | null,  # drift-compensation unit
+     "context": {"scale": s, ...} | null,      # in-network / isolated factor, already in values
+     "noise": {...} | null,                    # spread of the measurement, for the record
+     "calibration": {"a": a, "b": b, ...} | null,       # measured ≈ a·predicted + b
+     "corrections": {"space": NAME, "space_hash": H, "rows": [{op: δ}, ...], ...} | null,
+     "entries": {KEY: {"sig": {kind, op, c_in, c_out, stride, h, w[, classes]},
+                       "value": number, "stats": {...} | absent}}}
+
+Which estimate `costs_for` and `predict` use is chosen by `model`: "raw" (the entries),
+"calibrated" (affine calibration applied), "fitted" (the per-(layer, op) corrections fitted
+from end-to-end measurements, see `fbnas.latency.validate`), or "auto" (the best available:
+fitted if fitted for this space, else calibrated if calibrated, else raw).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fbnas import __version__
+from fbnas.errors import FbnasError
+from fbnas.io import Fields, load_json, write_json_atomic
+from fbnas.latency.signature import (
+    Signature,
+    arch_signatures,
+    head_signature,
+    layer_signatures,
+    stem_signature,
+)
+from fbnas.search_space import SearchSpace
+
+SCHEMA = 1
+COSTS = {"latency": "us", "flops": "flops", "params": "params"}
+MODELS = ("auto", "raw", "calibrated", "fitted")
+# The meta keys that change what the numbers mean (the fingerprint covers these).
+MEANINGFUL_META = ("backend", "device_name", "cpu_model", "gpu_name", "threads", "batch",
+                   "dtype", "memory_format", "mode", "torch_version", "clock")
+
+
+def space_hash(space: SearchSpace) -> str:
+    """sha256 of a space's per-layer candidate signatures (what corrections are fitted to)."""
+    rows = [[(op, s.key()) for op, s in row.items()] for row in layer_signatures(space)]
+    blob = json.dumps({"stem": stem_signature(space.macro).key(), "layers": rows,
+                       "head": head_signature(space.macro).key()}, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class Entry:
+    """One signature's cost, and (latency) the statistics it came from."""
+
+    __slots__ = ("sig", "value", "stats")
+
+    def __init__(self, sig: Signature, value: float, stats: dict[str, Any] | None = None):
+        self.sig, self.value, self.stats = sig, float(value), stats
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"sig": self.sig.to_dict(), "value": self.value}
+        if self.stats:
+            d["stats"] = self.stats
+        return d
+
+
+class LatencyTable:
+    """A cost table (latency, FLOPs or params) keyed by block signature."""
+
+    def __init__(self, cost: str = "latency", meta: dict[str, Any] | None = None):
+        if cost not in COSTS:
+            raise FbnasError(f"cost table: cost must be one of {', '.join(COSTS)}; got {cost!r}")
+        self.cost = cost
+        self.unit = COSTS[cost]
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc)
+                             .isoformat(timespec="seconds"))
+        self.meta.setdefault("fbnas_version", __version__)
+        self.protocol: dict[str, Any] | None = None
+        self.reference: dict[str, Any] | None = None
+        self.context: dict[str, Any] | None = None
+        self.noise: dict[str, Any] | None = None
+        self.calibration: dict[str, Any] | None = None
+        self.corrections: dict[str, Any] | None = None
+        self.entries: dict[str, Entry] = {}
+        self.path: str | None = None
+
+    # ---- entries -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, sig: Signature | str) -> bool:
+        return (sig if isinstance(sig, str) else sig.key()) in self.entries
+
+    def add(self, sig: Signature, value: float, stats: dict[str, Any] | None = None) -> None:
+        if not value >= 0 or value == float("inf"):
+            raise FbnasError(f"cost table: entry '{sig.key()}' has a negative or non-finite "
+                             f"value {value!r}")
+        self.entries[sig.key()] = Entry(sig, value, stats)
+
+    def value(self, sig: Signature) -> float:
+        try:
+            return self.entries[sig.key()].value
+        except KeyError:
+            raise FbnasError(f"{self._name()}: no entry for '{sig.key()}'") from None
+
+    def missing(self, space: SearchSpace) -> list[Signature]:
+        """Every signature `space` needs that the table lacks (stem, blocks, head), once each."""
+        from fbnas.latency.signature import space_signatures
+
+        return [s for s in space_signatures(space) if s.key() not in self.entries]
+
+    def _name(self) -> str:
+        return self.path or f"{self.cost} table"
+
+    def build_command(self, config: str | None = None) -> str:
+        """The command that measures this table's missing entries (extending it in place)."""
+        out = shlex.quote(self.path) if self.path else "TABLE.json"
+        cfg = shlex.quote(config) if config else "CONFIG.yaml"
+        if self.cost != "latency":
+            return f"fbnas latency build --config {cfg} --cost {self.cost} --out {out}"
+        m = self.meta
+        cmd = (f"fbnas latency build --config {cfg} --device {m.get('backend', 'cpu')} "
+               f"--threads {m.get('threads', 1)} --batch {m.get('batch', 1)} "
+               f"--dtype {m.get('dtype', 'float32')}")
+        if m.get("memory_format") == "channels_last":
+            cmd += " --channels-last"
+        return cmd + f" --out {out}"
+
+    def require(self, space: SearchSpace, config: str | None = None) -> None:
+        """Raise, listing every missing signature and the command that measures them."""
+        miss = self.missing(space)
+        if miss:
+            listed = "; ".join(s.key() for s in miss)
+            raise FbnasError(f"{self._name()}: {len(miss)} signature(s) of search space "
+                             f"'{space.name}' missing: {listed}; measure them with: "
+                             f"{self.build_command(config)}")
+
+    def check_run(self, batch: int | None = None, dtype: str | None = None,
+                  memory_format: str | None = None, backend: str | None = None) -> None:
+        """Refuse a latency table measured for another batch size, dtype, memory format or
+        backend than the run asks for (FLOPs and params tables fit every run)."""
+        if self.cost != "latency":
+            return
+        asked = {"batch": batch, "dtype": dtype, "memory_format": memory_format,
+                 "backend": backend}
+        for key, want in asked.items():
+            have = self.meta.get(key)
+            if want is not None and have != want:
+                raise FbnasError(
+                    f"{self._name()}: meta.{key} is {have!r} but this run asks for {want!r}; "
+                    "a latency table only holds for the setting it was measured in — build "
+                    f"one for {key} {want!r} (fbnas latency build ... --{key.replace('_', '-')}"
+                    f" {want})")
+
+    # ---- costs for a search space ------------------------------------------------------------
+    def _pick_model(self, space: SearchSpace | None, model: str) -> str:
+        if model not in MODELS:
+            raise FbnasError(f"cost model must be one of {', '.join(MODELS)}; got {model!r}")
+        fitted_ok = (self.corrections is not None and space is not None
+                     and self.corrections.get("space_hash") == space_hash(space))
+        if model == "fitted" and not fitted_ok:
+            why = ("has no fitted corrections" if self.corrections is None else
+                   f"has corrections fitted for space '{self.corrections.get('space')}', "
+                   "not for this one")
+            raise FbnasError(f"{self._name()}: {why}; fit them with: fbnas latency validate "
+                             "--config CONFIG.yaml --table TABLE --fit-model --save")
+        if model == "calibrated" and self.calibration is None:
+            raise FbnasError(f"{self._name()}: has no calibration; fit one with: fbnas latency "
+                             "validate --config CONFIG.yaml --table TABLE --save")
+        if model == "auto":
+            return "fitted" if fitted_ok else "calibrated" if self.calibration else "raw"
+        return model
+
+    def costs_for(self, space: SearchSpace, model: str = "auto",
+                  config: str | None = None) -> tuple[list[dict[str, float]], float]:
+        """(rows, fixed): one mapping op -> cost per searchable layer, and stem + head.
+
+        Raises FbnasError listing every missing signature. The result goes straight to
+        `Supernet.set_costs(rows, fixed)`.
+        """
+        self.require(space, config)
+        sigs = layer_signatures(space)
+        rows = [{op: self.entries[s.key()].value for op, s in row.items()} for row in sigs]
+        fixed = (self.entries[stem_signature(space.macro).key()].value
+                 + self.entries[head_signature(space.macro).key()].value)
+        which = self._pick_model(space, model)
+        if which in ("calibrated", "fitted"):
+            cal = self.calibration if which == "calibrated" else self.corrections
+            a, b = float(cal["a"]), float(cal["b"])
+            rows = [{op: a * v for op, v in row.items()} for row in rows]
+            fixed = a * fixed + b
+        if which == "fitted":
+            deltas = self.corrections["rows"]
+            rows = [{op: max(0.0, v + float(d.get(op, 0.0))) for op, v in row.items()}
+                    for row, d in zip(rows, deltas, strict=True)]
+        return rows, fixed
+
+    def predict(self, arch, model: str = "raw", space: SearchSpace | None = None) -> float:
+        """Whole-network cost of an Architecture: fixed (stem + head) + its chosen blocks.
+
+        With `model` other than "raw", the stored calibration (or, given the `space` the
+        corrections were fitted on, the fitted model) is applied.
+        """
+        sigs = arch_signatures(arch)
+        missing = [s.key() for s in sigs if s.key() not in self.entries]
+        if missing:
+            uniq = list(dict.fromkeys(missing))
+            raise FbnasError(f"{self._name()}: architecture '{arch.name}' needs "
+                             f"{len(uniq)} signature(s) the table lacks: {'; '.join(uniq)}; "
+                             f"measure them with: {self.build_command()}")
+        which = self._pick_model(space, model)
+        if which == "fitted":
+            rows, fixed = self.costs_for(space, "fitted")
+            return fixed + sum(r[op] for r, op in zip(rows, arch.ops, strict=True))
+        total = sum(self.entries[s.key()].value for s in sigs)
+        if which == "calibrated":
+            total = float(self.calibration["a"]) * total + float(self.calibration["b"])
+        return total
+
+    # ---- identity ----------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """sha256 over what the numbers mean: cost kind, device setting, entry values,
+        calibration and corrections (not creation time, statistics or noise)."""
+        blob = {
+            "schema": SCHEMA, "cost": self.cost, "unit": self.unit,
+            "meta": {k: self.meta.get(k) for k in MEANINGFUL_META if k in self.meta},
+            "entries": {k: e.value for k, e in sorted(self.entries.items())},
+            "calibration": ({k: self.calibration[k] for k in ("a", "b")}
+                            if self.calibration else None),
+            "corrections": ({k: self.corrections[k] for k in ("space_hash", "a", "b", "rows")}
+                            if self.corrections else None),
+        }
+        return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":"))
+                              .encode()).hexdigest()
+
+    # ---- file format -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fbnas_cost_table": SCHEMA, "cost": self.cost, "unit": self.unit,
+            "meta": self.meta, "protocol": self.protocol, "reference": self.reference,
+            "context": self.context, "noise": self.noise, "calibration": self.calibration,
+            "corrections": self.corrections,
+            "entries": {k: e.to_dict() for k, e in self.entries.items()},
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the table as JSON, atomically (a crash leaves the old file or the new one)."""
+        write_json_atomic(path, self.to_dict())
+        self.path = str(path)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "table") -> LatencyTable:
+        f = Fields(data, where)
+        version = f.int("fbnas_cost_table", required=True)
+        if version != SCHEMA:
+            raise FbnasError(f"{f.at('fbnas_cost_table')}: schema version {version} is not "
+                             f"supported (this fbnas reads version {SCHEMA}; rebuild the table "
+                             "or upgrade fbnas)")
+        cost = f.str("cost", required=True, choices=tuple(COSTS))
+        unit = f.str("unit", required=True)
+        if unit != COSTS[cost]:
+            raise FbnasError(f"{f.at('unit')}: a {cost} table is in '{COSTS[cost]}', got {unit!r}")
+        meta = f.raw("meta", required=True)
+        if not isinstance(meta, dict):
+            raise FbnasError(f"{f.at('meta')}: expected a mapping, got {meta!r}")
+        t = cls(cost, meta)
+        if cost == "latency":
+            mf = Fields(meta, f.at("meta"))
+            mf.int("batch", required=True, min=1)
+            mf.str("dtype", required=True)
+            mf.str("backend", required=True)
+        for key in ("protocol", "reference", "context", "noise", "calibration", "corrections"):
+            v = f.raw(key, None)
+            if v is not None and not isinstance(v, dict):
+                raise FbnasError(f"{f.at(key)}: expected a mapping or null, got {v!r}")
+            setattr(t, key, v)
+        for key in ("calibration", "corrections"):
+            block = getattr(t, key)
+            if block is not None:
+                bf = Fields(block, f.at(key))
+                bf.float("a", required=True)
+                bf.float("b", required=True)
+        if t.corrections is not None:
+            rows = t.corrections.get("rows")
+            if not isinstance(rows, list) or not all(
+                    isinstance(r, dict) and all(isinstance(v, (int, float)) and
+                                                not isinstance(v, bool) for v in r.values())
+                    for r in rows):
+                raise FbnasError(f"{f.at('corrections')}.rows: expected a list of "
+                                 "{op: number} mappings")
+            if not isinstance(t.corrections.get("space_hash"), str):
+                raise FbnasError(f"{f.at('corrections')}: missing key 'space_hash'")
+        entries = f.raw("entries", required=True)
+        if not isinstance(entries, Mapping):
+            raise FbnasError(f"{f.at('entries')}: expected a mapping, got {type(entries).__name__}")
+        for key, ed in entries.items():
+            ew = f"{f.at('entries')}['{key}']"
+            ef = Fields(ed, ew)
+            sig = Signature.from_dict(ef.raw("sig", required=True), f"{ew}.sig")
+            if sig.key() != key:
+                raise FbnasError(f"{ew}: key does not match its signature (expected "
+                                 f"'{sig.key()}')")
+            value = ef.float("value", required=True, min=0.0)
+            stats = ef.raw("stats", None)
+            if stats is not None and not isinstance(stats, dict):
+                raise FbnasError(f"{ew}.stats: expected a mapping")
+            ef.done()
+            t.entries[key] = Entry(sig, value, stats)
+        f.done()
+        return t
+
+    @classmethod
+    def load(cls, path: str | Path) -> LatencyTable:
+        t = cls.from_dict(load_json(path), str(path))
+        t.path = str(path)
+        return t
+
+
+CostTable = LatencyTable  # FLOPs and params tables are the same class with another `cost`

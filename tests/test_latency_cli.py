@@ -1,0 +1,94 @@
+"""`fbnas latency ...` end to end on a tiny space with the fake timer (main([...]) calls)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from fbnas.arch import arch_from_indices
+from fbnas.cli import main
+from fbnas.latency import LatencyTable
+from fbnas.search_space import SearchSpace
+
+TINY = {
+    "name": "tiny", "input_size": 8, "num_classes": 5, "stem": {"channels": 8, "stride": 1},
+    "candidates": ["ir_k3_e1", "ir_k3_e3", "skip"],
+    "stages": [{"channels": 8, "repeats": 3, "stride": 1},
+               {"channels": 16, "repeats": 2, "stride": 2}],
+    "head": {"channels": 32},
+}
+FAST = ["--device", "fake", "--rounds", "4"]
+
+
+@pytest.fixture()
+def files(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({"space": TINY}))
+    space = SearchSpace.from_dict(TINY)
+    arch = tmp_path / "a.yaml"
+    arch_from_indices(space, [0, 1, 2, 1, 0], "a").save(arch)
+    return tmp_path, str(cfg), str(arch)
+
+
+def test_build_show_predict_measure_validate(files, capsys):
+    d, cfg, arch = files
+    out = str(d / "lat.json")
+    assert main(["latency", "build", "--config", cfg, "--out", out, "--probes", "2",
+                 "--quiet", *FAST]) == 0
+    table = LatencyTable.load(out)
+    assert len(table) == 11 and table.meta["threads"] == 1
+    assert main(["latency", "build", "--config", cfg, "--out", out, "--quiet", *FAST]) == 0
+    assert LatencyTable.load(out).fingerprint() == table.fingerprint()  # nothing was missing
+    capsys.readouterr()
+    assert main(["latency", "show", out, "--config", cfg]) == 0
+    shown = capsys.readouterr().out
+    assert "layer  4" in shown and "*" in shown and "!" in shown and "stem k3" in shown
+    assert main(["latency", "show", out]) == 0
+    assert "c16-16 s1 4x4" in capsys.readouterr().out
+    assert main(["latency", "predict", "--arch", arch, "--table", out, "-v"]) == 0
+    assert "us (table)" in capsys.readouterr().out
+    js = str(d / "m.json")
+    assert main(["latency", "measure", "--arch", arch, "--table", out, "--json", js,
+                 *FAST]) == 0
+    assert "median" in capsys.readouterr().out
+    assert json.loads(open(js).read())["results"][0]["predicted_us"] > 0
+    rep, png = str(d / "rep.json"), str(d / "rep.png")
+    assert main(["latency", "validate", "--config", cfg, "--table", out, "-n", "8",
+                 "--fit-model", "--save", "--report", rep, "--plot", png, *FAST]) == 0
+    text = capsys.readouterr().out
+    assert "Spearman" in text and "FLOPs proxy" in text and "fitted model" in text
+    r = json.loads(open(rep).read())
+    assert r["n"] == 8 and "_fit" not in r["fitted_model"]
+    assert open(png, "rb").read(4) == b"\x89PNG"
+    saved = LatencyTable.load(out)
+    assert saved.calibration is not None and saved.corrections is not None
+
+
+def test_flops_table_needs_no_device(files, capsys):
+    d, cfg, arch = files
+    out = str(d / "flops.json")
+    assert main(["latency", "build", "--config", cfg, "--cost", "flops", "--out", out]) == 0
+    assert LatencyTable.load(out).cost == "flops"
+    assert main(["latency", "predict", "--arch", arch, "--table", out]) == 0
+    assert "flops" in capsys.readouterr().out
+
+
+def test_errors_are_one_line_exit_2(files, capsys):
+    d, cfg, arch = files
+    out = str(d / "lat.json")
+    other = dict(TINY, candidates=["ir_k5_e6"])
+    cfg2 = d / "other.yaml"
+    cfg2.write_text(yaml.safe_dump({"space": other}))
+    assert main(["latency", "build", "--config", str(cfg2), "--out", out, "--probes", "0",
+                 "--quiet", *FAST]) == 0
+    capsys.readouterr()
+    assert main(["latency", "validate", "--config", cfg, "--table", out, *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "missing" in err and "fbnas latency build --config" in err
+    assert main(["latency", "measure", "--arch", arch, "--table", out, "--batch", "4",
+                 *FAST]) == 2
+    assert "meta.batch is 1 but this run asks for 4" in capsys.readouterr().err
+    assert main(["latency", "show", str(d / "nope.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
