@@ -89,6 +89,7 @@ class SearchConfig:
     seed: int = 0
     device: str = "auto"
     nan_policy: str = "stop"
+    bn_calib_samples: int = 1024  # re-estimate BN stats of the argmax path before validation
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
@@ -112,6 +113,7 @@ class SearchConfig:
             seed=f.int("seed", 0, min=0),
             device=f.str("device", "auto", choices=DEVICES),
             nan_policy=f.str("nan_policy", "stop", choices=NAN_POLICIES),
+            bn_calib_samples=f.int("bn_calib_samples", 1024, min=0),
         )
         f.done()
         if c.warmup_epochs >= c.epochs:

@@ -565,6 +565,9 @@ class SearchData:
     theta_indices: tuple[int, ...]
     val_indices: tuple[int, ...]
     seed: int
+    # The weight split under eval transforms, in a fixed order: for re-estimating BatchNorm
+    # statistics of one path (no augmentation, so it draws no random numbers).
+    calib_loader: DataLoader | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass over w/θ use epoch `epoch`'s order, a function of (seed, epoch).
@@ -614,7 +617,7 @@ def build_search_data(cfg: DataConfig, input_size: int | Sequence[int], in_chann
                     if val else None),
         test_loader=_eval_loader(src.test, _every(src.test), cfg, rank, world, pin_memory),
         num_classes=src.num_classes, w_indices=w, theta_indices=theta, val_indices=val,
-        seed=seed,
+        seed=seed, calib_loader=_eval_loader(src.train_eval, w, cfg, rank, world, pin_memory),
     )
 
 

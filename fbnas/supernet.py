@@ -31,10 +31,13 @@ class MixedOp(nn.Module):
         self.op_names = tuple(ops)
         self.candidates = nn.ModuleList(build_block(o, c_in, c_out, stride) for o in ops)
 
-    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, m: torch.Tensor,
+                active: Sequence[int] | None = None) -> torch.Tensor:
+        """Σ_i m_i · b_i(x) over all candidates, or only over `active` ones (the others are
+        taken to have m_i = 0 and are not computed)."""
         out = None
-        for i, block in enumerate(self.candidates):
-            y = m[i] * block(x)
+        for i in range(len(self.candidates)) if active is None else active:
+            y = m[i] * self.candidates[i](x)
             out = y if out is None else out + y
         return out
 
@@ -130,12 +133,46 @@ class Supernet(nn.Module):
                             for p in self.probabilities()])
 
     # ---- forward --------------------------------------------------------------------------------
+    def argmax_indices(self) -> list[int]:
+        return [int(t.detach().argmax()) for t in self.theta]
+
     def forward(self, x: torch.Tensor, tau: float = 1.0, hard: bool = False,
-                m: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (logits, expected cost). Pass `m` to use given weights instead of sampling."""
+                m: Sequence[torch.Tensor] | None = None,
+                active: Sequence[Sequence[int]] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (logits, expected cost). Pass `m` to use given weights instead of sampling,
+        and `active` (candidate indices per layer) to compute only those paths."""
         if m is None:
             m = self.sample_weights(tau, hard)
         y = self.stem(x)
-        for op, mi in zip(self.mixed, m, strict=True):
-            y = op(y, mi)
+        for li, (op, mi) in enumerate(zip(self.mixed, m, strict=True)):
+            y = op(y, mi, None if active is None else active[li])
         return self.head(y), self.expected_cost(m)
+
+    @torch.no_grad()
+    def recalibrate_bn(self, batches, m: Sequence[torch.Tensor],
+                       active: Sequence[Sequence[int]] | None = None) -> int:
+        """Re-estimate BatchNorm running statistics for the path(s) given by `m`/`active`.
+
+        In a supernet, a layer's BN statistics are gathered on the mixture of its input paths;
+        a single architecture sees other activations, so its eval-mode accuracy is garbage
+        until its statistics are re-estimated. `batches` yields (x, _) on the right device.
+        Returns the number of samples used.
+        """
+        bns = [b for b in self.modules() if isinstance(b, nn.modules.batchnorm._BatchNorm)]
+        momenta = [b.momentum for b in bns]
+        was_training = self.training
+        for b in bns:
+            b.reset_running_stats()
+            b.momentum = None  # cumulative average over the calibration batches
+        self.train()
+        n = 0
+        try:
+            for x in batches:
+                self(x, m=m, active=active)
+                n += len(x)
+        finally:
+            for b, mo in zip(bns, momenta, strict=True):
+                b.momentum = mo
+            self.train(was_training)
+        return n

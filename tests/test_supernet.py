@@ -119,3 +119,40 @@ def test_module_moves_with_to_and_has_no_cuda_calls(tiny_space):
     net = Supernet(tiny_space, [[1.0, 2.0, 3.0]] * 3).to(torch.float64)
     logits, cost = net(torch.randn(1, 3, 16, 16, dtype=torch.float64))
     assert logits.dtype == torch.float64
+
+
+def test_active_paths_match_the_full_sum_with_one_hot_weights(tiny_space):
+    net = Supernet(tiny_space).eval()
+    x = torch.randn(2, 3, 16, 16)
+    m = [torch.tensor([0.0, 1.0, 0.0]), torch.tensor([0.0, 0.0, 1.0]),
+         torch.tensor([1.0, 0.0, 0.0])]
+    full, c_full = net(x, m=m)
+    part, c_part = net(x, m=m, active=[[1], [2], [0]])
+    torch.testing.assert_close(full, part)
+    assert float(c_full) == float(c_part)
+
+
+def test_bn_recalibration_matches_the_path_statistics(tiny_space):
+    torch.manual_seed(0)
+    net = Supernet(tiny_space)
+    x = torch.randn(512, 3, 16, 16) * 3 + 1
+    # BN statistics from training on the mixture of paths ...
+    with torch.no_grad():
+        for _ in range(5):
+            net(x[:64], tau=1.0)
+    m = [torch.tensor([0.0, 1.0, 0.0])] * 3
+    active = [[1]] * 3
+    net.train()
+    with torch.no_grad():
+        target = net(x, m=m, active=active)[0]  # batch statistics of this path
+    net.eval()
+    with torch.no_grad():
+        before = net(x, m=m, active=active)[0]
+    used = net.recalibrate_bn([x[:256], x[256:]], m, active)
+    assert used == 512 and not net.training
+    with torch.no_grad():
+        after = net(x, m=m, active=active)[0]
+    err_before = (before - target).abs().max().item()
+    err_after = (after - target).abs().max().item()
+    assert err_after < 0.05 * err_before
+    assert all(b.momentum == 0.1 for b in net.modules() if isinstance(b, torch.nn.BatchNorm2d))

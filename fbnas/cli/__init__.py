@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from fbnas import __version__
 from fbnas.errors import FbnasError
 
-COMMANDS = ["space", "arch"]
+COMMANDS = ["space", "arch", "latency", "train", "sample", "plot"]
 
 
 def build_parser() -> argparse.ArgumentParser:

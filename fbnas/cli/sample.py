@@ -1,0 +1,80 @@
+"""`fbnas sample RUN_DIR [--hard | --soft -n K]`: architectures out of a search run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from fbnas.arch import Architecture, arch_log_prob, child_stats, sample_hard, sample_soft
+from fbnas.checkpoint import load_checkpoint
+from fbnas.config import config_from_dict
+from fbnas.errors import FbnasError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sample", help="write architecture YAML from a search run's θ")
+    p.add_argument("run_dir", help="a search run directory")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--hard", action="store_true", help="argmax θ per layer (default)")
+    mode.add_argument("--soft", action="store_true", help="draw from softmax θ per layer")
+    p.add_argument("-n", type=int, default=5, help="draws for --soft (deduplicated by hash)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for --soft")
+    p.add_argument("--out", help="output folder (default RUN_DIR/samples)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    run_dir = Path(args.run_dir)
+    state = load_checkpoint(run_dir / "checkpoint.pt", kind="search")
+    cfg = config_from_dict(state["config"], str(run_dir / "checkpoint.pt"))
+    space = cfg.space
+    theta = [state["model"][f"theta.{i}"] for i in range(space.num_layers)]
+    table = _load_table(run_dir)
+    out = Path(args.out) if args.out else run_dir / "samples"
+    if args.soft:
+        if args.n < 1:
+            raise FbnasError(f"sample: -n must be >= 1, got {args.n}")
+        g = torch.Generator().manual_seed(args.seed)
+        seen: dict[str, Architecture] = {}
+        for _ in range(args.n):
+            a = sample_soft(space, theta, g)
+            seen.setdefault(a.hash(), a)
+        archs = sorted(seen.values(), key=lambda a: -arch_log_prob(space, theta, a))
+        names = [f"soft_{i + 1}" for i in range(len(archs))]
+    else:
+        archs, names = [sample_hard(space, theta)], ["hard"]
+    probs = [torch.softmax(t.float(), -1) for t in theta]
+    for a, name in zip(archs, names, strict=True):
+        stats = child_stats(a)
+        lp = arch_log_prob(space, theta, a)
+        meta = {
+            "run": str(run_dir), "epoch": int(state["epoch"]), "selection": name,
+            "probability": math.exp(lp), "log_probability": lp,
+            "layer_probabilities": [round(float(p[space.layer_candidates()[i].index(op)]), 4)
+                                    for i, (p, op) in enumerate(zip(probs, a.ops, strict=True))],
+            "params": stats["params"], "flops": stats["flops"],
+        }
+        if table is not None:
+            meta[f"predicted_{table.cost}"] = round(table.predict(a, "auto", space), 3)
+            meta["cost_unit"] = table.unit
+        arch = Architecture(a.macro, a.ops, f"{space.name}_{name}", space.name, meta)
+        path = out / f"arch_{name}.yaml"
+        arch.save(path)
+        pred = (f"  predicted {meta[f'predicted_{table.cost}']:.1f} {table.unit}"
+                if table is not None else "")
+        print(f"{path}: p={math.exp(lp):.3g}{pred}  params {stats['params'] / 1e6:.3f} M  "
+              f"FLOPs {stats['flops'] / 1e6:.1f} M  [{arch.short_hash}]")
+        print(f"  {' '.join(a.ops)}")
+    return 0
+
+
+def _load_table(run_dir: Path):
+    p = run_dir / "cost_table.json"
+    if not p.is_file():
+        return None
+    from fbnas.latency import LatencyTable
+
+    return LatencyTable.load(p)
+

@@ -1,0 +1,44 @@
+"""`fbnas train --config CONFIG.yaml [--set key=value ...]` / `fbnas train --resume RUN_DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fbnas.config import load_config
+from fbnas.errors import FbnasError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="run the architecture search (the supernet training)")
+    p.add_argument("--config", help="config YAML (space, data, latency, loss, search, run)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set search.epochs=3 (repeatable)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its last checkpoint")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from fbnas.trainer import Interrupted, SearchTrainer, close_logger
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        cfg_path = Path(args.config) if args.config else run_dir / "config.yaml"
+        if not cfg_path.is_file():
+            raise FbnasError(f"{run_dir}: no config.yaml there (is it a search run directory?)")
+        cfg = load_config(cfg_path, args.set)
+    else:
+        if not args.config:
+            raise FbnasError("train: give --config CONFIG.yaml (or --resume RUN_DIR)")
+        cfg = load_config(args.config, args.set)
+        run_dir = Path(cfg.run.dir)
+    trainer = SearchTrainer(cfg, run_dir, resume=bool(args.resume))
+    try:
+        result = trainer.fit()
+    except Interrupted:
+        return 130
+    finally:
+        close_logger(trainer.log)
+    print(f"architecture: {' '.join(result['arch'])}")
+    print(f"written: {run_dir / 'arch_hard.yaml'}  (fbnas sample {run_dir} --soft -n 5 for more)")
+    return 0

@@ -1,0 +1,146 @@
+"""PNG plots of a search run from its history.json (matplotlib, the `plot` extra).
+
+- theta_final.png: heatmap of the final per-layer op probabilities (argmax outlined);
+- theta_evolution.png: per layer, each op's probability over epochs;
+- curves.png: losses, accuracies, expected and argmax cost, and τ over epochs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fbnas.errors import FbnasError
+from fbnas.io import load_yaml
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FbnasError("plots need matplotlib: pip install 'fbnas[plot]'") from None
+    return plt
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    p = run_dir / "history.json"
+    if not p.is_file():
+        raise FbnasError(f"{run_dir}: no history.json (has the run finished an epoch?)")
+    hist = load_json_list(p)
+    if not hist:
+        raise FbnasError(f"{p}: no epochs recorded yet")
+    return hist
+
+
+def load_json_list(p: Path) -> list:
+    import json
+
+    from fbnas.io import read_text
+
+    try:
+        data = json.loads(read_text(p))
+    except json.JSONDecodeError as e:
+        raise FbnasError(f"{p}: malformed JSON at line {e.lineno} ({e.msg})") from None
+    if not isinstance(data, list):
+        raise FbnasError(f"{p}: expected a list of epoch records")
+    return data
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
+    run_dir = Path(run_dir)
+    out = Path(out) if out else run_dir / "plots"
+    hist = _history(run_dir)
+    cfg = load_yaml(run_dir / "config.yaml")
+    from fbnas.search_space import SearchSpace
+
+    space = SearchSpace.from_dict(cfg["space"], f"{run_dir / 'config.yaml'}: space")
+    ops = space.layer_candidates()
+    unit = {"latency": "µs", "flops": "FLOPs", "params": "params"}.get(
+        (cfg.get("latency") or {}).get("cost", "latency"), "")
+    plt = _plt()
+    out.mkdir(parents=True, exist_ok=True)
+    written = [_heatmap(plt, hist[-1]["probs"], ops, out / "theta_final.png"),
+               _evolution(plt, hist, ops, out / "theta_evolution.png"),
+               _curves(plt, hist, unit, out / "curves.png")]
+    return written
+
+
+def _heatmap(plt, probs, ops, path: Path) -> Path:
+    all_ops = list(dict.fromkeys(o for row in ops for o in row))
+    import numpy as np
+
+    grid = np.full((len(probs), len(all_ops)), np.nan)
+    for li, (row, p) in enumerate(zip(ops, probs, strict=True)):
+        for o, v in zip(row, p, strict=True):
+            grid[li, all_ops.index(o)] = v
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(all_ops), 1.0 + 0.32 * len(probs)))
+    im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1)
+    for li, (row, p) in enumerate(zip(ops, probs, strict=True)):
+        best = all_ops.index(row[max(range(len(p)), key=p.__getitem__)])
+        ax.add_patch(plt.Rectangle((best - 0.5, li - 0.5), 1, 1, fill=False, ec="red", lw=1.5))
+    ax.set_xticks(range(len(all_ops)), all_ops, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(probs)), [f"layer {i}" for i in range(len(probs))], fontsize=8)
+    ax.set_title("final op probabilities softmax(θ) (red: argmax)")
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _evolution(plt, hist, ops, path: Path) -> Path:
+    n = len(ops)
+    cols = min(4, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), squeeze=False,
+                             sharex=True, sharey=True)
+    epochs = [h["epoch"] for h in hist]
+    for li in range(rows * cols):
+        ax = axes[li // cols][li % cols]
+        if li >= n:
+            ax.axis("off")
+            continue
+        for oi, op in enumerate(ops[li]):
+            ax.plot(epochs, [h["probs"][li][oi] for h in hist], label=op, lw=1.2)
+        ax.set_title(f"layer {li}", fontsize=9)
+        ax.set_ylim(0, 1)
+    axes[0][0].legend(fontsize=6, loc="upper left")
+    fig.supxlabel("epoch")
+    fig.supylabel("P(op)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _curves(plt, hist, unit, path: Path) -> Path:
+    ep = [h["epoch"] for h in hist]
+
+    def series(k):
+        return [h.get(k, float("nan")) for h in hist]
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
+    axes[0].plot(ep, series("w_ce"), label="weight-step CE")
+    axes[0].plot(ep, series("theta_loss"), label="θ-step loss")
+    axes[0].plot(ep, series("val_ce"), label="val CE (argmax arch)")
+    axes[0].set_title("loss")
+    axes[1].plot(ep, series("w_acc"), label="train (sampled path)")
+    axes[1].plot(ep, series("val_acc"), label="val (argmax arch)")
+    axes[1].set_title("accuracy")
+    axes[2].plot(ep, series("theta_cost"), label="E[cost] in θ steps")
+    axes[2].plot(ep, series("argmax_cost"), label="argmax architecture")
+    axes[2].set_title(f"cost ({unit})")
+    axes[3].plot(ep, series("tau"))
+    axes[3].set_title("temperature τ")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+

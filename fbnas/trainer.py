@@ -1,0 +1,464 @@
+"""SearchTrainer: the FBNet alternating search.
+
+Per epoch: weight steps (SGD + momentum, cosine schedule) on the weight split, then — after
+`warmup_epochs` of weights only — θ steps (Adam) on the disjoint θ split. Weight steps use
+the cross-entropy of a Gumbel-sampled path (θ gets no gradient); θ steps use the cost-aware
+loss (weights get no gradient). τ is annealed after warm-up. Validation uses the argmax
+architecture, deterministically, on the held-out validation split (never the test split).
+
+Checkpoints are written atomically at the end of every epoch (and every
+`run.checkpoint_every_steps` steps if set, and on Ctrl-C), holding the model, both optimizers,
+the scheduler, RNG states, the position (epoch, phase, step), the resolved config and the cost
+table's fingerprint: `fbnas train --resume RUN_DIR` continues and ends with the same θ as an
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fbnas.arch import Architecture, sample_hard
+from fbnas.checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything
+from fbnas.config import Config
+from fbnas.errors import FbnasError
+from fbnas.io import write_json_atomic, write_yaml_atomic
+from fbnas.loss import build_loss
+from fbnas.supernet import Supernet
+
+CHECKPOINT = "checkpoint.pt"
+PHASES = ("w", "theta", "val")
+
+
+class NonFiniteLoss(FbnasError):
+    """A loss term became NaN or inf."""
+
+
+class Interrupted(Exception):
+    """The run was stopped by Ctrl-C after saving its exact position."""
+
+
+@dataclass
+class CostSource:
+    """Per-(layer, op) costs and where they came from."""
+
+    rows: list[dict[str, float]]
+    fixed: float
+    fingerprint: str
+    unit: str
+    description: str
+    table: Any = None  # the LatencyTable (or counted table) for predictions
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise FbnasError("search.device: cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
+                  run_dir: Path | None = None) -> CostSource:
+    """Load, reuse from cache, or build the cost table the config asks for."""
+    from fbnas.latency import LatencyTable, build_cost_table, build_table, make_timer
+    from fbnas.latency.table import space_hash
+
+    lat, space = cfg.latency, cfg.space
+    if lat.cost in ("flops", "params"):
+        table = build_cost_table(space, lat.cost)
+        desc = f"counted {lat.cost} table"
+    elif lat.table:
+        table = LatencyTable.load(lat.table)
+        table.check_run(batch=lat.batch, dtype=lat.dtype)
+        desc = f"latency table {lat.table}"
+    else:
+        timer = make_timer(lat.device, threads=lat.threads, batch=lat.batch, dtype=lat.dtype,
+                           channels_last=lat.channels_last)
+        fp_dev = timer.describe()
+        key = json.dumps({k: fp_dev.get(k) for k in sorted(fp_dev) if k != "created"},
+                         sort_keys=True)
+        import hashlib
+
+        tag = hashlib.sha256((key + space_hash(space)).encode()).hexdigest()[:16]
+        cache = Path(lat.cache_dir).expanduser() / f"{space.name}-{lat.device}-{tag}.json"
+        table = LatencyTable.load(cache) if cache.is_file() else None
+        if table is not None and not table.missing(space):
+            log(f"reusing cached latency table {cache}")
+        else:
+            log(f"measuring a latency table for this machine ({lat.device}) -> {cache}")
+            table = build_table(space, timer, table=table, out=cache, progress=cfg.run.progress,
+                                log=log)
+        desc = f"latency table {cache} (measured here)"
+    if run_dir is not None:
+        table.save(run_dir / "cost_table.json")
+    rows, fixed = table.costs_for(space)
+    unit = {"latency": "us", "flops": "FLOPs", "params": "params"}[table.cost]
+    return CostSource(rows, fixed, table.fingerprint(), unit, desc, table)
+
+
+class SearchTrainer:
+    def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
+                 log: logging.Logger | None = None, resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.log = log or _make_logger(self.run_dir)
+        s = cfg.search
+        self.device = resolve_device(s.device)
+        ckpt_path = self.run_dir / CHECKPOINT
+        state = None
+        if resume:
+            state = load_checkpoint(ckpt_path, kind="search")
+            self._check_resume(state)
+        elif ckpt_path.exists():
+            raise FbnasError(f"{self.run_dir}: already holds a search checkpoint; resume it "
+                             "with `fbnas train --resume DIR` or choose another run.dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        seed_everything(s.seed)
+        self.costs = costs or resolve_costs(cfg, self.log.info, self.run_dir)
+        if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
+            raise FbnasError(f"{ckpt_path}: the run was searched with another cost table "
+                             f"(fingerprint {state['cost_fingerprint'][:12]}, now "
+                             f"{self.costs.fingerprint[:12]}); resume with the original table")
+        self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed).to(self.device)
+        self.loss = build_loss(cfg.loss)
+        self.loss.check_range(*self.model.cost_bounds())
+        self.w_opt = torch.optim.SGD(self.model.weight_parameters(), lr=s.w_lr,
+                                     momentum=s.w_momentum, weight_decay=s.w_weight_decay,
+                                     nesterov=s.w_nesterov and s.w_momentum > 0)
+        self.w_sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            self.w_opt, T_max=s.epochs, eta_min=s.w_lr_min)
+        self.theta_opt = torch.optim.Adam(self.model.arch_parameters(), lr=s.theta_lr,
+                                          weight_decay=s.theta_weight_decay)
+        from fbnas.data import build_search_data
+
+        self.data = build_search_data(
+            cfg.data, input_size=cfg.space.macro.input_size,
+            in_channels=cfg.space.macro.in_channels, num_classes=cfg.space.macro.num_classes,
+            seed=s.seed, pin_memory=self.device.type == "cuda")
+        self.epoch, self.phase, self.step = 0, "w", 0
+        self.history: list[dict[str, Any]] = []
+        self.partial: dict[str, Any] = {}
+        self.skipped_steps = 0
+        self.writer = None
+        self._stop_requested = False
+        if state is not None:
+            self._restore(state)
+        else:
+            write_yaml_atomic(self.run_dir / "config.yaml", cfg.resolved())
+
+    # ---- resume ---------------------------------------------------------------------------
+    def _check_resume(self, state: dict[str, Any]) -> None:
+        saved_space = state["config"]["space"]
+        if saved_space != self.cfg.space.to_dict():
+            diff = next((k for k in saved_space
+                         if saved_space.get(k) != self.cfg.space.to_dict().get(k)), "space")
+            raise FbnasError(f"{self.run_dir / CHECKPOINT}: was searched in another search "
+                             f"space (space.{diff} differs); resume with the original config")
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.w_opt.load_state_dict(state["w_opt"])
+        self.theta_opt.load_state_dict(state["theta_opt"])
+        self.w_sched.load_state_dict(state["w_sched"])
+        self.epoch, self.phase, self.step = state["epoch"], state["phase"], state["step"]
+        self.history = list(state["history"])
+        self.partial = dict(state.get("partial") or {})
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        from fbnas.checkpoint import set_rng_state
+
+        set_rng_state(state["rng"])
+        self.log.info(f"resumed {self.run_dir} at epoch {self.epoch} phase {self.phase} "
+                      f"step {self.step}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "search", "epoch": self.epoch, "phase": self.phase, "step": self.step,
+            "model": self.model.state_dict(), "w_opt": self.w_opt.state_dict(),
+            "theta_opt": self.theta_opt.state_dict(), "w_sched": self.w_sched.state_dict(),
+            "tau": self.tau, "rng": rng_state(), "config": self.cfg.resolved(),
+            "cost_fingerprint": self.costs.fingerprint, "history": self.history,
+            "partial": self.partial, "skipped_steps": self.skipped_steps,
+        }
+
+    def save(self) -> None:
+        save_checkpoint(self.run_dir / CHECKPOINT, self.state_dict())
+        write_json_atomic(self.run_dir / "theta.json", {
+            "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.layer_candidates()],
+            "theta": [t.detach().cpu().tolist() for t in self.model.theta]})
+
+    # ---- schedule ---------------------------------------------------------------------------
+    @property
+    def tau(self) -> float:
+        return self.cfg.search.tau(self.epoch)
+
+    def theta_active(self, epoch: int | None = None) -> bool:
+        return (self.epoch if epoch is None else epoch) >= self.cfg.search.warmup_epochs
+
+    # ---- one step of each kind ---------------------------------------------------------------
+    def _check_finite(self, terms: dict[str, torch.Tensor]) -> bool:
+        bad = [k for k, v in terms.items() if not bool(torch.isfinite(v).all())]
+        if not bad:
+            return True
+        where = (f"epoch {self.epoch + 1}/{self.cfg.search.epochs}, {self.phase} step "
+                 f"{self.step + 1}")
+        if self.cfg.search.nan_policy == "skip":
+            self.skipped_steps += 1
+            self.log.warning(f"non-finite {', '.join(bad)} at {where}: step skipped")
+            return False
+        self.save()  # nothing was applied yet: this is the last good state
+        raise NonFiniteLoss(f"non-finite loss term {', '.join(bad)} at {where}; stopped after "
+                            f"saving the last good state in {self.run_dir / CHECKPOINT} "
+                            "(set search.nan_policy: skip to skip such steps)")
+
+    def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        self.model.train()
+        with torch.no_grad():
+            m = self.model.sample_weights(self.tau, self.cfg.search.hard)
+        logits, cost = self.model(x, m=m)
+        ce = self.loss.ce(logits, y)
+        if not self._check_finite({"ce": ce}):
+            return {}
+        params = self.model.weight_parameters()
+        self.w_opt.zero_grad(set_to_none=True)
+        ce.backward()
+        if self.cfg.search.grad_clip:
+            nn.utils.clip_grad_norm_(params, self.cfg.search.grad_clip)
+        self.w_opt.step()
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return {"ce": ce.item(), "acc": acc.item(), "cost": cost.item()}
+
+    def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        self.model.train()
+        m = self.model.sample_weights(self.tau, self.cfg.search.hard)
+        logits, cost = self.model(x, m=m)
+        terms = self.loss(logits, y, cost)
+        if not self._check_finite({"ce": terms.ce, "cost_term": terms.cost_term,
+                                   "total": terms.total}):
+            return {}
+        theta = self.model.arch_parameters()
+        grads = torch.autograd.grad(terms.total, theta)  # weights get no gradient here
+        for t, g in zip(theta, grads, strict=True):
+            t.grad = g
+        self.theta_opt.step()
+        self.theta_opt.zero_grad(set_to_none=True)
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return {"loss": terms.total.item(), "ce": terms.ce.item(),
+                "cost_term": terms.cost_term.item(), "acc": acc.item(), "cost": cost.item()}
+
+    def _calib_batches(self):
+        n = 0
+        limit = self.cfg.search.bn_calib_samples
+        for x, _ in self.data.calib_loader:
+            if n >= limit:
+                return
+            x = x[: limit - n]
+            n += len(x)
+            yield x.to(self.device, non_blocking=True)
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Accuracy and CE of the argmax architecture on the validation split, after
+        re-estimating its BatchNorm statistics on (un-augmented) weight-split images."""
+        m = self.model.argmax_weights()
+        active = [[i] for i in self.model.argmax_indices()]
+        out = {"argmax_cost": float(self.model.expected_cost(m))}
+        if self.data.val_loader is None:  # val_fraction 0: no selection split
+            return out
+        if self.cfg.search.bn_calib_samples and self.data.calib_loader is not None:
+            self.model.recalibrate_bn(self._calib_batches(), m, active)
+        self.model.eval()
+        n = correct = 0
+        ce_sum = 0.0
+        for x, y in self.data.val_loader:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            logits, _ = self.model(x, m=m, active=active)
+            ce_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+            n += len(y)
+        return {**out, "val_acc": correct / max(n, 1), "val_ce": ce_sum / max(n, 1)}
+
+    # ---- epochs ----------------------------------------------------------------------------------
+    def _run_phase(self, phase: str, loader, step_fn, bar_fn) -> dict[str, float]:
+        if not self.step:
+            self.partial.pop("sums", None)
+            self.partial.pop("count", None)
+        sums: dict[str, float] = dict(self.partial.get("sums", {}))
+        count = int(self.partial.get("count", 0))
+        every = self.cfg.run.checkpoint_every_steps
+        it = self.data.iterate(loader, start=self.step)
+        bar = bar_fn(loader, phase)
+        try:
+            for x, y in it:
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+                out = step_fn(x, y)
+                self.step += 1
+                for k, v in out.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1 if out else 0
+                self.partial = {**self.partial, "sums": sums, "count": count}
+                if bar is not None:
+                    bar.update(1)
+                    if out:
+                        bar.set_postfix({k: f"{v:.3g}" for k, v in out.items()
+                                         if k in ("ce", "acc", "cost")})
+                if every and self.step % every == 0:
+                    self.save()
+                if self._stop_requested:
+                    self.save()
+                    raise Interrupted
+        finally:
+            if bar is not None:
+                bar.close()
+        return {k: v / max(count, 1) for k, v in sums.items()}
+
+    def _bar(self, loader, phase):
+        if not self.cfg.run.progress:
+            return None
+        from tqdm import tqdm
+
+        total = len(loader)
+        return tqdm(total=total, initial=min(self.step, total), leave=False, dynamic_ncols=True,
+                    desc=f"epoch {self.epoch + 1}/{self.cfg.search.epochs} {phase}")
+
+    def train_epoch(self) -> dict[str, Any]:
+        """Run (or finish) the current epoch; returns its metrics."""
+        e = self.epoch
+        self.data.set_epoch(e)
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = self.partial.setdefault("rec", {})
+        if self.phase == "w":
+            w = self._run_phase("w", self.data.w_loader, self.weight_step, self._bar)
+            rec.update({f"w_{k}": v for k, v in w.items()})
+            rec["w_lr"] = self.w_opt.param_groups[0]["lr"]
+            self.w_sched.step()
+            self.phase, self.step, self.partial = "theta", 0, {"rec": rec}
+        if self.phase == "theta":
+            if self.theta_active(e):
+                th = self._run_phase("theta", self.data.theta_loader, self.theta_step, self._bar)
+                rec.update({f"theta_{k}": v for k, v in th.items()})
+            self.phase, self.step, self.partial = "val", 0, {"rec": rec}
+        rec.update(self.validate())
+        rec.update({"epoch": e + 1, "tau": self.tau, "theta_lr": self.theta_opt.param_groups[0]
+                    ["lr"], "theta_active": self.theta_active(e),
+                    "seconds": time.perf_counter() - t0,
+                    "probs": [p.cpu().tolist() for p in self.model.probabilities()],
+                    "entropy": self.model.entropy().cpu().tolist()})
+        return rec
+
+    def request_stop(self, *_: Any) -> None:
+        """Ask the run to stop after the current step (what Ctrl-C does); a second call aborts."""
+        if self._stop_requested:
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self.log.warning("stopping after the current step to save a checkpoint "
+                         "(Ctrl-C again aborts without saving)")
+
+    def fit(self) -> dict[str, Any]:
+        """Run to the last epoch. Ctrl-C finishes the current step, saves the exact position
+        and raises Interrupted; `--resume` continues from there."""
+        s = self.cfg.search
+        self.log.info(f"search '{self.cfg.space.name}': {s.epochs} epochs ({s.warmup_epochs} "
+                      f"warm-up), {self.costs.description}, device {self.device}")
+        import signal
+        import threading
+
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            # Ctrl-C, and the SIGTERM a scheduler sends before it kills a job
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, self.request_stop)
+        try:
+            while self.epoch < s.epochs:
+                rec = self.train_epoch()
+                self.history.append(rec)
+                self.epoch += 1
+                self.phase, self.step, self.partial = "w", 0, {}
+                self.save()
+                self._log_epoch(rec)
+                if self._stop_requested:
+                    raise Interrupted
+        except Interrupted:
+            self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
+                             f"{self.epoch} phase {self.phase} step {self.step}; continue with "
+                             f"`fbnas train --resume {self.run_dir}`")
+            raise
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            if self.writer is not None:
+                self.writer.flush()
+        arch = self.final_arch()
+        arch.save(self.run_dir / "arch_hard.yaml")
+        result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
+                  "predicted_cost": self.costs.fixed + sum(
+                      r[o] for r, o in zip(self.costs.rows, arch.ops, strict=True))}
+        self.log.info(f"done: argmax architecture {arch.short_hash} "
+                      f"({result['predicted_cost']:.1f} {self.costs.unit} predicted) -> "
+                      f"{self.run_dir / 'arch_hard.yaml'}")
+        return result
+
+    def final_arch(self) -> Architecture:
+        a = sample_hard(self.cfg.space, self.model.theta, name=f"{self.cfg.space.name}_search")
+        return Architecture(a.macro, a.ops, a.name, a.space, {"run": str(self.run_dir)})
+
+    # ---- logging ---------------------------------------------------------------------------------
+    def _log_epoch(self, rec: dict[str, Any]) -> None:
+        write_json_atomic(self.run_dir / "history.json", self.history)
+        msg = (f"epoch {rec['epoch']}/{self.cfg.search.epochs} tau {rec['tau']:.3f} "
+               f"w_ce {rec.get('w_ce', float('nan')):.3f} w_acc {rec.get('w_acc', 0):.3f}")
+        if "theta_loss" in rec:
+            msg += (f" theta_loss {rec['theta_loss']:.3f} E[cost] {rec['theta_cost']:.1f}"
+                    f"{self.costs.unit}")
+        msg += (f" val_acc {rec['val_acc']:.3f} argmax_cost {rec['argmax_cost']:.1f}"
+                f"{self.costs.unit} ({rec['seconds']:.1f}s)")
+        self.log.info(msg)
+        if not self.cfg.run.tensorboard:
+            return
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.run_dir / "tb"))
+        w, e = self.writer, rec["epoch"]
+        for k, v in rec.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
+                group = ("loss" if k.endswith(("ce", "loss", "cost_term")) else
+                         "acc" if k.endswith("acc") else "cost" if "cost" in k else "sched")
+                w.add_scalar(f"{group}/{k}", v, e)
+        for li, (probs, ent) in enumerate(zip(rec["probs"], rec["entropy"], strict=True)):
+            ops = self.cfg.space.layer_candidates()[li]
+            w.add_scalars(f"theta/layer{li:02d}", dict(zip(ops, probs, strict=True)), e)
+            w.add_scalar(f"entropy/layer{li:02d}", ent, e)
+        w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
+
+
+def _make_logger(run_dir: Path) -> logging.Logger:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if not log.handlers:
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+        fh = logging.FileHandler(run_dir / "train.log")
+        fh.setFormatter(fmt)
+        sh = logging.StreamHandler()
+        sh.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(fh)
+        log.addHandler(sh)
+    return log
+
+
+def close_logger(log: logging.Logger) -> None:
+    for h in list(log.handlers):
+        h.close()
+        log.removeHandler(h)
+

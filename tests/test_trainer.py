@@ -1,0 +1,279 @@
+"""The search workflow on a tiny space: end to end, phase separation, exact resume, errors."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fbnas.arch import Architecture, build_child
+from fbnas.cli import main
+from fbnas.config import config_from_dict
+from fbnas.errors import FbnasError
+from fbnas.trainer import Interrupted, NonFiniteLoss, SearchTrainer, close_logger
+
+TINY = {
+    "space": {
+        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
+        "stem": {"channels": 8, "stride": 1},
+        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
+        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
+                   {"channels": 16, "repeats": 1, "stride": 2}],
+        "head": {"channels": 16},
+    },
+    "data": {"dataset": "digits", "batch_size": 32, "limit": 300, "val_fraction": 0.2},
+    "latency": {"cost": "flops"},
+    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
+    "search": {"epochs": 4, "warmup_epochs": 1, "seed": 3, "device": "cpu", "w_lr": 0.05,
+               "theta_lr": 0.05},
+    "run": {"progress": False, "tensorboard": False},
+}
+
+
+def make_cfg(tmp_path: Path, name: str = "run", **sections):
+    d = copy.deepcopy(TINY)
+    for k, v in sections.items():
+        d[k].update(v)
+    d["run"]["dir"] = str(tmp_path / name)
+    return config_from_dict(d, "tiny.yaml")
+
+
+def trainer_for(cfg, resume=False) -> SearchTrainer:
+    return SearchTrainer(cfg, cfg.run.dir, resume=resume)
+
+
+def run_to_end(cfg, resume=False) -> SearchTrainer:
+    t = trainer_for(cfg, resume)
+    try:
+        t.fit()
+    finally:
+        close_logger(t.log)
+    return t
+
+
+def test_cli_search_end_to_end(tmp_path, capsys):
+    cfg_path = tmp_path / "tiny.yaml"
+    d = copy.deepcopy(TINY)
+    d["run"]["dir"] = str(tmp_path / "run")
+    d["run"]["tensorboard"] = True
+    cfg_path.write_text(yaml.safe_dump(d))
+    assert main(["train", "--config", str(cfg_path), "--set", "search.epochs=3"]) == 0
+    run = tmp_path / "run"
+    for f in ("checkpoint.pt", "config.yaml", "history.json", "train.log", "arch_hard.yaml",
+              "theta.json", "cost_table.json"):
+        assert (run / f).is_file(), f
+    assert list((run / "tb").iterdir())
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["search"]["epochs"] == 3 and saved["search"]["tau0"] == 5.0
+    assert main(["sample", str(run), "--hard"]) == 0
+    hard = Architecture.load(run / "samples/arch_hard.yaml")
+    assert hard.ops == Architecture.load(run / "arch_hard.yaml").ops
+    assert hard.meta["flops"] > 0 and 0 < hard.meta["probability"] <= 1
+    net = build_child(hard)
+    assert net(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    assert main(["sample", str(run), "--soft", "-n", "6", "--seed", "1"]) == 0
+    soft = sorted((run / "samples").glob("arch_soft_*.yaml"))
+    assert 1 <= len(soft) <= 6
+    probs = [Architecture.load(p).meta["probability"] for p in soft]
+    assert probs == sorted(probs, reverse=True)
+    assert len({Architecture.load(p).hash() for p in soft}) == len(soft)
+    pytest.importorskip("matplotlib")
+    assert main(["plot", str(run)]) == 0
+    for f in ("theta_final.png", "theta_evolution.png", "curves.png"):
+        assert (run / "plots" / f).stat().st_size > 1000
+
+
+def same(xs, ys) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(xs, ys, strict=True))
+
+
+def some_changed(xs, ys) -> bool:
+    """Some tensor changed."""
+    return any(not torch.equal(a, b) for a, b in zip(xs, ys, strict=True))
+
+
+def test_phases_update_only_their_parameters(tmp_path):
+    t = trainer_for(make_cfg(tmp_path))
+    try:
+        x, y = next(iter(t.data.w_loader))
+        theta0 = [p.detach().clone() for p in t.model.arch_parameters()]
+        w0 = [p.detach().clone() for p in t.model.weight_parameters()]
+        t.weight_step(x, y)
+        assert all(p.grad is None for p in t.model.arch_parameters())
+        assert same(theta0, t.model.arch_parameters())
+        assert some_changed(w0, t.model.weight_parameters())
+        w1 = [p.detach().clone() for p in t.model.weight_parameters()]
+        t.w_opt.zero_grad(set_to_none=True)
+        t.theta_step(x, y)
+        assert all(p.grad is None for p in t.model.weight_parameters())
+        assert same(w1, t.model.weight_parameters())
+        assert some_changed(theta0, t.model.arch_parameters())
+    finally:
+        close_logger(t.log)
+
+
+def test_warmup_epochs_leave_theta_untouched(tmp_path):
+    cfg = make_cfg(tmp_path, search={"epochs": 3, "warmup_epochs": 2})
+    t = trainer_for(cfg)
+    try:
+        t.train_epoch()
+        assert all(p.detach().abs().sum().item() == 0 for p in t.model.arch_parameters())
+    finally:
+        close_logger(t.log)
+
+
+# 6 weight steps and 1 θ step per epoch: stop mid-phase in epoch 2 (w), in epoch 3 (θ), or
+# at the end of epoch 2.
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    return run_to_end(make_cfg(tmp_path_factory.mktemp("straight")))
+
+
+@pytest.mark.parametrize("stop_at", [("w", 9), ("theta", 2), ("epoch_end", 2)])
+def test_resume_gives_the_same_theta_as_an_uninterrupted_run(tmp_path, stop_at, straight_run):
+    straight = straight_run
+    cfg = make_cfg(tmp_path, "interrupted")
+    t = trainer_for(cfg)
+    phase, when = stop_at
+    calls = {"w": 0, "theta": 0}
+    orig_w, orig_t = t.weight_step, t.theta_step
+
+    def wrap(kind, fn):
+        def step(x, y):
+            calls[kind] += 1
+            if phase == kind and calls[kind] == when:
+                t.request_stop()
+            return fn(x, y)
+        return step
+
+    t.weight_step, t.theta_step = wrap("w", orig_w), wrap("theta", orig_t)
+    if phase == "epoch_end":
+        orig_epoch = t.train_epoch
+
+        def epoch():
+            rec = orig_epoch()
+            if t.epoch + 1 == when:
+                t.request_stop()
+            return rec
+        t.train_epoch = epoch
+    with pytest.raises(Interrupted):
+        t.fit()
+    close_logger(t.log)
+    assert len(t.data.w_loader) == 6 and len(t.data.theta_loader) == 1
+    assert t.epoch < cfg.search.epochs
+    if phase != "epoch_end":
+        assert (t.phase, t.step) == (phase, when - 6 * (when // 6) if phase == "w" else 1)
+    resumed = run_to_end(cfg, resume=True)
+    for a, b in zip(straight.model.arch_parameters(), resumed.model.arch_parameters(),
+                    strict=True):
+        assert torch.equal(a, b)
+    assert [h["val_acc"] for h in straight.history] == [h["val_acc"] for h in resumed.history]
+
+
+def test_a_run_dir_is_not_silently_overwritten(tmp_path):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    run_to_end(cfg)
+    with pytest.raises(FbnasError, match="already holds a search checkpoint"):
+        trainer_for(cfg)
+
+
+def test_resume_refuses_another_space_or_table(tmp_path):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    run_to_end(cfg)
+    d = cfg.resolved()
+    d["space"]["stages"][1]["channels"] = 24
+    other = config_from_dict(d, "changed.yaml")
+    with pytest.raises(FbnasError, match="another search space"):
+        trainer_for(other, resume=True)
+    d = cfg.resolved()
+    d["latency"]["cost"] = "params"
+    with pytest.raises(FbnasError, match="another cost table"):
+        trainer_for(config_from_dict(d, "changed.yaml"), resume=True)
+
+
+def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    run_to_end(cfg)
+    ck = Path(cfg.run.dir) / "checkpoint.pt"
+    ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    capsys.readouterr()
+    assert main(["train", "--resume", cfg.run.dir]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.pt: corrupted" in err and err.count("\n") == 1
+    assert main(["sample", cfg.run.dir]) == 2
+
+
+def test_missing_latency_table_is_a_clear_error(tmp_path, capsys):
+    cfg_path = tmp_path / "c.yaml"
+    d = copy.deepcopy(TINY)
+    d["latency"] = {"cost": "latency", "table": str(tmp_path / "nope.json")}
+    d["run"]["dir"] = str(tmp_path / "r")
+    cfg_path.write_text(yaml.safe_dump(d))
+    assert main(["train", "--config", str(cfg_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nope.json" in err and err.count("\n") == 1
+    assert not (tmp_path / "r" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy):
+    cfg = make_cfg(tmp_path, search={"epochs": 3, "nan_policy": policy})
+    t = trainer_for(cfg)
+    orig = t.loss.cost_term
+    count = {"n": 0}
+
+    def bad_term(cost):
+        count["n"] += 1
+        out = orig(cost)
+        return out * float("nan") if count["n"] == 2 else out
+
+    t.loss.cost_term = bad_term
+    try:
+        if policy == "stop":
+            # warm-up epoch 1 has no θ step; epoch 2's θ step is call 1, epoch 3's call 2
+            with pytest.raises(NonFiniteLoss, match=r"cost_term.* at epoch 3/3, theta step 1"):
+                t.fit()
+            state = torch.load(Path(cfg.run.dir) / "checkpoint.pt", weights_only=True)
+            assert (state["epoch"], state["phase"], state["step"]) == (2, "theta", 0)
+            assert all(torch.isfinite(v).all() for v in state["model"].values()
+                       if v.is_floating_point())
+        else:
+            t.fit()
+            assert t.skipped_steps == 1
+            assert all(torch.isfinite(p).all() for p in t.model.parameters())
+    finally:
+        close_logger(t.log)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_real_signal_saves_and_the_run_resumes(tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = copy.deepcopy(TINY)
+    d["run"]["dir"] = str(tmp_path / "run")
+    d["search"]["epochs"] = 200
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(d))
+    proc = subprocess.Popen([sys.executable, "-m", "fbnas", "train", "--config", str(cfg_path)],
+                            cwd=Path(__file__).parents[1], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    history = tmp_path / "run" / "history.json"
+    deadline = time.time() + 120
+    while not history.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "--resume" in err
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert 1 <= state["epoch"] < 200
+    # finish quickly: resume with the schedule cut to one more epoch
+    stop = state["epoch"] + 1
+    assert main(["train", "--resume", str(tmp_path / "run"), "--set",
+                 f"search.epochs={stop}"]) == 0
+    assert (tmp_path / "run" / "arch_hard.yaml").is_file()
+    assert len(yaml.safe_load(history.read_text())) == stop
