@@ -199,7 +199,8 @@ class Fields:
 
     def done(self) -> None:
         """Raise if the mapping holds a key nobody asked for (a typo, usually)."""
-        unknown = [k for k in self.data if k not in self.used]
+        # `key: null` means "unset" (so `--set loss.alpha=null` can clear a key)
+        unknown = [k for k in self.data if k not in self.used and self.data[k] is not None]
         if unknown:
             known = ", ".join(sorted(self.used)) or "none"
             raise FbnasError(f"{self.where}: unknown key '{unknown[0]}' (known keys: {known})")

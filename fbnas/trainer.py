@@ -35,6 +35,7 @@ from fbnas.loss import build_loss
 from fbnas.supernet import Supernet
 
 CHECKPOINT = "checkpoint.pt"
+_UNITS = {"latency": "us", "flops": "FLOPs", "params": "params"}
 PHASES = ("w", "theta", "val")
 
 
@@ -67,12 +68,22 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
-                  run_dir: Path | None = None) -> CostSource:
-    """Load, reuse from cache, or build the cost table the config asks for."""
+                  run_dir: Path | None = None, prefer_saved: bool = False) -> CostSource:
+    """Load, reuse from cache, or build the cost table the config asks for (a resumed run,
+    `prefer_saved`, takes the copy saved in its run directory when the config names no
+    table file)."""
     from fbnas.latency import LatencyTable, build_cost_table, build_table, make_timer
     from fbnas.latency.table import space_hash
 
     lat, space = cfg.latency, cfg.space
+    saved = run_dir / "cost_table.json" if run_dir is not None else None
+    if prefer_saved and saved is not None and saved.is_file():
+        # a resumed run keeps the table it was searched with, whatever the cache holds now
+        table = LatencyTable.load(saved)
+        if table.cost == lat.cost:
+            rows, fixed = table.costs_for(space)
+            return CostSource(rows, fixed, table.fingerprint(), _UNITS[table.cost],
+                              f"cost table {saved}", table)
     if lat.cost in ("flops", "params"):
         table = build_cost_table(space, lat.cost)
         desc = f"counted {lat.cost} table"
@@ -93,16 +104,16 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
         table = LatencyTable.load(cache) if cache.is_file() else None
         if table is not None and not table.missing(space):
             log(f"reusing cached latency table {cache}")
+            desc = f"latency table {cache} (cached, measured on this machine)"
         else:
             log(f"measuring a latency table for this machine ({lat.device}) -> {cache}")
             table = build_table(space, timer, table=table, out=cache, progress=cfg.run.progress,
                                 log=log)
-        desc = f"latency table {cache} (measured here)"
+            desc = f"latency table {cache} (measured now)"
     if run_dir is not None:
         table.save(run_dir / "cost_table.json")
     rows, fixed = table.costs_for(space)
-    unit = {"latency": "us", "flops": "FLOPs", "params": "params"}[table.cost]
-    return CostSource(rows, fixed, table.fingerprint(), unit, desc, table)
+    return CostSource(rows, fixed, table.fingerprint(), _UNITS[table.cost], desc, table)
 
 
 class SearchTrainer:
@@ -123,7 +134,9 @@ class SearchTrainer:
                              "with `fbnas train --resume DIR` or choose another run.dir")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         seed_everything(s.seed)
-        self.costs = costs or resolve_costs(cfg, self.log.info, self.run_dir)
+        self.costs = costs or resolve_costs(
+            cfg, self.log.info, self.run_dir,
+            prefer_saved=resume and cfg.latency.cost == "latency" and not cfg.latency.table)
         if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
             raise FbnasError(f"{ckpt_path}: the run was searched with another cost table "
                              f"(fingerprint {state['cost_fingerprint'][:12]}, now "

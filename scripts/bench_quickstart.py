@@ -35,8 +35,8 @@ def run(cmd: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="work folder (default: a temp dir)")
-    ap.add_argument("--retrain-epochs", type=int, default=30)
-    ap.add_argument("--strong-beta", type=float, default=6.0)
+    ap.add_argument("--retrain-epochs", type=int, default=20)
+    ap.add_argument("--strong-beta", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="fbnas_qs_"))
@@ -45,11 +45,15 @@ def main() -> None:
     cfg = str(ROOT / "configs/quickstart.yaml")
     variants = {
         "default": [],
-        "no_cost": ["--set", "loss.kind=ce"],
+        "no_cost": ["--set", "loss={kind: ce}"],
         "strong_cost": ["--set", f"loss.beta={args.strong_beta}"],
     }
-    walls = {}
+    walls_file = out / "walls.json"
+    walls = json.loads(walls_file.read_text()) if walls_file.is_file() else {}
     for name, extra in variants.items():
+        if name in walls and (out / name / "arch_hard.yaml").is_file():
+            print(f"search {name}: reusing the finished run ({walls[name]:.0f} s wall)")
+            continue
         walls[name] = run(py + ["train", "--config", cfg, "--set", f"run.dir={out / name}",
                                 "--set", f"latency.cache_dir={cache}", "--set",
                                 f"search.seed={args.seed}", "--set", "run.progress=false",
@@ -57,6 +61,7 @@ def main() -> None:
         print(f"search {name}: {walls[name]:.0f} s wall"
               + (" (fresh clone state: latency table built in this run)"
                  if name == "default" else " (table reused from cache)"), flush=True)
+        walls_file.write_text(json.dumps(walls))
 
     from fbnas.arch import Architecture, arch_from_indices, child_stats
     from fbnas.config import load_config

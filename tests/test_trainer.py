@@ -277,3 +277,23 @@ def test_a_real_signal_saves_and_the_run_resumes(tmp_path, sig):
                  f"search.epochs={stop}"]) == 0
     assert (tmp_path / "run" / "arch_hard.yaml").is_file()
     assert len(yaml.safe_load(history.read_text())) == stop
+
+
+def test_resume_uses_the_runs_own_latency_table(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cfg = make_cfg(tmp_path, search={"epochs": 2},
+                   latency={"cost": "latency", "device": "fake", "cache_dir": str(cache)})
+    t = trainer_for(cfg)
+    close_logger(t.log)
+    assert t.costs.table.meta["backend"] == "fake" and list(cache.iterdir())
+    t.save()
+    for f in cache.iterdir():  # the cache is gone: resuming must not measure again
+        f.unlink()
+
+    def no_build(*a, **k):
+        raise AssertionError("resume re-measured the latency table")
+
+    monkeypatch.setattr("fbnas.latency.build_table", no_build)
+    resumed = trainer_for(cfg, resume=True)
+    close_logger(resumed.log)
+    assert resumed.costs.fingerprint == t.costs.fingerprint
