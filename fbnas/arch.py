@@ -84,11 +84,7 @@ class Architecture:
     @classmethod
     def from_dict(cls, data: Any, where: str = "architecture") -> Architecture:
         f = Fields(data, where)
-        version = f.int("fbnas_arch", required=True)
-        if version != ARCH_SCHEMA:
-            raise FbnasError(f"{f.at('fbnas_arch')}: schema version {version} is not supported "
-                             f"(this fbnas reads version {ARCH_SCHEMA}; upgrade fbnas or "
-                             "re-export the architecture)")
+        f.schema("fbnas_arch", ARCH_SCHEMA, "upgrade fbnas or re-export the architecture")
         name = f.str("name", "arch")
         space = f.str("space", None)
         stored_hash = f.str("hash", None)

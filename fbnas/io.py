@@ -54,15 +54,16 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def load_json(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a JSON object; errors name the file and position."""
+def load_json(path: str | os.PathLike, expect: type = dict) -> Any:
+    """Load JSON whose top level is `expect` (an object by default); errors name the file."""
     text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FbnasError(f"{path}: malformed JSON at line {e.lineno} ({e.msg})") from None
-    if not isinstance(data, dict):
-        raise FbnasError(f"{path}: expected a JSON object at the top level")
+    if not isinstance(data, expect):
+        what = "a JSON object" if expect is dict else f"a JSON {expect.__name__}"
+        raise FbnasError(f"{path}: expected {what} at the top level")
     return data
 
 
@@ -196,6 +197,14 @@ class Fields:
 
     def raw(self, key: str, default: Any = None, *, required: bool = False):
         return self._get(key, default, required)
+
+    def schema(self, key: str, supported: int, remedy: str) -> int:
+        """Read a file's schema version; an unsupported one raises with an upgrade message."""
+        version = self.int(key, required=True)
+        if version != supported:
+            raise FbnasError(f"{self.at(key)}: schema version {version} is not supported "
+                             f"(this fbnas reads version {supported}; {remedy})")
+        return version
 
     def done(self) -> None:
         """Raise if the mapping holds a key nobody asked for (a typo, usually)."""

@@ -118,36 +118,31 @@ class NormalizedLoss(CostLoss):
                              "<= 1, where log LAT <= 0")
 
 
-class AdditiveLoss(CostLoss):
-    """Additive (ProxylessNAS-style): L = CE + λ · (LAT − T) / T."""
+class _TargetLoss(CostLoss):
+    """Base of the additive losses: CE plus λ times a function of LAT relative to a target T."""
 
     def __init__(self, target: float, lam: float = 0.1, label_smoothing: float = 0.0):
         super().__init__(label_smoothing)
         if not target > 0:
             raise FbnasError(f"loss.target: must be > 0, got {target}")
         self.target, self.lam = target, lam
+
+    def combine(self, ce, term):
+        return ce + term
+
+
+class AdditiveLoss(_TargetLoss):
+    """Additive (ProxylessNAS-style): L = CE + λ · (LAT − T) / T."""
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return self.lam * (cost - self.target) / self.target
 
-    def combine(self, ce, term):
-        return ce + term
 
-
-class AbsTargetLoss(CostLoss):
+class AbsTargetLoss(_TargetLoss):
     """Absolute target (TuNAS `abs` reward): L = CE + λ · |LAT / T − 1|."""
-
-    def __init__(self, target: float, lam: float = 0.1, label_smoothing: float = 0.0):
-        super().__init__(label_smoothing)
-        if not target > 0:
-            raise FbnasError(f"loss.target: must be > 0, got {target}")
-        self.target, self.lam = target, lam
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return self.lam * torch.abs(cost / self.target - 1.0)
-
-    def combine(self, ce, term):
-        return ce + term
 
 
 LOSSES = {"ce": CELoss, "fbnet": FBNetLoss, "normalized": NormalizedLoss, "additive": AdditiveLoss,

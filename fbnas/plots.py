@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fbnas.errors import FbnasError
-from fbnas.io import load_yaml
+from fbnas.io import load_json, load_yaml
 
 
 def _plt():
@@ -29,24 +29,10 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
     p = run_dir / "history.json"
     if not p.is_file():
         raise FbnasError(f"{run_dir}: no history.json (has the run finished an epoch?)")
-    hist = load_json_list(p)
+    hist = load_json(p, expect=list)
     if not hist:
         raise FbnasError(f"{p}: no epochs recorded yet")
     return hist
-
-
-def load_json_list(p: Path) -> list:
-    import json
-
-    from fbnas.io import read_text
-
-    try:
-        data = json.loads(read_text(p))
-    except json.JSONDecodeError as e:
-        raise FbnasError(f"{p}: malformed JSON at line {e.lineno} ({e.msg})") from None
-    if not isinstance(data, list):
-        raise FbnasError(f"{p}: expected a list of epoch records")
-    return data
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:

@@ -265,11 +265,7 @@ class LatencyTable:
     @classmethod
     def from_dict(cls, data: Any, where: str = "table") -> LatencyTable:
         f = Fields(data, where)
-        version = f.int("fbnas_cost_table", required=True)
-        if version != SCHEMA:
-            raise FbnasError(f"{f.at('fbnas_cost_table')}: schema version {version} is not "
-                             f"supported (this fbnas reads version {SCHEMA}; rebuild the table "
-                             "or upgrade fbnas)")
+        f.schema("fbnas_cost_table", SCHEMA, "rebuild the table or upgrade fbnas")
         cost = f.str("cost", required=True, choices=tuple(COSTS))
         unit = f.str("unit", required=True)
         if unit != COSTS[cost]:
