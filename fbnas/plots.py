@@ -112,7 +112,8 @@ def _curves(plt, hist, unit, path: Path) -> Path:
     axes[0].plot(ep, series("w_ce"), label="weight-step CE")
     axes[0].plot(ep, series("theta_loss"), label="θ-step loss")
     axes[0].plot(ep, series("val_ce"), label="val CE (argmax arch)")
-    axes[0].set_title("loss")
+    axes[0].set_yscale("log")  # the θ loss (CE times a cost factor) dwarfs plain CE
+    axes[0].set_title("loss (log scale)")
     axes[1].plot(ep, series("w_acc"), label="train (sampled path)")
     axes[1].plot(ep, series("val_acc"), label="val (argmax arch)")
     axes[1].set_title("accuracy")
