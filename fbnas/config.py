@@ -109,7 +109,7 @@ class SearchConfig:
             tau_decay=f.float("tau_decay", 0.045, min=0.0),
             tau_min=f.float("tau_min", 0.1, gt=0.0),
             hard=f.bool("hard", False),
-            grad_clip=f.float("grad_clip", 5.0, gt=0.0),
+            grad_clip=f.float("grad_clip", 5.0, gt=0.0, nullable=True),  # null: no clipping
             seed=f.int("seed", 0, min=0),
             device=f.str("device", "auto", choices=DEVICES),
             nan_policy=f.str("nan_policy", "stop", choices=NAN_POLICIES),

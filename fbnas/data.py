@@ -523,9 +523,11 @@ def _train_loader(ds: Dataset, indices: Sequence[int], cfg: DataConfig, seed: in
                   rank: int, world: int, pin_memory: bool) -> DataLoader:
     sampler = EpochSampler(indices, shuffle=True, seed=seed, stream=stream, rank=rank,
                            world_size=world)
+    # Workers are not persistent: each epoch starts them afresh with seeds from (seed, epoch),
+    # so the augmentation of an epoch does not depend on earlier epochs (exact resume).
     return DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
                       pin_memory=pin_memory, drop_last=len(sampler) >= cfg.batch_size,
-                      persistent_workers=cfg.workers > 0,
+                      persistent_workers=False,
                       generator=_generator(seed, _WORKERS, stream, 0))
 
 

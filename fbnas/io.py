@@ -73,7 +73,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     A crash or a full disk leaves either the old file or the new one, never half of one.
     """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(p.parent)
+    if p.is_dir():
+        raise FbnasError(f"{p}: is a directory, cannot write a file there")
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
@@ -88,6 +90,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
         except FileNotFoundError:
             pass
         raise
+
+
+def ensure_dir(path: str | os.PathLike) -> Path:
+    """mkdir -p, or a one-line FbnasError naming the path."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FbnasError(f"{p}: cannot create directory ({e.strerror})") from None
+    return p
 
 
 def _umask() -> int:
@@ -121,9 +133,10 @@ class Fields:
         self.where = where
         self.used: set[str] = set()
 
-    def _get(self, key: str, default: Any, required: bool) -> Any:
+    def _get(self, key: str, default: Any, required: bool, nullable: bool = False) -> Any:
+        """The value; `key: null` counts as absent (the default) unless `nullable`."""
         self.used.add(key)
-        if key not in self.data:
+        if key not in self.data or (self.data[key] is None and not nullable):
             if required:
                 raise FbnasError(f"{self.where}: missing key '{key}'")
             return default
@@ -132,7 +145,8 @@ class Fields:
     def at(self, key: str) -> str:
         return f"{self.where}.{key}"
 
-    def int(self, key: str, default: Any = None, *, required: bool = False, min: int | None = None):
+    def int(self, key: str, default: Any = None, *, required: bool = False, min: int | None = None,
+            max: int = 2**63 - 1):
         v = self._get(key, default, required)
         if v is None:
             return v
@@ -140,11 +154,14 @@ class Fields:
             raise FbnasError(f"{self.at(key)}: expected an integer, got {v!r}")
         if min is not None and v < min:
             raise FbnasError(f"{self.at(key)}: must be >= {min}, got {v}")
+        if v > max:
+            raise FbnasError(f"{self.at(key)}: must be <= {max}, got {v}")
         return v
 
     def float(self, key: str, default: Any = None, *, required: bool = False,
-              min: float | None = None, gt: float | None = None, max: float | None = None):
-        v = self._get(key, default, required)
+              min: float | None = None, gt: float | None = None, max: float | None = None,
+              nullable: bool = False):
+        v = self._get(key, default, required, nullable)
         if v is None:
             return v
         if isinstance(v, bool) or not isinstance(v, (int, float)):

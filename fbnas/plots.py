@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fbnas.errors import FbnasError
-from fbnas.io import load_json, load_yaml
+from fbnas.io import ensure_dir, load_json, load_yaml
 
 
 def _plt():
@@ -47,7 +47,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     unit = {"latency": "µs", "flops": "FLOPs", "params": "params"}.get(
         (cfg.get("latency") or {}).get("cost", "latency"), "")
     plt = _plt()
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out)
     written = [_heatmap(plt, hist[-1]["probs"], ops, out / "theta_final.png"),
                _evolution(plt, hist, ops, out / "theta_evolution.png"),
                _curves(plt, hist, unit, out / "curves.png")]

@@ -30,7 +30,7 @@ from fbnas.arch import Architecture, sample_hard
 from fbnas.checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything
 from fbnas.config import Config
 from fbnas.errors import FbnasError
-from fbnas.io import write_json_atomic, write_yaml_atomic
+from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.loss import build_loss
 from fbnas.supernet import Supernet
 
@@ -68,7 +68,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
-                  run_dir: Path | None = None, prefer_saved: bool = False) -> CostSource:
+                  run_dir: Path | None = None, prefer_saved: bool = False,
+                  save: bool = True) -> CostSource:
     """Load, reuse from cache, or build the cost table the config asks for (a resumed run,
     `prefer_saved`, takes the copy saved in its run directory when the config names no
     table file)."""
@@ -84,13 +85,16 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
             rows, fixed = table.costs_for(space)
             return CostSource(rows, fixed, table.fingerprint(), _UNITS[table.cost],
                               f"cost table {saved}", table)
-    if lat.cost in ("flops", "params"):
+    if lat.table:
+        table = LatencyTable.load(lat.table)
+        if table.cost != lat.cost:
+            raise FbnasError(f"{lat.table}: is a {table.cost} table but latency.cost is "
+                             f"{lat.cost!r}")
+        table.check_run(batch=lat.batch, dtype=lat.dtype)
+        desc = f"{lat.cost} table {lat.table}"
+    elif lat.cost in ("flops", "params"):
         table = build_cost_table(space, lat.cost)
         desc = f"counted {lat.cost} table"
-    elif lat.table:
-        table = LatencyTable.load(lat.table)
-        table.check_run(batch=lat.batch, dtype=lat.dtype)
-        desc = f"latency table {lat.table}"
     else:
         timer = make_timer(lat.device, threads=lat.threads, batch=lat.batch, dtype=lat.dtype,
                            channels_last=lat.channels_last)
@@ -110,7 +114,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
             table = build_table(space, timer, table=table, out=cache, progress=cfg.run.progress,
                                 log=log)
             desc = f"latency table {cache} (measured now)"
-    if run_dir is not None:
+    if run_dir is not None and save:
         table.save(run_dir / "cost_table.json")
     rows, fixed = table.costs_for(space)
     return CostSource(rows, fixed, table.fingerprint(), _UNITS[table.cost], desc, table)
@@ -132,11 +136,13 @@ class SearchTrainer:
         elif ckpt_path.exists():
             raise FbnasError(f"{self.run_dir}: already holds a search checkpoint; resume it "
                              "with `fbnas train --resume DIR` or choose another run.dir")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        seed_everything(s.seed)
+        ensure_dir(self.run_dir)
         self.costs = costs or resolve_costs(
             cfg, self.log.info, self.run_dir,
-            prefer_saved=resume and cfg.latency.cost == "latency" and not cfg.latency.table)
+            prefer_saved=resume and cfg.latency.cost == "latency" and not cfg.latency.table,
+            save=not resume)
+        # seeded after the costs: measuring a table draws random numbers, a cached one does not
+        seed_everything(s.seed)
         if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
             raise FbnasError(f"{ckpt_path}: the run was searched with another cost table "
                              f"(fingerprint {state['cost_fingerprint'][:12]}, now "
@@ -169,13 +175,26 @@ class SearchTrainer:
             write_yaml_atomic(self.run_dir / "config.yaml", cfg.resolved())
 
     # ---- resume ---------------------------------------------------------------------------
+    # Keys a resumed run may change: where and how it runs, not what it computes.
+    RESUMABLE_CHANGES = {("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
+                         ("run", "checkpoint_every_steps"), ("search", "device"),
+                         ("data", "workers"), ("data", "root"), ("data", "eval_batch_size")}
+
     def _check_resume(self, state: dict[str, Any]) -> None:
-        saved_space = state["config"]["space"]
-        if saved_space != self.cfg.space.to_dict():
-            diff = next((k for k in saved_space
-                         if saved_space.get(k) != self.cfg.space.to_dict().get(k)), "space")
-            raise FbnasError(f"{self.run_dir / CHECKPOINT}: was searched in another search "
-                             f"space (space.{diff} differs); resume with the original config")
+        saved, now = state["config"], self.cfg.resolved()
+        where = self.run_dir / CHECKPOINT
+        if saved["space"] != now["space"]:
+            diff = next((k for k in saved["space"]
+                         if saved["space"].get(k) != now["space"].get(k)), "space")
+            raise FbnasError(f"{where}: was searched in another search space (space.{diff} "
+                             "differs); resume with the original config")
+        for section in ("data", "latency", "loss", "search", "run"):
+            a, b = saved.get(section, {}), now.get(section, {})
+            for key in sorted(set(a) | set(b)):
+                if (section, key) not in self.RESUMABLE_CHANGES and a.get(key) != b.get(key):
+                    raise FbnasError(f"{where}: {section}.{key} was {a.get(key)!r} in this run, "
+                                     f"now {b.get(key)!r}; a resumed run must keep its settings "
+                                     "(start a new run to change them)")
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -432,8 +451,9 @@ class SearchTrainer:
         if "theta_loss" in rec:
             msg += (f" theta_loss {rec['theta_loss']:.3f} E[cost] {rec['theta_cost']:.1f}"
                     f"{self.costs.unit}")
-        msg += (f" val_acc {rec['val_acc']:.3f} argmax_cost {rec['argmax_cost']:.1f}"
-                f"{self.costs.unit} ({rec['seconds']:.1f}s)")
+        if "val_acc" in rec:
+            msg += f" val_acc {rec['val_acc']:.3f}"
+        msg += f" argmax_cost {rec['argmax_cost']:.1f}{self.costs.unit} ({rec['seconds']:.1f}s)"
         self.log.info(msg)
         if not self.cfg.run.tensorboard:
             return
@@ -455,7 +475,7 @@ class SearchTrainer:
 
 
 def _make_logger(run_dir: Path) -> logging.Logger:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(run_dir)
     log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}")
     log.setLevel(logging.INFO)
     log.propagate = False

@@ -188,8 +188,24 @@ def test_resume_refuses_another_space_or_table(tmp_path):
         trainer_for(other, resume=True)
     d = cfg.resolved()
     d["latency"]["cost"] = "params"
-    with pytest.raises(FbnasError, match="another cost table"):
+    with pytest.raises(FbnasError, match="latency.cost was 'flops' in this run"):
         trainer_for(config_from_dict(d, "changed.yaml"), resume=True)
+
+
+def test_resume_refuses_a_table_file_whose_values_changed(tmp_path):
+    from fbnas.latency import LatencyTable, build_cost_table
+
+    table_path = tmp_path / "flops.json"
+    build_cost_table(config_from_dict(copy.deepcopy(TINY)).space, "flops").save(table_path)
+    cfg = make_cfg(tmp_path, search={"epochs": 2},
+                   latency={"cost": "flops", "table": str(table_path)})
+    run_to_end(cfg)
+    table = LatencyTable.load(table_path)
+    key = next(iter(table.entries))
+    table.entries[key].value *= 2
+    table.save(table_path)
+    with pytest.raises(FbnasError, match="another cost table"):
+        trainer_for(cfg, resume=True)
 
 
 def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
@@ -271,12 +287,15 @@ def test_a_real_signal_saves_and_the_run_resumes(tmp_path, sig):
     assert "--resume" in err
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert 1 <= state["epoch"] < 200
-    # finish quickly: resume with the schedule cut to one more epoch
-    stop = state["epoch"] + 1
-    assert main(["train", "--resume", str(tmp_path / "run"), "--set",
-                 f"search.epochs={stop}"]) == 0
-    assert (tmp_path / "run" / "arch_hard.yaml").is_file()
-    assert len(yaml.safe_load(history.read_text())) == stop
+    # the run resumes where it stopped (one more epoch here, not all 200)
+    cfg = config_from_dict(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text()))
+    t = trainer_for(cfg, resume=True)
+    try:
+        assert (t.epoch, t.phase) == (state["epoch"], state["phase"])
+        rec = t.train_epoch()
+        assert rec["epoch"] == state["epoch"] + 1
+    finally:
+        close_logger(t.log)
 
 
 def test_resume_uses_the_runs_own_latency_table(tmp_path, monkeypatch):
@@ -297,3 +316,79 @@ def test_resume_uses_the_runs_own_latency_table(tmp_path, monkeypatch):
     resumed = trainer_for(cfg, resume=True)
     close_logger(resumed.log)
     assert resumed.costs.fingerprint == t.costs.fingerprint
+
+
+def test_resume_refuses_changed_settings_but_allows_where_it_runs(tmp_path, capsys):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    run_to_end(cfg)
+    capsys.readouterr()
+    assert main(["train", "--resume", cfg.run.dir, "--set", "search.w_lr=1.0"]) == 2
+    err = capsys.readouterr().err
+    assert "search.w_lr was 0.05 in this run, now 1.0" in err
+    assert main(["train", "--resume", cfg.run.dir, "--set", "data.w_fraction=0.5"]) == 2
+    assert main(["train", "--resume", cfg.run.dir, "--set", "run.progress=true",
+                 "--set", "data.workers=0"]) == 0
+
+
+def test_resume_does_not_overwrite_the_runs_table_when_refused(tmp_path):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    run_to_end(cfg)
+    table = Path(cfg.run.dir) / "cost_table.json"
+    before = table.read_bytes()
+    assert main(["train", "--resume", cfg.run.dir, "--set", "latency.cost=params"]) == 2
+    assert table.read_bytes() == before
+
+
+def test_no_validation_split_runs(tmp_path):
+    t = run_to_end(make_cfg(tmp_path, search={"epochs": 2}, data={"val_fraction": 0.0}))
+    assert "val_acc" not in t.history[-1] and "argmax_cost" in t.history[-1]
+
+
+def test_null_means_default_and_grad_clip_null_disables(tmp_path):
+    d = copy.deepcopy(TINY)
+    d["search"].update(epochs=None, tau0=None, grad_clip=None)
+    cfg = config_from_dict(d)
+    assert cfg.search.epochs == 90 and cfg.search.tau0 == 5.0 and cfg.search.grad_clip is None
+    d["search"]["seed"] = 2**64
+    with pytest.raises(FbnasError, match="search.seed: must be <="):
+        config_from_dict(d)
+
+
+def test_same_seed_same_theta_whether_the_table_is_measured_or_cached(tmp_path):
+    cache = str(tmp_path / "cache")
+    runs = [run_to_end(make_cfg(tmp_path, f"r{i}", search={"epochs": 2},
+                                latency={"cost": "latency", "device": "fake",
+                                         "cache_dir": cache})) for i in range(2)]
+    assert "measured now" in runs[0].costs.description
+    assert "cached" in runs[1].costs.description
+    assert same(runs[0].model.arch_parameters(), runs[1].model.arch_parameters())
+
+
+def test_resume_is_exact_with_worker_processes(tmp_path):
+    sections = {"search": {"epochs": 3}, "data": {"workers": 2}}
+    straight = run_to_end(make_cfg(tmp_path, "straight", **sections))
+    cfg = make_cfg(tmp_path, "stopped", **sections)
+    t = trainer_for(cfg)
+    orig = t.train_epoch
+
+    def epoch():
+        rec = orig()
+        if t.epoch == 0:
+            t.request_stop()
+        return rec
+    t.train_epoch = epoch
+    with pytest.raises(Interrupted):
+        t.fit()
+    close_logger(t.log)
+    resumed = run_to_end(cfg, resume=True)
+    assert same(straight.model.arch_parameters(), resumed.model.arch_parameters())
+
+
+def test_output_path_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    run_to_end(cfg)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    capsys.readouterr()
+    assert main(["sample", cfg.run.dir, "--out", str(blocker)]) == 2
+    assert "cannot create directory" in capsys.readouterr().err
