@@ -36,7 +36,6 @@ from fbnas.supernet import Supernet
 
 CHECKPOINT = "checkpoint.pt"
 _UNITS = {"latency": "us", "flops": "FLOPs", "params": "params"}
-PHASES = ("w", "theta", "val")
 
 
 class NonFiniteLoss(FbnasError):

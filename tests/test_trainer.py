@@ -84,6 +84,18 @@ def test_cli_search_end_to_end(tmp_path, capsys):
         assert (run / "plots" / f).stat().st_size > 1000
 
 
+def stop_after_epoch(t: SearchTrainer, n: int) -> None:
+    """Make `t` stop (as Ctrl-C would) at the end of its n-th epoch (1-based)."""
+    orig = t.train_epoch
+
+    def epoch():
+        rec = orig()
+        if t.epoch + 1 == n:
+            t.request_stop()
+        return rec
+    t.train_epoch = epoch
+
+
 def same(xs, ys) -> bool:
     return all(torch.equal(a, b) for a, b in zip(xs, ys, strict=True))
 
@@ -149,14 +161,7 @@ def test_resume_gives_the_same_theta_as_an_uninterrupted_run(tmp_path, stop_at, 
 
     t.weight_step, t.theta_step = wrap("w", orig_w), wrap("theta", orig_t)
     if phase == "epoch_end":
-        orig_epoch = t.train_epoch
-
-        def epoch():
-            rec = orig_epoch()
-            if t.epoch + 1 == when:
-                t.request_stop()
-            return rec
-        t.train_epoch = epoch
+        stop_after_epoch(t, when)
     with pytest.raises(Interrupted):
         t.fit()
     close_logger(t.log)
@@ -369,14 +374,7 @@ def test_resume_is_exact_with_worker_processes(tmp_path):
     straight = run_to_end(make_cfg(tmp_path, "straight", **sections))
     cfg = make_cfg(tmp_path, "stopped", **sections)
     t = trainer_for(cfg)
-    orig = t.train_epoch
-
-    def epoch():
-        rec = orig()
-        if t.epoch == 0:
-            t.request_stop()
-        return rec
-    t.train_epoch = epoch
+    stop_after_epoch(t, 1)
     with pytest.raises(Interrupted):
         t.fit()
     close_logger(t.log)
