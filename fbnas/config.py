@@ -5,6 +5,7 @@
     latency: where costs come from (a table file, or a device to measure on, or flops/params)
     loss:    the cost-aware loss (fbnas.loss.build_loss)
     search:  the trainer: epochs, optimizers, temperature, seed, device
+    retrain: training a chosen child from scratch (`fbnas retrain`, `fbnas sweep`)
     run:     output directory and checkpointing
 
 YAML sets the defaults, `--set search.epochs=3` overrides any field (values parsed as YAML),
@@ -25,7 +26,7 @@ from fbnas.errors import FbnasError
 from fbnas.io import Fields, load_yaml
 from fbnas.search_space import SearchSpace
 
-SECTIONS = ("space", "data", "latency", "loss", "search", "run")
+SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
 COSTS = ("latency", "flops", "params")
 DEVICES = ("auto", "cpu", "cuda")
@@ -134,6 +135,73 @@ class SearchConfig:
         return self.tau0 + (self.tau_min - self.tau0) * min(1.0, k / n)
 
 
+OPTIMIZERS = ("sgd", "adamw")
+LR_SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    """Training a child network from scratch: the standard recipe (SGD + Nesterov momentum,
+    linear warm-up then cosine decay, label smoothing, the data section's augmentation)."""
+
+    epochs: int = 30
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    lr_min: float = 0.0
+    schedule: str = "cosine"
+    warmup_epochs: int = 1  # linear warm-up from lr/steps to lr, per step
+    momentum: float = 0.9  # sgd only
+    nesterov: bool = True  # sgd only
+    weight_decay: float = 4e-5
+    label_smoothing: float = 0.1
+    grad_clip: float | None = None
+    seed: int = 0
+    device: str = "auto"
+    compile: bool = False  # torch.compile the child for training
+    measure_latency: bool = True  # time the trained child end to end on latency.device
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:
+        f = Fields(d or {}, where)
+        c = cls(
+            epochs=f.int("epochs", 30, min=1),
+            optimizer=f.str("optimizer", "sgd", choices=OPTIMIZERS),
+            lr=f.float("lr", 0.05, gt=0.0),
+            lr_min=f.float("lr_min", 0.0, min=0.0),
+            schedule=f.str("schedule", "cosine", choices=LR_SCHEDULES),
+            warmup_epochs=f.int("warmup_epochs", 1, min=0),
+            momentum=f.float("momentum", 0.9, min=0.0, max=1.0),
+            nesterov=f.bool("nesterov", True),
+            weight_decay=f.float("weight_decay", 4e-5, min=0.0),
+            label_smoothing=f.float("label_smoothing", 0.1, min=0.0, max=1.0),
+            grad_clip=f.float("grad_clip", None, gt=0.0, nullable=True),
+            seed=f.int("seed", 0, min=0),
+            device=f.str("device", "auto", choices=DEVICES),
+            compile=f.bool("compile", False),
+            measure_latency=f.bool("measure_latency", True),
+        )
+        f.done()
+        if c.warmup_epochs >= c.epochs:
+            raise FbnasError(f"{where}.warmup_epochs: {c.warmup_epochs} is not below "
+                             f"retrain.epochs {c.epochs}")
+        if c.lr_min > c.lr:
+            raise FbnasError(f"{where}.lr_min: {c.lr_min} is above lr {c.lr}")
+        return c
+
+    def lr_at(self, step: int, steps_per_epoch: int) -> float:
+        """Learning rate of (0-based) optimizer step `step`."""
+        import math
+
+        warm = self.warmup_epochs * steps_per_epoch
+        total = self.epochs * steps_per_epoch
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        if self.schedule == "constant":
+            return self.lr
+        t = (step - warm) / max(1, total - warm)
+        return self.lr_min + 0.5 * (self.lr - self.lr_min) * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     dir: str = "runs/search"
@@ -160,6 +228,7 @@ class Config:
     search: SearchConfig
     run: RunConfig
     source: str = "<dict>"
+    retrain: RetrainConfig = RetrainConfig()
 
     def resolved(self) -> dict[str, Any]:
         """Every field with its default filled in; loading this gives the same Config."""
@@ -169,6 +238,7 @@ class Config:
             "latency": asdict(self.latency),
             "loss": _resolved_loss(self.loss),
             "search": asdict(self.search),
+            "retrain": asdict(self.retrain),
             "run": asdict(self.run),
         }
 
@@ -250,6 +320,7 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
         search=SearchConfig.from_dict(data.get("search"), f"{source}: search"),
         run=RunConfig.from_dict(data.get("run"), f"{source}: run"),
         source=source,
+        retrain=RetrainConfig.from_dict(data.get("retrain"), f"{source}: retrain"),
     )
 
 

@@ -58,12 +58,31 @@ class CostSource:
     table: Any = None  # the LatencyTable (or counted table) for predictions
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "search.device") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise FbnasError("search.device: cuda requested but no CUDA device is available")
+        raise FbnasError(f"{key}: cuda requested but no CUDA device is available")
     return torch.device(name)
+
+
+def cached_table_path(cfg: Config, timer=None) -> Path:
+    """Where `fbnas train` caches the latency table measured for this config's space and
+    latency settings on this machine."""
+    import hashlib
+
+    from fbnas.latency import make_timer
+    from fbnas.latency.table import space_hash
+
+    lat, space = cfg.latency, cfg.space
+    if timer is None:
+        timer = make_timer(lat.device, threads=lat.threads, batch=lat.batch, dtype=lat.dtype,
+                           channels_last=lat.channels_last)
+    fp_dev = timer.describe()
+    key = json.dumps({k: fp_dev.get(k) for k in sorted(fp_dev) if k != "created"},
+                     sort_keys=True)
+    tag = hashlib.sha256((key + space_hash(space)).encode()).hexdigest()[:16]
+    return Path(lat.cache_dir).expanduser() / f"{space.name}-{lat.device}-{tag}.json"
 
 
 def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
@@ -73,7 +92,6 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
     `prefer_saved`, takes the copy saved in its run directory when the config names no
     table file)."""
     from fbnas.latency import LatencyTable, build_cost_table, build_table, make_timer
-    from fbnas.latency.table import space_hash
 
     lat, space = cfg.latency, cfg.space
     saved = run_dir / "cost_table.json" if run_dir is not None else None
@@ -97,13 +115,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
     else:
         timer = make_timer(lat.device, threads=lat.threads, batch=lat.batch, dtype=lat.dtype,
                            channels_last=lat.channels_last)
-        fp_dev = timer.describe()
-        key = json.dumps({k: fp_dev.get(k) for k in sorted(fp_dev) if k != "created"},
-                         sort_keys=True)
-        import hashlib
-
-        tag = hashlib.sha256((key + space_hash(space)).encode()).hexdigest()[:16]
-        cache = Path(lat.cache_dir).expanduser() / f"{space.name}-{lat.device}-{tag}.json"
+        cache = cached_table_path(cfg, timer)
         table = LatencyTable.load(cache) if cache.is_file() else None
         if table is not None and not table.missing(space):
             log(f"reusing cached latency table {cache}")

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from fbnas import __version__
 from fbnas.errors import FbnasError
 
-COMMANDS = ["space", "arch", "latency", "train", "sample", "plot"]
+COMMANDS = ["space", "arch", "latency", "train", "sample", "plot", "retrain", "eval", "export",
+            "sweep", "runs"]
 
 
 def build_parser() -> argparse.ArgumentParser:

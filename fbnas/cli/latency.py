@@ -238,31 +238,74 @@ def run_predict(args) -> int:
 
 
 # ---- measure ---------------------------------------------------------------------------------
-def run_measure(args) -> int:
+def _measure_items(args, timer):
+    """(label, path, architecture, runnable) for each --arch file (a fresh child), --model
+    file (a retrain checkpoint's trained child, or an exported TorchScript model)."""
+    import torch
 
-    from fbnas.arch import Architecture
-    from fbnas.latency import LatencyTable, measure_archs
+    from fbnas.arch import Architecture, build_child
+
+    items = []
+    for i, path in enumerate(args.arch or []):
+        a = Architecture.load(path)
+        torch.manual_seed(0)
+        net = build_child(a)
+        items.append((f"{i}:{a.name}", path, a, net))
+    for j, path in enumerate(args.model or [], start=len(items)):
+        p = Path(path)
+        if p.suffix == ".onnx":
+            raise FbnasError(f"{p}: ONNX models are timed by onnxruntime's own tools; give the "
+                             "TorchScript export or the retrain checkpoint")
+        if p.is_dir() or p.suffix in (".pt", ".pth") and _is_checkpoint(p):
+            from fbnas.retrain import load_child
+
+            a, net, _ = load_child(p)
+        else:
+            from fbnas.export import exported_metadata, load_exported
+
+            meta = exported_metadata(p, "torchscript")
+            a = Architecture.from_dict(meta["arch"], f"{p}: embedded architecture")
+            net = load_exported(p, "torchscript")
+        items.append((f"{j}:{a.name}", path, a, net))
+    if not items:
+        raise FbnasError("latency measure: give --arch ARCH.yaml and/or --model FILE")
+    runs = {label: timer.prepare(net, (a.macro.in_channels, *a.macro.input_size), label)
+            for label, _, a, net in items}
+    return items, runs
+
+
+def _is_checkpoint(p: Path) -> bool:
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(p) as z:
+            return not any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return True  # let the checkpoint loader say what is wrong with it
+
+
+def run_measure(args) -> int:
+    from fbnas.latency import LatencyTable
+    from fbnas.latency.measure import measure
 
     table = LatencyTable.load(args.table) if args.table else None
     timer = _timer(args, table)
     if table is not None:
         table.check_run(batch=timer.batch, dtype=timer.dtype, backend=timer.backend)
-    archs = [Architecture.load(p) for p in args.arch]
-    named = [Architecture(a.macro, a.ops, f"{i}:{a.name}", a.space, a.meta)
-             for i, a in enumerate(archs)]
+    items, runs = _measure_items(args, timer)
     proto = _protocol(args, None)
-    m = measure_archs(timer, named, proto, progress=None)
+    m = measure(timer, runs, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
     scale = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
     results = []
-    for path, a in zip(args.arch, named, strict=True):
-        st = m.entries[a.name]
+    for label, path, a, _ in items:
+        st = m.entries[label]
         s = st.summary(scale / 1e6)
-        line = (f"{a.name.split(':', 1)[1]} {path}: median {s['median_us'] / 1e3:.3f} ms, "
+        line = (f"{label.split(':', 1)[1]} {path}: median {s['median_us'] / 1e3:.3f} ms, "
                 f"min {s['min_us'] / 1e3:.3f} ms, IQR {100 * s['rel_iqr']:.1f}% "
                 f"({s['n']} samples x {st.number} calls; {timer.backend}, "
                 f"{timer.threads} thread(s), batch {timer.batch})")
-        res = {"arch": path, "hash": a.hash(), **s}
+        res = {"arch" if path in (args.arch or []) else "model": path, "hash": a.hash(), **s}
         if table is not None:
             pred = table.predict(a, "raw")
             line += f"; table {pred / 1e3:.3f} ms (x{pred / s['median_us']:.2f})"
@@ -341,7 +384,10 @@ def add_parser(sub) -> None:
     r.set_defaults(func=run_predict)
 
     m = ls.add_parser("measure", help="time child networks end to end with the table's timer")
-    m.add_argument("--arch", required=True, nargs="+", help="architecture YAML file(s)")
+    m.add_argument("--arch", nargs="+", help="architecture YAML file(s) (a fresh child each)")
+    m.add_argument("--model", nargs="+", metavar="FILE",
+                   help="trained model(s): a retrain checkpoint or run directory, or a "
+                        "TorchScript file from `fbnas export`")
     m.add_argument("--table", help="also print this table's prediction (and take its setting)")
     m.add_argument("--json", help="write the results as JSON here")
     _timer_args(m)

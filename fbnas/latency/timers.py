@@ -130,9 +130,18 @@ class Timer:
         """Put `module` in eval mode on the device and bind it to a fixed random input."""
         dev = self._device()
         mf = torch.channels_last if self.channels_last else torch.contiguous_format
-        module = module.eval().to(device=dev, dtype=self.torch_dtype)
-        if self.channels_last:
-            module = module.to(memory_format=mf)
+        if isinstance(module, torch.jit.ScriptModule):
+            # an exported model is timed as it was exported: it cannot be cast in place
+            module = module.eval()
+            p = next(iter(module.parameters()), None)
+            if p is not None and (p.device.type != dev.type or p.dtype != self.torch_dtype):
+                raise FbnasError(f"timer: a TorchScript model ({p.dtype} on {p.device.type}) is "
+                                 f"timed as exported; export it for {self.torch_dtype} on "
+                                 f"{dev.type} or time the retrain checkpoint instead")
+        else:
+            module = module.eval().to(device=dev, dtype=self.torch_dtype)
+            if self.channels_last:
+                module = module.to(memory_format=mf)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(self.batch, *input_chw, generator=gen).to(dev, self.torch_dtype)
         x = x.contiguous(memory_format=mf)
@@ -346,9 +355,13 @@ class FakeTimer(Timer):
     def prepare(self, module: nn.Module, input_chw: tuple[int, int, int],
                 label: str = "") -> Runnable:
         # Shapes are all the fake needs: run on the meta device, which computes nothing.
-        module = module.eval().to("meta")
+        where = "meta"
+        if isinstance(module, torch.jit.ScriptModule):  # cannot move: count on the CPU
+            module, where = module.eval(), "cpu"
+        else:
+            module = module.eval().to("meta")
         leaves = sum(1 for m in module.modules() if not list(m.children()))
-        cost = self.batch * conv_linear_flops(module, input_chw, "meta") / self.flops_per_s \
+        cost = self.batch * conv_linear_flops(module, input_chw, where) / self.flops_per_s \
             + leaves * self.overhead_s
         return Runnable(lambda: None, module, cost_s=cost, label=label)
 

@@ -1,0 +1,51 @@
+"""`fbnas eval --checkpoint CKPT [--split val|test]`: top-1/top-5 of a retrained child."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "eval", help="top-1/top-5 of a retrained child on a data split",
+        description="Evaluate a retrain checkpoint on the val or test split of the data it was "
+                    "trained with (or of --config's data section). The child's own BatchNorm "
+                    "statistics are used, as a deployed model would.")
+    p.add_argument("--checkpoint", required=True,
+                   help="a retrain checkpoint, or the retrain run directory holding it")
+    p.add_argument("--split", choices=("val", "test"), default="test")
+    p.add_argument("--config", help="take the data section from this config instead")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set data.root=/data (repeatable)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from fbnas.config import apply_overrides, config_from_dict, load_config
+    from fbnas.data import build_eval_data
+    from fbnas.io import write_json_atomic
+    from fbnas.retrain import evaluate, load_child
+    from fbnas.trainer import resolve_device
+
+    device = resolve_device(args.device, "--device")
+    arch, model, state = load_child(args.checkpoint, device)
+    if args.config:
+        cfg = load_config(args.config, args.set)
+    else:
+        cfg = config_from_dict(apply_overrides(state["config"], args.set),
+                               f"{args.checkpoint}: config")
+    m = arch.macro
+    loader = build_eval_data(cfg.data, m.input_size, m.in_channels, m.num_classes,
+                             seed=cfg.search.seed, split=args.split,
+                             pin_memory=device.type == "cuda")
+    res = evaluate(model, loader, device)
+    print(f"{arch.name} [{arch.short_hash}] {args.split} ({res['n']} images, epoch "
+          f"{state['epoch']}): top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%  "
+          f"CE {res['ce']:.4f}")
+    if args.json:
+        write_json_atomic(args.json, {"checkpoint": str(Path(args.checkpoint)),
+                                      "arch_hash": arch.hash(), "split": args.split,
+                                      "epoch": state["epoch"], **res})
+    return 0

@@ -1,0 +1,86 @@
+"""`fbnas export --checkpoint PATH --format torchscript|onnx`: a retrained child network as a
+TorchScript or ONNX file, checked against the eager model before it is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fbnas.errors import FbnasError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="export a retrained child network to TorchScript or ONNX")
+    p.add_argument("--checkpoint", required=True, metavar="PATH",
+                   help="a retrain checkpoint file, or a retrain run directory")
+    p.add_argument("--format", required=True, action="append", metavar="FMT", dest="formats",
+                   help="torchscript or onnx; a comma list (torchscript,onnx) or repeated "
+                        "to export both")
+    p.add_argument("--out", metavar="PATH",
+                   help="output file, or a directory for several formats (default: next to "
+                        "the checkpoint, RUN_DIR/model.ts and RUN_DIR/model.onnx)")
+    p.add_argument("--batch", type=int, default=1, metavar="N",
+                   help="batch size of the example input (default 1); the batch axis stays "
+                        "dynamic unless --static-batch")
+    p.add_argument("--static-batch", action="store_true",
+                   help="ONNX only: fix the batch axis at --batch")
+    p.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: torch's)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip comparing the exported model's outputs with the eager model's")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from fbnas.export import SUFFIX, check_format, default_out, export_child, require_extras
+    from fbnas.retrain import load_child
+
+    formats: list[str] = []
+    for item in args.formats:
+        for part in str(item).split(","):
+            if part.strip():
+                fmt = check_format(part, "--format")
+                if fmt not in formats:
+                    formats.append(fmt)
+    if not formats:
+        raise FbnasError("--format: give torchscript, onnx or both")
+    if args.batch < 1:
+        raise FbnasError(f"--batch: must be >= 1, got {args.batch}")
+    if args.opset is not None and "onnx" not in formats:
+        raise FbnasError("--opset: only applies to --format onnx")
+    verify = not args.no_verify
+    for fmt in formats:  # before any work, so that a missing extra does not leave half a job
+        require_extras(fmt, verify)
+    outs = _outputs(args.out, args.checkpoint, formats, SUFFIX, default_out)
+
+    arch, model, _ = load_child(args.checkpoint)
+    for fmt in formats:
+        rec = export_child(model, arch, fmt, outs[fmt], batch=args.batch,
+                           dynamic_batch=not args.static_batch,
+                           opset=args.opset if fmt == "onnx" else None, verify=verify)
+        check = rec["check"]
+        verified = (f"max abs diff {check['max_abs_diff']:.2g} (atol {check['atol']:g}), "
+                    f"argmax agree {check['argmax_agreement']:.0%} on {check['samples']}"
+                    if check else "not verified")
+        note = (f"  (legacy ONNX exporter: {rec['fallback_reason']})"
+                if rec.get("fallback_reason") else "")
+        print(f"{rec['path']}: {fmt} {_size(rec['bytes'])}  {verified}  "
+              f"[{arch.short_hash}]{note}")
+    return 0
+
+
+def _outputs(out: str | None, checkpoint: str, formats: list[str], suffix: dict[str, str],
+             default_out) -> dict[str, Path]:
+    if out is None:
+        return {fmt: default_out(checkpoint, fmt) for fmt in formats}
+    o = Path(out)
+    if o.is_dir() or out.endswith(("/", "\\")):
+        return {fmt: o / f"model{suffix[fmt]}" for fmt in formats}
+    if len(formats) > 1:
+        raise FbnasError(f"--out: {out} is a file name but {len(formats)} formats were asked "
+                         f"for; give a directory")
+    return {formats[0]: o}
+
+
+def _size(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f} MiB"
+    return f"{n / 1024:.1f} KiB"

@@ -1,0 +1,60 @@
+"""`fbnas sweep --config CONFIG.yaml --beta 0,2,4,8`: the latency–accuracy front."""
+
+from __future__ import annotations
+
+from fbnas.errors import FbnasError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "sweep", help="search at several loss settings, retrain each, plot latency vs accuracy",
+        description="For each value of one loss parameter: search (OUT/search-<label>), retrain "
+                    "the argmax architecture (OUT/retrain-<label>); also retrain the space's "
+                    "reference architectures and a few random ones; time all children together; "
+                    "write OUT/sweep.csv, sweep.json and sweep.png. Re-running the same command "
+                    "resumes. A cost weight of 0 is the cost-blind search (loss.kind ce). For "
+                    "the FBNet loss, sweep --beta: alpha only scales the loss.")
+    p.add_argument("--config", required=True, help="search config YAML")
+    vals = p.add_mutually_exclusive_group(required=True)
+    for name in ("alpha", "beta", "lambda", "target"):
+        vals.add_argument(f"--{name}", metavar="V1,V2,...",
+                          help=f"comma-separated values of loss.{name}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field for every run (repeatable)")
+    p.add_argument("--out", help="sweep directory (default: <run.dir>-sweep)")
+    p.add_argument("--retrain-epochs", type=int,
+                   help="epochs of each retrain (default: the config's retrain.epochs)")
+    p.add_argument("--random", type=int, default=5, metavar="N",
+                   help="random architectures to retrain for contrast (default 5)")
+    p.add_argument("--reference", action="append", default=[], metavar="ARCH.yaml",
+                   help="another reference architecture to retrain (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random architectures")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from fbnas.sweep import Sweep, parse_values
+
+    param = next(n for n in ("alpha", "beta", "lambda", "target")
+                 if getattr(args, n) is not None)
+    values = parse_values(getattr(args, param), param)
+    if args.random < 0:
+        raise FbnasError(f"--random: must be >= 0, got {args.random}")
+    if args.retrain_epochs is not None and args.retrain_epochs < 1:
+        raise FbnasError(f"--retrain-epochs: must be >= 1, got {args.retrain_epochs}")
+    sw = Sweep(args.config, param, values, args.out, args.set, args.reference, args.random,
+               args.seed, args.retrain_epochs)
+    s = sw.run()
+    print(f"\n{'label':<18}{'kind':<10}{'pred ms':>9}{'meas ms':>9}{'top-1':>8}  arch")
+    for r in s["points"]:
+        def f(v, fmt):
+            return format(v, fmt) if isinstance(v, (int, float)) else "-"
+        print(f"{r['label']:<18}{r['kind']:<10}{f(r['predicted_ms'], '9.3f')}"
+              f"{f(r['measured_ms'], '9.3f')}{f(100 * r['top1'], '7.2f')}%  "
+              f"{r['arch_hash'][:12]}{'  (dominated)' if r['dominated'] is True else ''}")
+    print(f"random architectures dominated by a searched one (within noise: latency "
+          f"{100 * s['latency_tolerance']:.0f}%, top-1 {100 * s['accuracy_tolerance']:.1f} pt): "
+          f"{s['random_dominated']}/{s['random']}")
+    print(f"wall time {s['wall_seconds']:.0f} s; written {sw.out / 'sweep.csv'}, "
+          f"{sw.out / 'sweep.json'}" + (f", {s['plot']}" if "plot" in s else ""))
+    return 0

@@ -1,0 +1,379 @@
+"""`fbnas sweep`: search at several loss settings, retrain each result, draw the front.
+
+For each value of one loss parameter (e.g. `loss.beta`) the sweep runs a normal search in
+`OUT/search-<label>`, takes its argmax architecture, and retrains it in `OUT/retrain-<label>`
+with the config's `retrain` recipe. It also retrains the reference architectures of the space
+(uniform `ir_k3_e6` / `ir_k5_e6` networks when those ops are candidates everywhere, plus
+architecture files given with --reference or found as `archs/*.yaml` next to the config whose
+`space:` names this space, e.g. FBNet-A/B/C for the ImageNet space) and a few uniformly random
+architectures for contrast. All children are then timed end to end in one interleaved,
+drift-compensated measurement (so their latencies are comparable with each other), and the sweep
+writes `OUT/sweep.csv`, `OUT/sweep.json` and `OUT/sweep.png` (latency vs. test top-1).
+
+Every step is a normal run directory: running the same command again skips what finished and
+resumes what was interrupted.
+
+A value of 0 for a cost weight (`alpha`, `beta`, `lambda`) is the cost-blind search
+(`loss.kind: ce`). Note that the FBNet loss CE·α·(log LAT)^β uses α only as a scale — Adam,
+the θ optimizer, is nearly invariant to it — so its trade-off is swept with β.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fbnas.arch import Architecture, arch_from_indices
+from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.errors import FbnasError
+from fbnas.io import ensure_dir, load_json, load_yaml, write_json_atomic, write_text_atomic
+
+WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
+PARAMS = WEIGHTS + ("target",)
+REFERENCE_OPS = ("ir_k3_e6", "ir_k5_e6")
+CSV_COLUMNS = ("label", "kind", "param", "value", "arch_hash", "name", "predicted_ms",
+               "measured_ms", "measured_iqr", "top1", "top5", "val_top1", "params", "flops",
+               "dominated", "run_dir", "ops")
+
+
+@dataclass
+class SweepPoint:
+    label: str
+    kind: str  # search | reference | random
+    arch: Architecture | None = None
+    value: float | None = None
+    run_dir: Path | None = None
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_values(raw: str, param: str) -> list[float]:
+    vals: list[float] = []
+    for tok in raw.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        try:
+            v = float(tok)
+        except ValueError:
+            raise FbnasError(f"--{param}: {tok!r} is not a number") from None
+        if not math.isfinite(v) or v < 0:
+            raise FbnasError(f"--{param}: {tok!r} must be a finite number >= 0")
+        vals.append(v)
+    if not vals:
+        raise FbnasError(f"--{param}: give at least one value, e.g. --{param} 0,2,4")
+    if len(set(vals)) != len(vals):
+        raise FbnasError(f"--{param}: repeated value in {raw!r}")
+    return vals
+
+
+def _label(param: str, v: float) -> str:
+    return f"{param}{v:g}"
+
+
+def point_config(base: dict, param: str, value: float, search_dir: Path) -> Config:
+    """The search config of one sweep point: `loss.<param> = value` (0 weight: kind ce)."""
+    d = apply_overrides(base, [f"run.dir={search_dir}"])
+    loss = dict(d.get("loss") or {})
+    if param in WEIGHTS and value == 0:
+        loss = {"kind": "ce", **({"label_smoothing": loss["label_smoothing"]}
+                                 if "label_smoothing" in loss else {})}
+    else:
+        loss[param] = value
+    d["loss"] = loss
+    return config_from_dict(d, f"sweep point {param}={value:g}")
+
+
+def reference_archs(cfg: Config, config_path: str | Path | None,
+                    extra: list[str]) -> list[Architecture]:
+    """Uniform k3_e6 / k5_e6 networks of the space (where those ops are candidates of every
+    layer), then `archs/*.yaml` beside the config that name this space, then `extra` files."""
+    space = cfg.space
+    out: dict[str, Architecture] = {}
+    cands = space.layer_candidates()
+    for op in REFERENCE_OPS:
+        if all(op in c for c in cands):
+            a = arch_from_indices(space, [c.index(op) for c in cands], f"all_{op[3:]}")
+            out.setdefault(a.hash(), a)
+    files: list[Path] = []
+    if config_path is not None:
+        d = Path(config_path).parent / "archs"
+        if d.is_dir():
+            for p in sorted(d.glob("*.yaml")):
+                try:
+                    if (load_yaml(p) or {}).get("space") == space.name:
+                        files.append(p)
+                except FbnasError:
+                    continue
+    files += [Path(p) for p in extra]
+    m = space.macro
+    for p in files:
+        a = Architecture.load(p)
+        if (a.macro.input_size, a.macro.in_channels, a.macro.num_classes) != (
+                m.input_size, m.in_channels, m.num_classes):
+            raise FbnasError(f"{p}: takes {a.macro.in_channels}x{a.macro.input_size} input and "
+                             f"{a.macro.num_classes} classes, the data gives {m.in_channels}x"
+                             f"{m.input_size} and {m.num_classes}")
+        out.setdefault(a.hash(), a)
+    return list(out.values())
+
+
+def random_archs(cfg: Config, n: int, seed: int, exclude: set[str]) -> list[Architecture]:
+    """`n` distinct uniformly random architectures of the space (not in `exclude`)."""
+    g = torch.Generator().manual_seed(seed)
+    cands = cfg.space.layer_candidates()
+    out: dict[str, Architecture] = {}
+    tries = 0
+    total = math.prod(len(c) for c in cands)
+    while len(out) < min(n, total - len(exclude)) and tries < 100 * max(n, 1):
+        idx = [int(torch.randint(len(c), (1,), generator=g)) for c in cands]
+        a = arch_from_indices(cfg.space, idx, f"random{len(out) + 1}")
+        tries += 1
+        if a.hash() not in exclude:
+            out.setdefault(a.hash(), a)
+    return list(out.values())
+
+
+def dominated(points: list[SweepPoint], by: list[SweepPoint], lat_tol: float,
+              acc_tol: float) -> list[bool]:
+    """For each point: is some point of `by` at least as fast and at least as accurate, within
+    tolerance (latency within a factor 1 + lat_tol, top-1 within acc_tol)?"""
+    out = []
+    for p in points:
+        lp, ap = p.results.get("measured_ms"), p.results.get("top1")
+        hit = False
+        for q in by:
+            lq, aq = q.results.get("measured_ms"), q.results.get("top1")
+            if None in (lp, ap, lq, aq):
+                continue
+            if lq <= lp * (1 + lat_tol) and aq >= ap - acc_tol:
+                hit = True
+                break
+        out.append(hit)
+    return out
+
+
+class Sweep:
+    def __init__(self, config_path: str | Path, param: str, values: list[float],
+                 out: str | Path | None = None, overrides: list[str] | None = None,
+                 references: list[str] | None = None, n_random: int = 5, seed: int = 0,
+                 retrain_epochs: int | None = None, log=print):
+        if param not in PARAMS:
+            raise FbnasError(f"sweep: parameter must be one of {', '.join(PARAMS)}; got {param!r}")
+        self.config_path = Path(config_path)
+        self.base = apply_overrides(load_yaml(config_path), overrides or [])
+        if retrain_epochs is not None:
+            r = dict(self.base.get("retrain") or {})
+            r["epochs"] = retrain_epochs
+            r["warmup_epochs"] = min(int(r.get("warmup_epochs", 1)), retrain_epochs - 1)
+            self.base["retrain"] = r
+        self.cfg = config_from_dict(self.base, str(config_path))
+        self.param, self.values = param, values
+        kind = (self.base.get("loss") or {}).get("kind", "fbnet")
+        self.out = Path(out) if out else Path(f"{self.cfg.run.dir}-sweep")
+        self.references = references or []
+        self.n_random, self.seed = n_random, seed
+        self.log = log
+        # check every point's config now, not after hours of searching
+        self.point_cfgs = [
+            point_config(self.base, param, v, self.out / f"search-{_label(param, v)}")
+            for v in values]
+        if param == "alpha" and kind == "fbnet" and any(v > 0 for v in values):
+            log("note: loss.alpha only scales the FBNet loss (Adam is nearly invariant to it); "
+                "the trade-off is set by loss.beta (--beta)")
+
+    # ---- one child: search (if any), then retrain -----------------------------------------------
+    def _search(self, cfg: Config) -> Architecture:
+        from fbnas.checkpoint import load_checkpoint
+        from fbnas.trainer import SearchTrainer, close_logger
+
+        run = Path(cfg.run.dir)
+        ck = run / "checkpoint.pt"
+        if ck.is_file():
+            state = load_checkpoint(ck, kind="search")
+            if state["epoch"] >= cfg.search.epochs and (run / "arch_hard.yaml").is_file():
+                self.log(f"{run}: search finished earlier")
+                return Architecture.load(run / "arch_hard.yaml")
+            del state
+        t = SearchTrainer(cfg, run, resume=ck.is_file())
+        try:
+            t.fit()
+        finally:
+            close_logger(t.log)
+        return Architecture.load(run / "arch_hard.yaml")
+
+    def _retrain(self, arch: Architecture, run: Path, extra: dict[str, Any]) -> dict[str, Any]:
+        from fbnas.retrain import RESULTS, ChildTrainer
+        from fbnas.trainer import close_logger
+
+        if (run / RESULTS).is_file():
+            self.log(f"{run}: retrained earlier")
+            return load_json(run / RESULTS)
+        cfg = config_from_dict(apply_overrides(self.base, [
+            f"run.dir={run}", "retrain.measure_latency=false"]), str(self.config_path))
+        t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
+                         extra={"sweep": extra})
+        try:
+            return t.fit()
+        finally:
+            close_logger(t.log)
+
+    # ---- the whole sweep --------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        ensure_dir(self.out)
+        points: list[SweepPoint] = []
+        for v, cfg in zip(self.values, self.point_cfgs, strict=True):
+            label = _label(self.param, v)
+            self.log(f"== sweep {label}: search")
+            arch = self._search(cfg)
+            points.append(SweepPoint(label, "search", arch, v))
+        searched = {p.arch.hash() for p in points if p.arch is not None}
+        for a in reference_archs(self.cfg, self.config_path, self.references):
+            points.append(SweepPoint(f"ref-{a.name}", "reference", a))
+        taken = searched | {p.arch.hash() for p in points if p.arch is not None}
+        for a in random_archs(self.cfg, self.n_random, self.seed, taken):
+            points.append(SweepPoint(a.name, "random", a))
+        for p in points:
+            self.log(f"== sweep {p.label}: retrain {p.arch.short_hash}")
+            p.run_dir = self.out / f"retrain-{p.label}"
+            extra = {"label": p.label, "kind": p.kind, "param": self.param, "value": p.value,
+                     "sweep_dir": str(self.out)}
+            if p.kind == "search":
+                extra[self.param] = p.value
+            p.results = dict(self._retrain(p.arch, p.run_dir, extra))
+        self._measure(points)
+        wall = time.perf_counter() - t0
+        return self._report(points, wall)
+
+    def _measure(self, points: list[SweepPoint]) -> None:
+        """All children in one interleaved measurement (comparable with each other); each
+        run's results.json gets the figure."""
+        from fbnas.latency import make_timer
+        from fbnas.latency.build import measure_archs
+        from fbnas.retrain import RESULTS, find_latency_table
+
+        lat = self.cfg.latency
+        if lat.cost != "latency" or not self.cfg.retrain.measure_latency:
+            return
+        timer = make_timer(lat.device, threads=lat.threads, batch=lat.batch, dtype=lat.dtype,
+                           channels_last=lat.channels_last)
+        uniq: dict[str, Architecture] = {}
+        for p in points:
+            uniq.setdefault(p.arch.hash(), p.arch)
+        named = [Architecture(a.macro, a.ops, h[:16], a.space) for h, a in uniq.items()]
+        self.log(f"== sweep: timing {len(named)} children end to end ({timer.backend})")
+        m = measure_archs(timer, named)
+        table, _ = find_latency_table(self.cfg, named[0], None)
+        ref_us = (table.reference or {}).get("scale_us") if table is not None else None
+        scale = ref_us or m.ref_scale_s * 1e6
+        d = timer.describe()
+        device = (f"{d.get('device_name')} ({d['backend']}, {d['threads']} thread"
+                  f"{'s' if d['threads'] != 1 else ''}, batch {d['batch']}, {d['dtype']})")
+        for p in points:
+            s = m.entries[p.arch.hash()[:16]].summary(scale / 1e6)
+            p.results["measured_latency_ms"] = s["median_us"] / 1e3
+            p.results["measured_latency_iqr"] = s["rel_iqr"]
+            p.results["latency_device"] = device
+            write_json_atomic(p.run_dir / RESULTS, p.results)
+
+    def _report(self, points: list[SweepPoint], wall: float) -> dict[str, Any]:
+        for p in points:
+            r = p.results
+            r["measured_ms"] = r.get("measured_latency_ms")
+            r["predicted_ms"] = r.get("predicted_latency_ms")
+        searched = [p for p in points if p.kind == "search"]
+        rand = [p for p in points if p.kind == "random"]
+        iqrs = [p.results.get("measured_latency_iqr") or 0.0 for p in points]
+        lat_tol = max(0.03, sorted(iqrs)[len(iqrs) // 2]) if iqrs else 0.03
+        n_test = self._n_test()
+        accs = [p.results["top1"] for p in points if p.results.get("top1") is not None]
+        mean_acc = sum(accs) / max(len(accs), 1)
+        acc_tol = math.sqrt(max(mean_acc * (1 - mean_acc), 1e-4) / max(n_test, 1))
+        dom = dominated(rand, searched, lat_tol, acc_tol)
+        flags = {id(p): d for p, d in zip(rand, dom, strict=True)}
+        rows = []
+        for p in points:
+            r = p.results
+            rows.append({
+                "label": p.label, "kind": p.kind, "param": self.param if p.kind == "search"
+                else "", "value": "" if p.value is None else p.value,
+                "arch_hash": p.arch.hash(), "name": p.arch.name,
+                "predicted_ms": r.get("predicted_ms"), "measured_ms": r.get("measured_ms"),
+                "measured_iqr": r.get("measured_latency_iqr"), "top1": r.get("top1"),
+                "top5": r.get("top5"), "val_top1": r.get("val_top1"), "params": r.get("params"),
+                "flops": r.get("flops"),
+                "dominated": flags.get(id(p), "") if p.kind == "random" else "",
+                "run_dir": str(p.run_dir), "ops": " ".join(p.arch.ops)})
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+        write_text_atomic(self.out / "sweep.csv", buf.getvalue())
+        summary = {"config": str(self.config_path), "param": self.param, "values": self.values,
+                   "wall_seconds": wall, "random": len(rand),
+                   "random_dominated": sum(dom), "latency_tolerance": lat_tol,
+                   "accuracy_tolerance": acc_tol, "test_images": n_test, "points": rows}
+        write_json_atomic(self.out / "sweep.json", summary)
+        try:
+            summary["plot"] = str(plot_sweep(rows, self.out / "sweep.png", self.cfg.space.name,
+                                             self.param))
+        except FbnasError as e:  # matplotlib missing: the CSV is still there
+            self.log(f"no plot: {e}")
+        return summary
+
+    def _n_test(self) -> int:
+        from fbnas.data import build_eval_data
+
+        m = self.cfg.space.macro
+        loader = build_eval_data(self.cfg.data, m.input_size, m.in_channels, m.num_classes,
+                                 seed=self.cfg.search.seed, split="test")
+        return len(loader.dataset)
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -> Path:
+    """Latency (measured, else predicted) vs. test top-1: searched points joined in order of
+    the swept value, references as squares, random architectures as grey crosses."""
+    from fbnas.plots import _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 5))
+
+    def xy(rs):
+        pts = [((r["measured_ms"] if r["measured_ms"] is not None else r["predicted_ms"]),
+                100 * r["top1"]) for r in rs]
+        return [p for p in pts if p[0] is not None and p[1] is not None]
+
+    rnd = xy([r for r in rows if r["kind"] == "random"])
+    if rnd:
+        ax.scatter(*zip(*rnd, strict=True), marker="x", color="0.55", label="random")
+    refs = [r for r in rows if r["kind"] == "reference"]
+    for r, (x, y) in zip(refs, xy(refs), strict=False):
+        ax.scatter([x], [y], marker="s", s=50, label=r["name"])
+    se = [r for r in rows if r["kind"] == "search"]
+    pts = xy(se)
+    if pts:
+        ax.plot(*zip(*pts, strict=True), "o-", color="C3", label=f"searched ({param})")
+        for r, (x, y) in zip(se, pts, strict=False):
+            ax.annotate(f"{param}={r['value']:g}", (x, y), textcoords="offset points",
+                        xytext=(5, 5), fontsize=8)
+    measured = any(r["measured_ms"] is not None for r in rows)
+    ax.set_xlabel("latency, ms (" + ("measured end to end" if measured else "table") + ")")
+    ax.set_ylabel("test top-1, %")
+    ax.set_title(f"fbnas sweep: {space}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    ensure_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

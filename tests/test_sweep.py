@@ -1,0 +1,102 @@
+"""`fbnas sweep`: two tiny settings through the CLI, resumable, with CSV, JSON and plot."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fbnas.cli import main
+from fbnas.errors import FbnasError
+from fbnas.sweep import SweepPoint, dominated, parse_values, point_config
+
+TINY = {
+    "space": {
+        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
+        "stem": {"channels": 8, "stride": 1},
+        "candidates": ["ir_k3_e1", "ir_k3_e6", "ir_k5_e6", "skip"],
+        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
+                   {"channels": 16, "repeats": 1, "stride": 2}],
+        "head": {"channels": 16},
+    },
+    "data": {"dataset": "digits", "batch_size": 32, "limit": 200, "val_fraction": 0.2},
+    "latency": {"cost": "latency", "device": "fake"},
+    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
+    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu"},
+    "retrain": {"epochs": 2, "warmup_epochs": 1, "device": "cpu"},
+    "run": {"progress": False, "tensorboard": False},
+}
+
+
+def test_sweep_two_settings_end_to_end_and_resume(tmp_path, capsys):
+    d = {**TINY, "run": {**TINY["run"], "dir": str(tmp_path / "runs/tiny")},
+         "latency": {**TINY["latency"], "cache_dir": str(tmp_path / "cache")}}
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(d))
+    argv = ["sweep", "--config", str(cfg), "--beta", "0,4", "--random", "2"]
+    assert main(argv) == 0
+    out = tmp_path / "runs/tiny-sweep"
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    kinds = [r["kind"] for r in rows]
+    assert kinds == ["search", "search", "reference", "reference", "random", "random"]
+    assert [r["label"] for r in rows[:4]] == ["beta0", "beta4", "ref-all_k3_e6", "ref-all_k5_e6"]
+    # beta 0 is the cost-blind search
+    assert yaml.safe_load((out / "search-beta0/config.yaml").read_text())["loss"]["kind"] == "ce"
+    assert yaml.safe_load((out / "search-beta4/config.yaml").read_text())["loss"]["beta"] == 4
+    for r in rows:
+        assert float(r["measured_ms"]) > 0 and float(r["predicted_ms"]) > 0
+        assert 0 <= float(r["top1"]) <= 1
+        res = json.loads((Path(r["run_dir"]) / "results.json").read_text())
+        assert res["measured_latency_ms"] == pytest.approx(float(r["measured_ms"]))
+        assert res["sweep"]["label"] == r["label"]
+    assert {r["dominated"] for r in rows if r["kind"] == "random"} <= {"True", "False"}
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["random"] == 2 and summary["wall_seconds"] > 0
+    assert (out / "sweep.png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "random architectures dominated" in printed
+    # the runs index lists every retrain of the sweep
+    assert main(["runs", str(out), "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert len(listed) == 6
+    # running it again resumes: nothing is searched or retrained twice
+    stamp = {p: p.stat().st_mtime_ns for p in out.glob("*/checkpoint.pt")}
+    assert main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/checkpoint.pt")} == stamp
+    again = list(csv.DictReader((out / "sweep.csv").open()))
+    assert [r["top1"] for r in again] == [r["top1"] for r in rows]
+
+
+def test_sweep_values_and_points():
+    assert parse_values("0, 0.5,2", "beta") == [0.0, 0.5, 2.0]
+    for bad, msg in (("", "at least one"), ("1,x", "'x' is not a number"),
+                     ("-1", "must be a finite number >= 0"), ("1,1", "repeated")):
+        with pytest.raises(FbnasError, match=msg):
+            parse_values(bad, "beta")
+    c = point_config(TINY, "lambda", 0.0, "d")
+    assert c.loss == {"kind": "ce"}
+    with pytest.raises(FbnasError, match="loss.target"):
+        point_config({**TINY, "loss": {"kind": "additive", "target": 5}}, "target", 0.0, "d")
+
+
+def test_dominance_allows_noise_but_not_worse_points():
+    def p(ms, acc):
+        return SweepPoint("x", "random", results={"measured_ms": ms, "top1": acc})
+    searched = [p(1.0, 0.90), p(2.0, 0.95)]
+    rand = [p(1.02, 0.90), p(1.5, 0.96), p(0.5, 0.80), p(3.0, 0.949), p(None, 0.9)]
+    assert dominated(rand, searched, lat_tol=0.03, acc_tol=0.0) == [
+        True, False, False, True, False]
+    assert dominated([p(0.97, 0.90)], searched, 0.03, 0.0) == [False]
+    assert dominated([p(1.0, 0.905)], searched, 0.0, 0.01) == [True]
+
+
+def test_sweep_cli_errors(tmp_path, capsys):
+    assert main(["sweep", "--config", str(tmp_path / "none.yaml"), "--beta", "1"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    assert main(["sweep", "--config", str(cfg), "--beta", "1", "--random", "-1"]) == 2
+    assert "--random" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["sweep", "--config", str(cfg), "--beta", "1", "--alpha", "2"])
