@@ -31,6 +31,7 @@ TAU_SCHEDULES = ("exp", "linear")
 COSTS = ("latency", "flops", "params")
 DEVICES = ("auto", "cpu", "cuda")
 NAN_POLICIES = ("stop", "skip")
+SEARCH_MODES = ("full", "single_path", "two_path")  # fbnas.supernet.SEARCH_MODES
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,15 @@ class LatencyConfig:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """The alternating trainer (paper defaults)."""
+    """The alternating trainer (paper defaults).
+
+    mode: how each step samples and computes paths (docs/search_modes.md): `full` computes
+    every candidate (FBNet; `hard` picks one-hot straight-through samples), `single_path` only
+    one hard straight-through Gumbel sample per layer (GDAS), `two_path` only two candidates
+    drawn from softmax(θ) (ProxylessNAS). `hard` applies to `full` only.
+    checkpoint_activations: recompute each layer's activations in backward instead of
+    storing them (less memory, more time; same gradients and BN statistics).
+    """
 
     epochs: int = 90
     warmup_epochs: int = 10
@@ -91,6 +100,8 @@ class SearchConfig:
     device: str = "auto"
     nan_policy: str = "stop"
     bn_calib_samples: int = 1024  # re-estimate BN stats of the argmax path before validation
+    mode: str = "full"
+    checkpoint_activations: bool = False
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
@@ -115,6 +126,8 @@ class SearchConfig:
             device=f.str("device", "auto", choices=DEVICES),
             nan_policy=f.str("nan_policy", "stop", choices=NAN_POLICIES),
             bn_calib_samples=f.int("bn_calib_samples", 1024, min=0),
+            mode=f.str("mode", "full", choices=SEARCH_MODES),
+            checkpoint_activations=f.bool("checkpoint_activations", False),
         )
         f.done()
         if c.warmup_epochs >= c.epochs:
@@ -208,13 +221,19 @@ class RunConfig:
     checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
     tensorboard: bool = True
     progress: bool = True
+    # multi-process runs under torchrun (docs/distributed.md): average the weights' gradients
+    # every step (1), or take K local steps between averages of weights and optimizer state
+    ddp_sync_every: int = 1
+    ddp_backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "run") -> RunConfig:
         f = Fields(d or {}, where)
         c = cls(dir=f.str("dir", "runs/search"),
                 checkpoint_every_steps=f.int("checkpoint_every_steps", 0, min=0),
-                tensorboard=f.bool("tensorboard", True), progress=f.bool("progress", True))
+                tensorboard=f.bool("tensorboard", True), progress=f.bool("progress", True),
+                ddp_sync_every=f.int("ddp_sync_every", 1, min=1),
+                ddp_backend=f.str("ddp_backend", "auto", choices=("auto", "gloo", "nccl")))
         f.done()
         return c
 

@@ -16,6 +16,7 @@ epoch's weights.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -27,6 +28,8 @@ import torch.nn.functional as F
 from fbnas.arch import Architecture, ChildNet, build_child
 from fbnas.checkpoint import load_checkpoint, seed_everything
 from fbnas.config import Config
+from fbnas.distributed import DistContext
+from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
 from fbnas.trainer import Interrupted
 
@@ -112,11 +115,14 @@ class ChildTrainer:
 
     def __init__(self, cfg: Config, arch: Architecture | None, run_dir: str | Path,
                  resume: bool = False, init_from: str | Path | None = None,
-                 log: logging.Logger | None = None, extra: dict[str, Any] | None = None):
+                 log: logging.Logger | None = None, extra: dict[str, Any] | None = None,
+                 dist: DistContext | None = None):
         from fbnas.data import build_train_data
         from fbnas.trainer import _make_logger, resolve_device
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
+        self.dist = dist or dist_current()
         r = cfg.retrain
         ckpt = self.run_dir / CHECKPOINT
         state = None
@@ -134,8 +140,10 @@ class ChildTrainer:
         if arch is None:
             raise FbnasError("retrain: give --arch ARCH.yaml (or --resume RUN_DIR)")
         self.arch = arch
-        self.log = log or _make_logger(self.run_dir)
+        self.log = log or _make_logger(self.run_dir, self.dist.rank)
         self.device = resolve_device(r.device, "retrain.device")
+        if self.dist.distributed and self.device.type == "cuda":
+            self.device = self.dist.device  # one GPU per local rank
         torch.manual_seed(r.seed)  # weight init
         self.model = build_child(arch).to(self.device)
         self.init_from = str(init_from) if init_from else (state or {}).get("init_from")
@@ -154,12 +162,22 @@ class ChildTrainer:
         m = arch.macro
         # the search's seed fixes the split, so val is the search's held-out part
         self.data = build_train_data(cfg.data, m.input_size, m.in_channels, m.num_classes,
-                                     seed=cfg.search.seed,
+                                     seed=cfg.search.seed, distributed=self.dist.shard,
                                      pin_memory=self.device.type == "cuda")
-        self.steps_per_epoch = len(self.data.train_loader)
-        self.forward = self.model
+        self.steps_per_epoch = len(self.data.train_loader)  # this rank's batches
+        self.forward: Any = self.model
+        self._ddp: Any = None
+        self._averager: Any = None
+        self._rank_bn: list[torch.Tensor] | None = None
+        if self.dist.distributed:
+            from fbnas.distributed import PeriodicAverager, wrap_ddp
+
+            # gradients averaged in backward (or kept local under run.ddp_sync_every > 1)
+            self._ddp = self.forward = wrap_ddp(self.model, self.dist)
+            self._averager = PeriodicAverager(self.dist, list(self.model.parameters()),
+                                              self.opt, cfg.run.ddp_sync_every)
         if r.compile:
-            self.forward = torch.compile(self.model)
+            self.forward = torch.compile(self.forward)
         self.epoch, self.step = 0, 0
         self.history: list[dict[str, Any]] = []
         self.partial: dict[str, Any] = {}
@@ -171,13 +189,27 @@ class ChildTrainer:
         else:
             from fbnas.io import ensure_dir, write_yaml_atomic
 
-            ensure_dir(self.run_dir)
-            arch.save(self.run_dir / "arch.yaml")
-            write_yaml_atomic(self.run_dir / "config.yaml", {
-                **cfg.resolved(), "arch": {"name": arch.name, "hash": arch.hash(),
-                                           "file": "arch.yaml"},
-                "init_from": self.init_from, **({"extra": self.extra} if self.extra else {})})
-            seed_everything(r.seed)  # data order and augmentation
+            if self.dist.is_main:
+                ensure_dir(self.run_dir)
+                arch.save(self.run_dir / "arch.yaml")
+                write_yaml_atomic(self.run_dir / "config.yaml", {
+                    **cfg.resolved(), "arch": {"name": arch.name, "hash": arch.hash(),
+                                               "file": "arch.yaml"},
+                    "init_from": self.init_from,
+                    **({"extra": self.extra} if self.extra else {})})
+            if self.dist.distributed:  # each rank its own augmentation stream
+                from fbnas.distributed import rank_seed
+
+                seed_everything(rank_seed(r.seed, self.dist.rank, 0))
+            else:
+                seed_everything(r.seed)  # data order and augmentation
+        if self._rank_bn:  # this rank's own BN statistics from the checkpoint
+            from fbnas.distributed import bn_buffers
+
+            own = [t for trip in bn_buffers(self.model) for t in trip if t is not None]
+            with torch.no_grad():
+                for t, v in zip(own, self._rank_bn, strict=True):
+                    t.copy_(v)
 
     # ---- set-up ---------------------------------------------------------------------------
     def _init_from_supernet(self, run_dir: Path) -> None:
@@ -198,6 +230,10 @@ class ChildTrainer:
                     raise FbnasError(f"{where}: {section}.{key} was {a.get(key)!r} in this run, "
                                      f"now {b.get(key)!r}; a resumed run must keep its settings "
                                      "(start a new run to change them)")
+        k_old = saved.get("run", {}).get("ddp_sync_every", 1)
+        if k_old != now["run"]["ddp_sync_every"]:
+            raise FbnasError(f"{where}: run.ddp_sync_every was {k_old!r} in this run, now "
+                             f"{now['run']['ddp_sync_every']!r}; a resumed run must keep it")
         if saved.get("search", {}).get("seed") != now["search"]["seed"]:
             raise FbnasError(f"{where}: search.seed (the data split) was "
                              f"{saved.get('search', {}).get('seed')!r}, now "
@@ -212,7 +248,19 @@ class ChildTrainer:
         self.history = list(state["history"])
         self.partial = dict(state.get("partial") or {})
         self.extra = dict(state.get("extra") or self.extra)
-        set_rng_state(state["rng"])
+        from fbnas.distributed import rank_entry, rank_seed
+
+        # a distributed checkpoint holds each rank's RNG, partial sums and BN statistics
+        mine = rank_entry(self.dist, state, at_epoch_start=not self.step,
+                          where=str(self.run_dir / CHECKPOINT), log=self.log)
+        if mine is not None:
+            set_rng_state(mine["rng"])
+            self.partial = dict(mine.get("partial") or {})
+            self._rank_bn = list(mine.get("bn") or [])
+        elif self.dist.distributed:  # another number of processes: re-derived, not exact
+            seed_everything(rank_seed(self.cfg.retrain.seed, self.dist.rank, self.epoch))
+        else:
+            set_rng_state(state["rng"])
         self.log.info(f"resumed {self.run_dir} at epoch {self.epoch} step {self.step}")
 
     def state_dict(self) -> dict[str, Any]:
@@ -225,16 +273,37 @@ class ChildTrainer:
                 "init_from": self.init_from, "extra": self.extra}
 
     def save(self) -> None:
+        """Write the checkpoint. Under torchrun every rank calls this at the same step (it
+        gathers each rank's RNG state and BN statistics) and rank 0 writes."""
         from fbnas.checkpoint import save_checkpoint
 
-        save_checkpoint(self.run_dir / CHECKPOINT, self.state_dict())
+        ranks = None
+        if self.dist.distributed:
+            from fbnas.checkpoint import rng_state
+            from fbnas.distributed import bn_buffers
+
+            self._averager.sync()  # ddp_sync_every > 1: the ranks' weights may differ
+            bn = [t.detach().cpu().clone() for trip in bn_buffers(self.model) for t in trip
+                  if t is not None]
+            ranks = self.dist.all_gather_object({"rng": rng_state(), "partial": self.partial,
+                                                 "bn": bn})
+        if not self.dist.is_main:
+            return
+        state = self.state_dict()
+        if ranks is not None:
+            state.update(world_size=self.dist.world_size, ranks=ranks)
+        save_checkpoint(self.run_dir / CHECKPOINT, state)
 
     # ---- training ---------------------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
-        """Stop after the current step and save (what Ctrl-C does); a second call aborts."""
+        """Stop after the current step and save (what Ctrl-C does); a second call aborts
+        (under torchrun, not one within 2 s: the launcher's copy of the same Ctrl-C)."""
+        now = time.monotonic()
         if self._stop_requested:
+            if self.dist.distributed and now - getattr(self, "_stop_time", now) < 2.0:
+                return
             raise KeyboardInterrupt
-        self._stop_requested = True
+        self._stop_requested, self._stop_time = True, now
         self.log.warning("stopping after the current step to save a checkpoint "
                          "(Ctrl-C again aborts without saving)")
 
@@ -244,20 +313,28 @@ class ChildTrainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.model.train()
-        logits = self.forward(x)
-        loss = F.cross_entropy(logits, y, label_smoothing=r.label_smoothing)
-        if not bool(torch.isfinite(loss)):
-            from fbnas.trainer import NonFiniteLoss
+        local = self._averager is not None and self._averager.active
+        # run.ddp_sync_every > 1: no gradient all-reduce; weights averaged every K steps
+        with self._ddp.no_sync() if local else contextlib.nullcontext():
+            logits = self.forward(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=r.label_smoothing)
+            bad = not bool(torch.isfinite(loss))
+            if self.dist.distributed:  # every rank stops at the same step
+                bad = self.dist.any_true(bad)
+            if bad:
+                from fbnas.trainer import NonFiniteLoss
 
-            self.save()  # nothing was applied yet: this is the last good state
-            raise NonFiniteLoss(f"non-finite loss at epoch {self.epoch + 1}/{r.epochs} step "
-                                f"{self.step + 1}; stopped after saving the last good state "
-                                f"in {self.run_dir / CHECKPOINT} (lower retrain.lr?)")
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+                self.save()  # nothing was applied yet: this is the last good state
+                raise NonFiniteLoss(f"non-finite loss at epoch {self.epoch + 1}/{r.epochs} step "
+                                    f"{self.step + 1}; stopped after saving the last good state "
+                                    f"in {self.run_dir / CHECKPOINT} (lower retrain.lr?)")
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
         if r.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.grad_clip)
         self.opt.step()
+        if self._averager is not None:
+            self._averager.after_step()
         acc = (logits.detach().argmax(1) == y).float().mean()
         return {"loss": loss.item(), "acc": acc.item(), "lr": lr, "n": float(len(y))}
 
@@ -269,7 +346,7 @@ class ChildTrainer:
         sums: dict[str, float] = dict(self.partial.get("sums", {}))
         t0 = time.perf_counter()
         bar = None
-        if self.cfg.run.progress:
+        if self.cfg.run.progress and self.dist.is_main:
             from tqdm import tqdm
 
             bar = tqdm(total=self.steps_per_epoch, initial=self.step, leave=False,
@@ -292,7 +369,7 @@ class ChildTrainer:
                     bar.set_postfix(loss=f"{out['loss']:.3g}", lr=f"{out['lr']:.3g}")
                 if every and self.step % every == 0:
                     self.save()
-                if self._stop_requested:
+                if self._agreed_stop():
                     sums["seconds"] += time.perf_counter() - t0
                     self.save()
                     raise Interrupted
@@ -300,13 +377,22 @@ class ChildTrainer:
             if bar is not None:
                 bar.close()
         seconds = sums.get("seconds", 0.0) + time.perf_counter() - t0
+        if self.dist.distributed:
+            from fbnas.distributed import sync_bn_stats
+
+            self._averager.sync()  # ddp_sync_every > 1: one model again
+            sync_bn_stats(self.dist, self.model)  # the ranks' BN statistics, averaged
+            # the epoch's figures over every rank's samples (rank 0's clock)
+            keys = ("loss", "acc", "n")
+            sums = {**sums, **dict(zip(keys, self.dist.sum_floats(
+                [sums.get(k, 0.0) for k in keys]), strict=True))}
         n = max(sums.get("n", 0.0), 1.0)
         rec: dict[str, Any] = {"epoch": self.epoch + 1, "train_loss": sums.get("loss", 0.0) / n,
                                "train_acc": sums.get("acc", 0.0) / n,
                                "lr": self.opt.param_groups[0]["lr"], "seconds": seconds,
                                "images_per_s": sums.get("n", 0.0) / max(seconds, 1e-9)}
         if self.data.val_loader is not None:
-            v = evaluate(self.model, self.data.val_loader, self.device)
+            v = self._evaluate(self.data.val_loader)
             rec.update({"val_top1": v["top1"], "val_top5": v["top5"], "val_ce": v["ce"]})
         return rec
 
@@ -332,12 +418,13 @@ class ChildTrainer:
                 self.epoch, self.step, self.partial = self.epoch + 1, 0, {}
                 self.save()
                 self._log_epoch(rec)
-                if self._stop_requested:
+                if self._agreed_stop():
                     raise Interrupted
         except Interrupted:
-            self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
-                             f"{self.epoch} step {self.step}; continue with "
-                             f"`fbnas retrain --resume {self.run_dir}`")
+            if self.dist.is_main:
+                self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
+                                 f"{self.epoch} step {self.step}; continue with "
+                                 f"`fbnas retrain --resume {self.run_dir}`")
             raise
         finally:
             for sig, handler in old.items():
@@ -353,7 +440,9 @@ class ChildTrainer:
         from fbnas.arch import child_stats
         from fbnas.io import write_json_atomic
 
-        test = evaluate(self.model, self.data.test_loader, self.device)
+        test = self._evaluate(self.data.test_loader)
+        if not self.dist.is_main:  # rank 0 alone measures latency and writes results.json
+            return {"top1": test["top1"], "top5": test["top5"], "test_ce": test["ce"]}
         stats = child_stats(self.arch)
         table, table_src = find_latency_table(self.cfg, self.arch, self.log)
         predicted = None
@@ -391,8 +480,27 @@ class ChildTrainer:
         self.log.info(results_line(res))
         return res
 
+    # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------
+    def _agreed_stop(self) -> bool:
+        """Whether to stop now; under torchrun, true on every rank if any rank was signalled."""
+        if self.dist.distributed:
+            self._stop_requested = self.dist.any_true(self._stop_requested)
+        return self._stop_requested
+
+    def _evaluate(self, loader) -> dict[str, float]:
+        """`evaluate` on this rank's shard of `loader`, combined over the ranks."""
+        v = evaluate(self.model, loader, self.device)
+        if not self.dist.distributed:
+            return v
+        n = v["n"]
+        top1, top5, ce, n = self.dist.sum_floats([v["top1"] * n, v["top5"] * n, v["ce"] * n, n])
+        d = max(n, 1.0)
+        return {"top1": top1 / d, "top5": top5 / d, "ce": ce / d, "n": int(n)}
+
     # ---- logging ---------------------------------------------------------------------------
     def _log_epoch(self, rec: dict[str, Any]) -> None:
+        if not self.dist.is_main:  # rank 0 alone writes history, the log and TensorBoard
+            return
         from fbnas.io import write_json_atomic
 
         write_json_atomic(self.run_dir / "history.json", self.history)

@@ -6,21 +6,75 @@ logits together with the expected cost Σ_l Σ_i m_li · cost(b_li) computed fro
 Costs are plain buffers (latency in µs, FLOPs, params — whatever table was given); nothing is
 threaded through forward and nothing calls `.cuda()`, so the module moves with `.to(device)`
 and works unchanged under DistributedDataParallel.
+
+Search modes (`search.mode`, see docs/search_modes.md) decide how a forward samples paths:
+
+    full         every candidate computed, m = GumbelSoftmax(θ, τ) (soft, or hard with `hard`)
+    single_path  GDAS: one hard straight-through Gumbel sample per layer; only it is computed
+    two_path     ProxylessNAS: two candidates per layer drawn without replacement from
+                 softmax(θ), mixed by their renormalised probabilities; only they are computed
+
+`checkpoint_activations` recomputes each MixedOp's activations in backward instead of storing
+them (BatchNorm running statistics are updated once per forward, as without it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
 from fbnas.errors import FbnasError
 from fbnas.search_space import SearchSpace
 
 CostRows = Sequence[Mapping[str, float]] | Sequence[Sequence[float]]
+SEARCH_MODES = ("full", "single_path", "two_path")
+
+
+@dataclass
+class PathSample:
+    """One draw of the architecture weights for a forward.
+
+    m:      per-layer mixing weights of the candidates' outputs.
+    active: per layer, the candidate indices actually computed (None: all of them); the
+            others have m_i = 0 in value.
+    cost_m: per-layer weights of the expected cost Σ_i cost_m_i · cost_i (often `m` itself).
+    """
+
+    m: list[torch.Tensor]
+    active: list[list[int]] | None
+    cost_m: list[torch.Tensor]
+
+
+@contextmanager
+def _bn_stats_frozen(module: nn.Module) -> Iterator[None]:
+    """Run BatchNorm layers in `module` without changing their running statistics.
+
+    Used while a checkpointed block is recomputed in backward: its forward already updated
+    the statistics once. Momentum 0 leaves running_mean/var bit-for-bit unchanged
+    (r·1 + batch·0) while the op saves exactly the tensors it saved the first time (which
+    activation checkpointing checks); num_batches_tracked is put back afterwards.
+    """
+    bns = [b for b in module.modules()
+           if isinstance(b, nn.modules.batchnorm._BatchNorm) and b.track_running_stats
+           and b.running_mean is not None]
+    saved = [(b.momentum, None if b.num_batches_tracked is None else b.num_batches_tracked.clone())
+             for b in bns]
+    for b in bns:
+        b.momentum = 0.0
+    try:
+        yield
+    finally:
+        for b, (mo, n) in zip(bns, saved, strict=True):
+            b.momentum = mo
+            if n is not None:
+                b.num_batches_tracked.copy_(n)
 
 
 class MixedOp(nn.Module):
@@ -30,11 +84,28 @@ class MixedOp(nn.Module):
         super().__init__()
         self.op_names = tuple(ops)
         self.candidates = nn.ModuleList(build_block(o, c_in, c_out, stride) for o in ops)
+        # recompute this layer's activations in backward (training with grad only)
+        self.checkpoint_activations = False
 
     def forward(self, x: torch.Tensor, m: torch.Tensor,
                 active: Sequence[int] | None = None) -> torch.Tensor:
         """Σ_i m_i · b_i(x) over all candidates, or only over `active` ones (the others are
         taken to have m_i = 0 and are not computed)."""
+        if self.checkpoint_activations and self.training and torch.is_grad_enabled():
+            first = [True]
+
+            def run(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+                if first[0]:  # the real forward
+                    first[0] = False
+                    return self._mix(x, m, active)
+                with _bn_stats_frozen(self):  # the recompute in backward
+                    return self._mix(x, m, active)
+
+            return checkpoint(run, x, m, use_reentrant=False)
+        return self._mix(x, m, active)
+
+    def _mix(self, x: torch.Tensor, m: torch.Tensor,
+             active: Sequence[int] | None) -> torch.Tensor:
         out = None
         for i in range(len(self.candidates)) if active is None else active:
             y = m[i] * self.candidates[i](x)
@@ -46,7 +117,8 @@ class Supernet(nn.Module):
     """stem -> MixedOp x L -> head, with θ and a per-(layer, op) cost table."""
 
     def __init__(self, space: SearchSpace, costs: CostRows | None = None,
-                 fixed_cost: float = 0.0):
+                 fixed_cost: float = 0.0, mode: str = "full",
+                 checkpoint_activations: bool = False):
         super().__init__()
         self.space = space
         self.stem = space.macro.build_stem()
@@ -59,6 +131,27 @@ class Supernet(nn.Module):
         # θ starts uniform: every candidate equally likely.
         self.theta = nn.ParameterList(nn.Parameter(torch.zeros(len(c))) for c in cands)
         self.set_costs(costs, fixed_cost)
+        self.mode = mode
+        self.checkpoint_activations = checkpoint_activations
+
+    # ---- how paths are sampled and stored ----------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        _check_mode(mode)
+        self._mode = mode
+
+    @property
+    def checkpoint_activations(self) -> bool:
+        return all(op.checkpoint_activations for op in self.mixed)
+
+    @checkpoint_activations.setter
+    def checkpoint_activations(self, on: bool) -> None:
+        for op in self.mixed:
+            op.checkpoint_activations = bool(on)
 
     # ---- parameters, told apart by identity -----------------------------------------------
     def arch_parameters(self) -> list[nn.Parameter]:
@@ -120,6 +213,50 @@ class Supernet(nn.Module):
             raise FbnasError(f"temperature must be > 0, got {tau}")
         return [F.gumbel_softmax(t, tau=tau, hard=hard) for t in self.theta]
 
+    def sample_path(self, tau: float, hard: bool = False, mode: str | None = None) -> PathSample:
+        """Sample the weights (and the candidates to compute) for one forward in `mode`
+        (default: this supernet's mode). Gradients reach θ unless called under no_grad.
+
+        full:        m = GumbelSoftmax(θ, τ) (one-hot straight-through if `hard`); all
+                     candidates computed; cost weights = m.
+        single_path: s = GumbelSoftmax(θ, τ) soft, i = argmax s, m = onehot(i) + s − sg(s)
+                     (value exactly one-hot, gradient of s: straight-through); only candidate
+                     i computed; cost weights = m, so the cost's gradient reaches every θ_l.
+                     `hard` is implied.
+        two_path:    {i, j} drawn from softmax(θ) without replacement (Gumbel-top-2),
+                     m_i, m_j = softmax(θ_i, θ_j), 0 elsewhere; only i, j computed; cost
+                     weights = softmax(θ) (the expected cost over all candidates, as in
+                     ProxylessNAS), so the cost's gradient reaches every θ_l. `tau` and
+                     `hard` are not used.
+        """
+        mode = self.mode if mode is None else mode
+        _check_mode(mode)
+        if mode == "full":
+            m = self.sample_weights(tau, hard)
+            return PathSample(m, None, m)
+        if mode == "single_path":
+            if not tau > 0:
+                raise FbnasError(f"temperature must be > 0, got {tau}")
+            m, active = [], []
+            for t in self.theta:
+                soft = torch.softmax((t + _gumbel_like(t)) / tau, -1)
+                i = int(soft.detach().argmax())
+                hard_i = torch.zeros_like(soft.detach())
+                hard_i[i] = 1.0
+                m.append(hard_i + (soft - soft.detach()))
+                active.append([i])
+            return PathSample(m, active, m)
+        m, active, probs = [], [], []
+        for t in self.theta:
+            k = min(2, len(t))
+            idx = (t.detach() + _gumbel_like(t)).topk(k).indices
+            idx = idx.sort().values  # candidates run in index order, as in full mode
+            w = torch.softmax(t[idx], -1)  # p_i / (p_i + p_j): the renormalised probabilities
+            m.append(torch.zeros_like(t).scatter(0, idx, w))
+            active.append([int(i) for i in idx.tolist()])
+            probs.append(torch.softmax(t, -1))
+        return PathSample(m, active, probs)
+
     def argmax_weights(self) -> list[torch.Tensor]:
         """One-hot at argmax θ per layer: the deterministic architecture used for validation."""
         return [F.one_hot(t.detach().argmax(), len(t)).to(t.dtype) for t in self.theta]
@@ -138,16 +275,20 @@ class Supernet(nn.Module):
 
     def forward(self, x: torch.Tensor, tau: float = 1.0, hard: bool = False,
                 m: Sequence[torch.Tensor] | None = None,
-                active: Sequence[Sequence[int]] | None = None
+                active: Sequence[Sequence[int]] | None = None,
+                cost_m: Sequence[torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (logits, expected cost). Pass `m` to use given weights instead of sampling,
-        and `active` (candidate indices per layer) to compute only those paths."""
+        """Return (logits, expected cost). Without `m`, weights are sampled in this supernet's
+        mode (`sample_path`); pass `m` to use given weights, `active` (candidate indices per
+        layer) to compute only those paths, and `cost_m` to weight the cost otherwise than
+        by `m` (a PathSample gives all three)."""
         if m is None:
-            m = self.sample_weights(tau, hard)
+            sample = self.sample_path(tau, hard)
+            m, active, cost_m = sample.m, sample.active, sample.cost_m
         y = self.stem(x)
         for li, (op, mi) in enumerate(zip(self.mixed, m, strict=True)):
             y = op(y, mi, None if active is None else active[li])
-        return self.head(y), self.expected_cost(m)
+        return self.head(y), self.expected_cost(m if cost_m is None else cost_m)
 
     @torch.no_grad()
     def recalibrate_bn(self, batches, m: Sequence[torch.Tensor],
@@ -176,3 +317,13 @@ class Supernet(nn.Module):
                 b.momentum = mo
             self.train(was_training)
         return n
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in SEARCH_MODES:
+        raise FbnasError(f"search.mode: must be one of {', '.join(SEARCH_MODES)}; got {mode!r}")
+
+
+def _gumbel_like(t: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise shaped like `t` (drawn as F.gumbel_softmax draws it)."""
+    return -torch.empty_like(t, memory_format=torch.legacy_contiguous_format).exponential_().log()

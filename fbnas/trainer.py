@@ -11,6 +11,10 @@ Checkpoints are written atomically at the end of every epoch (and every
 the scheduler, RNG states, the position (epoch, phase, step), the resolved config and the cost
 table's fingerprint: `fbnas train --resume RUN_DIR` continues and ends with the same θ as an
 uninterrupted run.
+
+Under `torchrun` (fbnas.distributed, docs/distributed.md) each rank trains on its shard: weight
+steps run through DistributedDataParallel, θ's gradients are averaged before each Adam step,
+the Gumbel noise is the same on every rank, and rank 0 alone writes the run directory.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from torch import nn
 from fbnas.arch import Architecture, sample_hard
 from fbnas.checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything
 from fbnas.config import Config
+from fbnas.distributed import DistContext
+from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.loss import build_loss
@@ -133,12 +139,17 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
 
 class SearchTrainer:
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
-                 log: logging.Logger | None = None, resume: bool = False):
+                 log: logging.Logger | None = None, resume: bool = False,
+                 dist: DistContext | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.log = log or _make_logger(self.run_dir)
+        # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
+        self.dist = dist or dist_current()
+        self.log = log or _make_logger(self.run_dir, self.dist.rank)
         s = cfg.search
         self.device = resolve_device(s.device)
+        if self.dist.distributed and self.device.type == "cuda":
+            self.device = self.dist.device  # one GPU per local rank
         ckpt_path = self.run_dir / CHECKPOINT
         state = None
         if resume:
@@ -147,18 +158,17 @@ class SearchTrainer:
         elif ckpt_path.exists():
             raise FbnasError(f"{self.run_dir}: already holds a search checkpoint; resume it "
                              "with `fbnas train --resume DIR` or choose another run.dir")
-        ensure_dir(self.run_dir)
-        self.costs = costs or resolve_costs(
-            cfg, self.log.info, self.run_dir,
-            prefer_saved=resume and cfg.latency.cost == "latency" and not cfg.latency.table,
-            save=not resume)
+        if self.dist.is_main:
+            ensure_dir(self.run_dir)
+        self.costs = costs or self._shared_costs(resume)
         # seeded after the costs: measuring a table draws random numbers, a cached one does not
         seed_everything(s.seed)
         if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
             raise FbnasError(f"{ckpt_path}: the run was searched with another cost table "
                              f"(fingerprint {state['cost_fingerprint'][:12]}, now "
                              f"{self.costs.fingerprint[:12]}); resume with the original table")
-        self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed).to(self.device)
+        self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
+                              checkpoint_activations=s.checkpoint_activations).to(self.device)
         self.loss = build_loss(cfg.loss)
         self.loss.check_range(*self.model.cost_bounds())
         self.w_opt = torch.optim.SGD(self.model.weight_parameters(), lr=s.w_lr,
@@ -173,23 +183,31 @@ class SearchTrainer:
         self.data = build_search_data(
             cfg.data, input_size=cfg.space.macro.input_size,
             in_channels=cfg.space.macro.in_channels, num_classes=cfg.space.macro.num_classes,
-            seed=s.seed, pin_memory=self.device.type == "cuda")
+            seed=s.seed, distributed=self.dist.shard, pin_memory=self.device.type == "cuda")
         self.epoch, self.phase, self.step = 0, "w", 0
         self.history: list[dict[str, Any]] = []
         self.partial: dict[str, Any] = {}
         self.skipped_steps = 0
         self.writer = None
         self._stop_requested = False
+        self._ddp: Any = None  # the weight path's DDP wrapper (distributed runs)
+        self._rank_bn: list[torch.Tensor] | None = None
         if state is not None:
             self._restore(state)
-        else:
+        elif self.dist.is_main:
             write_yaml_atomic(self.run_dir / "config.yaml", cfg.resolved())
+        if self.dist.distributed:
+            self._setup_distributed(fresh=state is None)
 
     # ---- resume ---------------------------------------------------------------------------
     # Keys a resumed run may change: where and how it runs, not what it computes.
     RESUMABLE_CHANGES = {("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
                          ("run", "checkpoint_every_steps"), ("search", "device"),
-                         ("data", "workers"), ("data", "root"), ("data", "eval_batch_size")}
+                         ("data", "workers"), ("data", "root"), ("data", "eval_batch_size"),
+                         ("run", "ddp_backend"), ("search", "checkpoint_activations")}
+    # keys added since older checkpoints were written, and the value those runs had
+    ADDED_KEYS = {("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
+                  ("search", "checkpoint_activations"): False}
 
     def _check_resume(self, state: dict[str, Any]) -> None:
         saved, now = state["config"], self.cfg.resolved()
@@ -202,8 +220,9 @@ class SearchTrainer:
         for section in ("data", "latency", "loss", "search", "run"):
             a, b = saved.get(section, {}), now.get(section, {})
             for key in sorted(set(a) | set(b)):
-                if (section, key) not in self.RESUMABLE_CHANGES and a.get(key) != b.get(key):
-                    raise FbnasError(f"{where}: {section}.{key} was {a.get(key)!r} in this run, "
+                old = a.get(key, self.ADDED_KEYS.get((section, key)))
+                if (section, key) not in self.RESUMABLE_CHANGES and old != b.get(key):
+                    raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, "
                                      f"now {b.get(key)!r}; a resumed run must keep its settings "
                                      "(start a new run to change them)")
 
@@ -217,15 +236,26 @@ class SearchTrainer:
         self.partial = dict(state.get("partial") or {})
         self.skipped_steps = int(state.get("skipped_steps", 0))
         from fbnas.checkpoint import set_rng_state
+        from fbnas.distributed import rank_entry, rank_seed
 
-        set_rng_state(state["rng"])
+        # a distributed checkpoint holds each rank's RNG, partial sums and BN statistics
+        mine = rank_entry(self.dist, state, at_epoch_start=self.phase == "w" and not self.step,
+                          where=str(self.run_dir / CHECKPOINT), log=self.log)
+        if mine is not None:
+            set_rng_state(mine["rng"])
+            self.partial = dict(mine.get("partial") or {})
+            self._rank_bn = list(mine.get("bn") or [])
+        elif self.dist.distributed:  # another number of processes: re-derived, not exact
+            seed_everything(rank_seed(self.cfg.search.seed, self.dist.rank, self.epoch))
+        else:
+            set_rng_state(state["rng"])
         self.log.info(f"resumed {self.run_dir} at epoch {self.epoch} phase {self.phase} "
                       f"step {self.step}")
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": "search", "epoch": self.epoch, "phase": self.phase, "step": self.step,
-            "model": self.model.state_dict(), "w_opt": self.w_opt.state_dict(),
+            "model": self.net.state_dict(), "w_opt": self.w_opt.state_dict(),
             "theta_opt": self.theta_opt.state_dict(), "w_sched": self.w_sched.state_dict(),
             "tau": self.tau, "rng": rng_state(), "config": self.cfg.resolved(),
             "cost_fingerprint": self.costs.fingerprint, "history": self.history,
@@ -233,10 +263,23 @@ class SearchTrainer:
         }
 
     def save(self) -> None:
-        save_checkpoint(self.run_dir / CHECKPOINT, self.state_dict())
+        """Write the checkpoint and theta.json. Under torchrun every rank calls this at the same
+        step (it is collective: it gathers each rank's RNG state) and rank 0 writes."""
+        ranks = self._gather_rank_states() if self.dist.distributed else None
+        if not self.dist.is_main:
+            return
+        state = self.state_dict()
+        if ranks is not None:
+            state.update(world_size=self.dist.world_size, ranks=ranks)
+        save_checkpoint(self.run_dir / CHECKPOINT, state)
         write_json_atomic(self.run_dir / "theta.json", {
             "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.layer_candidates()],
-            "theta": [t.detach().cpu().tolist() for t in self.model.theta]})
+            "theta": [t.detach().cpu().tolist() for t in self.net.theta]})
+
+    @property
+    def net(self) -> Supernet:
+        """The supernet itself (`self.model` is its DDP wrapper during distributed w steps)."""
+        return getattr(self.model, "module", self.model)
 
     # ---- schedule ---------------------------------------------------------------------------
     @property
@@ -249,6 +292,8 @@ class SearchTrainer:
     # ---- one step of each kind ---------------------------------------------------------------
     def _check_finite(self, terms: dict[str, torch.Tensor]) -> bool:
         bad = [k for k, v in terms.items() if not bool(torch.isfinite(v).all())]
+        if self.dist.distributed and self.dist.any_true(bool(bad)) and not bad:
+            bad = ["loss (on another rank)"]  # every rank skips or stops at the same step
         if not bad:
             return True
         where = (f"epoch {self.epoch + 1}/{self.cfg.search.epochs}, {self.phase} step "
@@ -264,9 +309,9 @@ class SearchTrainer:
 
     def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         self.model.train()
-        with torch.no_grad():
-            m = self.model.sample_weights(self.tau, self.cfg.search.hard)
-        logits, cost = self.model(x, m=m)
+        with torch.no_grad():  # search.mode decides which paths are sampled and computed
+            p = self.model.sample_path(self.tau, self.cfg.search.hard)
+        logits, cost = self.model(x, m=p.m, active=p.active, cost_m=p.cost_m)
         ce = self.loss.ce(logits, y)
         if not self._check_finite({"ce": ce}):
             return {}
@@ -281,8 +326,8 @@ class SearchTrainer:
 
     def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         self.model.train()
-        m = self.model.sample_weights(self.tau, self.cfg.search.hard)
-        logits, cost = self.model(x, m=m)
+        p = self.model.sample_path(self.tau, self.cfg.search.hard)  # per search.mode
+        logits, cost = self.model(x, m=p.m, active=p.active, cost_m=p.cost_m)
         terms = self.loss(logits, y, cost)
         if not self._check_finite({"ce": terms.ce, "cost_term": terms.cost_term,
                                    "total": terms.total}):
@@ -300,6 +345,8 @@ class SearchTrainer:
     def _calib_batches(self):
         n = 0
         limit = self.cfg.search.bn_calib_samples
+        if self.dist.distributed:  # each rank calibrates on its shard; the total is the same
+            limit = -(-limit // self.dist.world_size)
         for x, _ in self.data.calib_loader:
             if n >= limit:
                 return
@@ -317,7 +364,11 @@ class SearchTrainer:
         if self.data.val_loader is None:  # val_fraction 0: no selection split
             return out
         if self.cfg.search.bn_calib_samples and self.data.calib_loader is not None:
-            self.model.recalibrate_bn(self._calib_batches(), m, active)
+            used = self.model.recalibrate_bn(self._calib_batches(), m, active)
+            if self.dist.distributed:  # the ranks' estimates, weighted by their samples
+                from fbnas.distributed import sync_bn_stats
+
+                sync_bn_stats(self.dist, self.net, weight=used)
         self.model.eval()
         n = correct = 0
         ce_sum = 0.0
@@ -327,6 +378,8 @@ class SearchTrainer:
             ce_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
             n += len(y)
+        if self.dist.distributed:  # each rank evaluated its shard of the validation split
+            correct, n, ce_sum = self.dist.sum_floats([correct, n, ce_sum])
         return {**out, "val_acc": correct / max(n, 1), "val_ce": ce_sum / max(n, 1)}
 
     # ---- epochs ----------------------------------------------------------------------------------
@@ -343,7 +396,7 @@ class SearchTrainer:
             for x, y in it:
                 x = x.to(self.device, non_blocking=True)
                 y = y.to(self.device, non_blocking=True)
-                out = step_fn(x, y)
+                out = self._dist_step(phase, step_fn, x, y) if self._ddp else step_fn(x, y)
                 self.step += 1
                 for k, v in out.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -356,16 +409,18 @@ class SearchTrainer:
                                          if k in ("ce", "acc", "cost")})
                 if every and self.step % every == 0:
                     self.save()
-                if self._stop_requested:
+                if self._agreed_stop():
                     self.save()
                     raise Interrupted
         finally:
             if bar is not None:
                 bar.close()
+        if self.dist.distributed:  # the phase's means over every rank's steps
+            sums, count = self._end_phase(sums, count)
         return {k: v / max(count, 1) for k, v in sums.items()}
 
     def _bar(self, loader, phase):
-        if not self.cfg.run.progress:
+        if not self.cfg.run.progress or not self.dist.is_main:
             return None
         from tqdm import tqdm
 
@@ -399,10 +454,15 @@ class SearchTrainer:
         return rec
 
     def request_stop(self, *_: Any) -> None:
-        """Ask the run to stop after the current step (what Ctrl-C does); a second call aborts."""
+        """Ask the run to stop after the current step (what Ctrl-C does); a second call aborts
+        (under torchrun, not one within 2 s: the copy of the same Ctrl-C the launcher forwards
+        to a rank that got it from the terminal too)."""
+        now = time.monotonic()
         if self._stop_requested:
+            if self.dist.distributed and now - getattr(self, "_stop_time", now) < 2.0:
+                return
             raise KeyboardInterrupt
-        self._stop_requested = True
+        self._stop_requested, self._stop_time = True, now
         self.log.warning("stopping after the current step to save a checkpoint "
                          "(Ctrl-C again aborts without saving)")
 
@@ -428,12 +488,13 @@ class SearchTrainer:
                 self.phase, self.step, self.partial = "w", 0, {}
                 self.save()
                 self._log_epoch(rec)
-                if self._stop_requested:
+                if self._agreed_stop():
                     raise Interrupted
         except Interrupted:
-            self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
-                             f"{self.epoch} phase {self.phase} step {self.step}; continue with "
-                             f"`fbnas train --resume {self.run_dir}`")
+            if self.dist.is_main:
+                self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
+                                 f"{self.epoch} phase {self.phase} step {self.step}; continue "
+                                 f"with `fbnas train --resume {self.run_dir}`")
             raise
         finally:
             for sig, handler in old.items():
@@ -441,7 +502,8 @@ class SearchTrainer:
             if self.writer is not None:
                 self.writer.flush()
         arch = self.final_arch()
-        arch.save(self.run_dir / "arch_hard.yaml")
+        if self.dist.is_main:
+            arch.save(self.run_dir / "arch_hard.yaml")
         result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
                   "predicted_cost": self.costs.fixed + sum(
                       r[o] for r, o in zip(self.costs.rows, arch.ops, strict=True))}
@@ -454,8 +516,122 @@ class SearchTrainer:
         a = sample_hard(self.cfg.space, self.model.theta, name=f"{self.cfg.space.name}_search")
         return Architecture(a.macro, a.ops, a.name, a.space, {"run": str(self.run_dir)})
 
+    # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
+    def _shared_costs(self, resume: bool) -> CostSource:
+        """Rank 0 loads or measures the cost table (and saves it in the run directory); the
+        other ranks receive its rows and fingerprint, or its error."""
+        cfg = self.cfg
+
+        def resolve() -> CostSource:
+            return resolve_costs(cfg, self.log.info, self.run_dir, prefer_saved=resume and (
+                cfg.latency.cost == "latency") and not cfg.latency.table, save=not resume)
+
+        if not self.dist.distributed:
+            return resolve()
+        costs, payload = None, None
+        if self.dist.is_main:
+            try:
+                costs = resolve()
+                payload = ("ok", costs.rows, costs.fixed, costs.fingerprint, costs.unit,
+                           costs.description)
+            except FbnasError as e:
+                payload = ("error", str(e))
+                self.dist.broadcast_object(payload)
+                raise
+        payload = self.dist.broadcast_object(payload)
+        if costs is not None:
+            return costs
+        if payload[0] == "error":
+            raise FbnasError(f"rank 0: {payload[1]}")
+        return CostSource(*payload[1:])
+
+    def _setup_distributed(self, fresh: bool) -> None:
+        """DDP for the weight path, averaged θ gradients, rank-identical Gumbel noise."""
+        from fbnas.distributed import (
+            PeriodicAverager,
+            SharedSampling,
+            average_grads_before_step,
+            rank_seed,
+            wrap_ddp,
+        )
+
+        d, net = self.dist, self.model
+        theta = net.arch_parameters()
+        # θ stays outside DDP: weight steps give it no gradient, and its own gradients (θ steps,
+        # which bypass DDP) are averaged just before each Adam step.
+        d.broadcast_tensors(theta)
+        average_grads_before_step(d, self.theta_opt)
+        # only the sampled candidates run in single_path / two_path: the others get no gradient
+        self._ddp = wrap_ddp(net, d, ignore=theta,
+                             find_unused_parameters=self.cfg.search.mode != "full")
+        if self._rank_bn:  # this rank's BN statistics from the checkpoint (after DDP's broadcast)
+            from fbnas.distributed import bn_buffers
+
+            own = [t for trip in bn_buffers(net) for t in trip if t is not None]
+            with torch.no_grad():
+                for t, v in zip(own, self._rank_bn, strict=True):
+                    t.copy_(v)
+        phases = {"w": 1, "theta": 2, "val": 3}
+        SharedSampling(net, lambda: (self.cfg.search.seed, self.epoch,
+                                     phases.get(self.phase, 0), self.step), self.device)
+        self._averager = PeriodicAverager(d, net.weight_parameters(), self.w_opt,
+                                          self.cfg.run.ddp_sync_every)
+        if fresh:  # each rank its own augmentation stream (the model is already built)
+            seed_everything(rank_seed(self.cfg.search.seed, d.rank, 0))
+
+    def _dist_step(self, phase: str, step_fn, x: torch.Tensor, y: torch.Tensor
+                   ) -> dict[str, float]:
+        """One step under torchrun: a w step runs its forward/backward through DDP (gradients
+        averaged, or with run.ddp_sync_every > 1 kept local under no_sync); θ steps run on the
+        bare supernet (θ's gradients are averaged by the θ optimizer's pre-hook)."""
+        if phase != "w":
+            return step_fn(x, y)
+        ddp, net = self._ddp, self.model
+        self.model = ddp
+        try:
+            if self._averager.active:
+                with ddp.no_sync():
+                    out = step_fn(x, y)
+            else:
+                out = step_fn(x, y)
+        finally:
+            self.model = net
+        self._averager.after_step()
+        return out
+
+    def _agreed_stop(self) -> bool:
+        """Whether to stop now; under torchrun, true on every rank if any rank was signalled,
+        so all ranks stop (and save) at the same step."""
+        if self.dist.distributed:
+            self._stop_requested = self.dist.any_true(self._stop_requested)
+        return self._stop_requested
+
+    def _end_phase(self, sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:
+        """Average what is still local (weights under ddp_sync_every > 1, BN statistics) and
+        sum the phase's metrics over the ranks."""
+        from fbnas.distributed import sync_bn_stats
+
+        self._averager.sync()
+        sync_bn_stats(self.dist, self.net)
+        keys = sorted(sums)
+        tot = self.dist.sum_floats([float(count)] + [sums[k] for k in keys])
+        return dict(zip(keys, tot[1:], strict=True)), int(tot[0])
+
+    def _gather_rank_states(self) -> list[dict[str, Any]]:
+        """Every rank's own state (RNG, partial sums, BN statistics), for the checkpoint; the
+        weights are averaged first when ddp_sync_every > 1 left them apart."""
+        from fbnas.distributed import bn_buffers
+
+        self._averager.sync()
+        bn = [t.detach().cpu().clone() for trip in bn_buffers(self.net) for t in trip
+              if t is not None]
+        return self.dist.all_gather_object({"rng": rng_state(), "partial": self.partial,
+                                            "bn": bn})
+
     # ---- logging ---------------------------------------------------------------------------------
     def _log_epoch(self, rec: dict[str, Any]) -> None:
+        if not self.dist.is_main:  # rank 0 alone writes history, the log and TensorBoard
+            return
         write_json_atomic(self.run_dir / "history.json", self.history)
         msg = (f"epoch {rec['epoch']}/{self.cfg.search.epochs} tau {rec['tau']:.3f} "
                f"w_ce {rec.get('w_ce', float('nan')):.3f} w_acc {rec.get('w_acc', 0):.3f}")
@@ -485,7 +661,16 @@ class SearchTrainer:
         w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
 
 
-def _make_logger(run_dir: Path) -> logging.Logger:
+def _make_logger(run_dir: Path, rank: int = 0) -> logging.Logger:
+    if rank:  # another rank of a torchrun job: warnings only, to stderr, nothing in run_dir
+        log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}.rank{rank}")
+        log.setLevel(logging.WARNING)
+        log.propagate = False
+        if not log.handlers:
+            sh = logging.StreamHandler()
+            sh.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s"))
+            log.addHandler(sh)
+        return log
     ensure_dir(run_dir)
     log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}")
     log.setLevel(logging.INFO)

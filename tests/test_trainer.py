@@ -390,3 +390,32 @@ def test_output_path_that_is_a_file_is_a_clear_error(tmp_path, capsys):
     capsys.readouterr()
     assert main(["sample", cfg.run.dir, "--out", str(blocker)]) == 2
     assert "cannot create directory" in capsys.readouterr().err
+
+
+def test_runs_from_before_search_mode_existed_still_resume(tmp_path):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    t = trainer_for(cfg)
+    stop_after_epoch(t, 1)
+    with pytest.raises(Interrupted):
+        t.fit()
+    close_logger(t.log)
+    ck = Path(cfg.run.dir) / "checkpoint.pt"
+    state = torch.load(ck, weights_only=True)
+    for key in ("mode", "checkpoint_activations"):
+        del state["config"]["search"][key]
+    del state["config"]["run"]["ddp_sync_every"]
+    torch.save(state, ck)
+    assert run_to_end(cfg, resume=True).epoch == 2
+
+
+def test_resume_may_switch_activation_checkpointing_but_not_the_mode(tmp_path):
+    cfg = make_cfg(tmp_path, search={"epochs": 2})
+    t = trainer_for(cfg)
+    stop_after_epoch(t, 1)
+    with pytest.raises(Interrupted):
+        t.fit()
+    close_logger(t.log)
+    with pytest.raises(FbnasError, match="search.mode was 'full' in this run"):
+        trainer_for(make_cfg(tmp_path, search={"epochs": 2, "mode": "single_path"}), True)
+    on = make_cfg(tmp_path, search={"epochs": 2, "checkpoint_activations": True})
+    assert run_to_end(on, resume=True).model.checkpoint_activations

@@ -1,4 +1,8 @@
-"""`fbnas retrain --arch ARCH.yaml --config CONFIG.yaml` / `fbnas retrain --resume RUN_DIR`."""
+"""`fbnas retrain --arch ARCH.yaml --config CONFIG.yaml` / `fbnas retrain --resume RUN_DIR`.
+
+Under `torchrun --nproc-per-node N -m fbnas retrain ...` it runs as one rank of a distributed
+(DDP) training (docs/distributed.md).
+"""
 
 from __future__ import annotations
 
@@ -63,14 +67,22 @@ def run(args) -> int:
         cfg = load_config(args.config, args.set)
         run_dir = (Path(args.out) if args.out
                    else Path(cfg.run.dir) / f"retrain-{arch.short_hash}")
-    trainer = ChildTrainer(cfg, arch, run_dir, resume=bool(args.resume),
-                           init_from=args.init_from_supernet)
+    from fbnas.distributed import init_from_env
+
+    # under torchrun (WORLD_SIZE > 1): join the process group; otherwise a single process
+    ctx = init_from_env(device=cfg.retrain.device, backend=cfg.run.ddp_backend)
     try:
-        res = trainer.fit()
-    except Interrupted:
-        return 130
+        trainer = ChildTrainer(cfg, arch, run_dir, resume=bool(args.resume),
+                               init_from=args.init_from_supernet, dist=ctx)
+        try:
+            res = trainer.fit()
+        except Interrupted:
+            return 130
+        finally:
+            close_logger(trainer.log)
     finally:
-        close_logger(trainer.log)
+        ctx.close()
     del res  # its one-line report was logged by the trainer
-    print(f"written: {run_dir / 'results.json'}  (fbnas runs {run_dir.parent} lists it)")
+    if ctx.is_main:
+        print(f"written: {run_dir / 'results.json'}  (fbnas runs {run_dir.parent} lists it)")
     return 0

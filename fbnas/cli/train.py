@@ -1,4 +1,8 @@
-"""`fbnas train --config CONFIG.yaml [--set key=value ...]` / `fbnas train --resume RUN_DIR`."""
+"""`fbnas train --config CONFIG.yaml [--set key=value ...]` / `fbnas train --resume RUN_DIR`.
+
+Under `torchrun --nproc-per-node N -m fbnas train ...` it runs as one rank of a distributed
+search (docs/distributed.md).
+"""
 
 from __future__ import annotations
 
@@ -32,13 +36,22 @@ def run(args) -> int:
             raise FbnasError("train: give --config CONFIG.yaml (or --resume RUN_DIR)")
         cfg = load_config(args.config, args.set)
         run_dir = Path(cfg.run.dir)
-    trainer = SearchTrainer(cfg, run_dir, resume=bool(args.resume))
+    from fbnas.distributed import init_from_env
+
+    # under torchrun (WORLD_SIZE > 1): join the process group; otherwise a single process
+    ctx = init_from_env(device=cfg.search.device, backend=cfg.run.ddp_backend)
     try:
-        result = trainer.fit()
-    except Interrupted:
-        return 130
+        trainer = SearchTrainer(cfg, run_dir, resume=bool(args.resume), dist=ctx)
+        try:
+            result = trainer.fit()
+        except Interrupted:
+            return 130
+        finally:
+            close_logger(trainer.log)
     finally:
-        close_logger(trainer.log)
-    print(f"architecture: {' '.join(result['arch'])}")
-    print(f"written: {run_dir / 'arch_hard.yaml'}  (fbnas sample {run_dir} --soft -n 5 for more)")
+        ctx.close()
+    if ctx.is_main:
+        print(f"architecture: {' '.join(result['arch'])}")
+        print(f"written: {run_dir / 'arch_hard.yaml'}  (fbnas sample {run_dir} --soft -n 5 for "
+              "more)")
     return 0

@@ -1,0 +1,325 @@
+"""search.mode (full / single_path / two_path) and search.checkpoint_activations."""
+
+import contextlib
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from fbnas import config as config_mod
+from fbnas import supernet as supernet_mod
+from fbnas.config import config_from_dict
+from fbnas.errors import FbnasError
+from fbnas.supernet import SEARCH_MODES, Supernet
+from fbnas.trainer import SearchTrainer, close_logger
+
+COSTS = [[1.0, 5.0, 2.0], [3.0, 8.0, 1.0], [2.0, 4.0, 9.0]]
+PATHS_PER_LAYER = {"single_path": 1, "two_path": 2, "full": 3}
+
+# the tiny search of tests/test_trainer.py
+TINY = {
+    "space": {
+        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
+        "stem": {"channels": 8, "stride": 1},
+        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
+        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
+                   {"channels": 16, "repeats": 1, "stride": 2}],
+        "head": {"channels": 16},
+    },
+    "data": {"dataset": "digits", "batch_size": 32, "limit": 300, "val_fraction": 0.2},
+    "latency": {"cost": "flops"},
+    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
+    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu", "w_lr": 0.05,
+               "theta_lr": 0.05},
+    "run": {"progress": False, "tensorboard": False},
+}
+
+
+def make_cfg(tmp_path, **search):
+    d = copy.deepcopy(TINY)
+    d["search"].update(search)
+    d["run"]["dir"] = str(tmp_path / "run")
+    return config_from_dict(d, "tiny.yaml")
+
+
+def random_theta(net: Supernet) -> None:
+    with torch.no_grad():
+        for t in net.theta:
+            t.copy_(torch.randn(len(t)))
+
+
+def count_calls(net: Supernet) -> list[list[int]]:
+    """calls[l][i]: how many times candidate i of layer l ran (forward hooks)."""
+    calls = [[0] * len(op.candidates) for op in net.mixed]
+    for li, op in enumerate(net.mixed):
+        for i, block in enumerate(op.candidates):
+            def hook(*_, li=li, i=i):
+                calls[li][i] += 1
+            block.register_forward_hook(hook)
+    return calls
+
+
+@pytest.mark.parametrize("mode", SEARCH_MODES)
+def test_only_the_sampled_candidates_run(tiny_space, mode):
+    net = Supernet(tiny_space, COSTS, mode=mode)
+    random_theta(net)
+    calls = count_calls(net)
+    for _ in range(5):
+        for c in calls:
+            c[:] = [0] * len(c)
+        p = net.sample_path(tau=1.0)
+        net(torch.randn(2, 3, 16, 16), m=p.m, active=p.active, cost_m=p.cost_m)
+        for li, c in enumerate(calls):
+            assert sum(c) == PATHS_PER_LAYER[mode] and max(c) == 1, (li, c)
+            if p.active is not None:
+                assert [i for i, n in enumerate(c) if n] == sorted(p.active[li])
+        # the same through forward's own sampling
+        for c in calls:
+            c[:] = [0] * len(c)
+        net(torch.randn(2, 3, 16, 16), tau=1.0)
+        assert all(sum(c) == PATHS_PER_LAYER[mode] for c in calls)
+
+
+@pytest.mark.parametrize("mode", ["single_path", "two_path"])
+def test_weights_of_the_sampled_paths(tiny_space, mode):
+    net = Supernet(tiny_space, COSTS, mode=mode)
+    random_theta(net)
+    p = net.sample_path(tau=0.7)
+    for t, m, act, cm in zip(net.theta, p.m, p.active, p.cost_m, strict=True):
+        off = [i for i in range(len(t)) if i not in act]
+        assert all(float(m.detach()[i]) == 0.0 for i in off)
+        if mode == "single_path":
+            assert m.tolist() == F.one_hot(torch.tensor(act[0]), 3).float().tolist()
+            assert cm is m
+        else:
+            assert len(set(act)) == 2
+            torch.testing.assert_close(m[act], torch.softmax(t.detach()[act], -1))
+            torch.testing.assert_close(cm, torch.softmax(t.detach(), -1))
+
+
+def test_single_path_forward_equals_full_hard_forward(tiny_space):
+    """Same one-hot weights: computing only the sampled path gives the full mode's logits."""
+    net = Supernet(tiny_space, COSTS).eval()
+    random_theta(net)
+    x = torch.randn(2, 3, 16, 16)
+    p = net.sample_path(tau=1.0, mode="single_path")
+    part, c_part = net(x, m=p.m, active=p.active)
+    full, c_full = net(x, m=[m.detach() for m in p.m])
+    torch.testing.assert_close(part, full)
+    assert float(c_part.detach()) == pytest.approx(float(c_full))
+
+
+@pytest.mark.parametrize("mode", SEARCH_MODES)
+def test_theta_gets_a_gradient_from_the_loss(tiny_space, mode):
+    net = Supernet(tiny_space, COSTS, mode=mode)
+    random_theta(net)
+    logits, _ = net(torch.randn(4, 3, 16, 16), tau=1.0)
+    F.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+    for t in net.theta:
+        assert t.grad is not None and torch.isfinite(t.grad).all()
+        assert t.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", SEARCH_MODES)
+def test_cost_gradient_reaches_every_theta_entry(tiny_space, mode):
+    net = Supernet(tiny_space, COSTS, mode=mode)
+    random_theta(net)
+    for _ in range(3):
+        p = net.sample_path(tau=1.0)
+        cost = net.expected_cost(p.cost_m)
+        grads = torch.autograd.grad(cost, net.arch_parameters())
+        for g in grads:
+            assert (g != 0).all(), (mode, g)
+
+
+def test_two_path_samples_without_replacement_from_softmax_theta(tiny_space):
+    """P(i is one of the two) = p_i + Σ_{j≠i} p_j p_i / (1 − p_j) for sampling w/o replacement."""
+    torch.manual_seed(7)
+    net = Supernet(tiny_space, mode="two_path")
+    theta = torch.tensor([1.5, 0.0, -1.0])
+    with torch.no_grad():
+        net.theta[0].copy_(theta)
+    n = 4000
+    pairs = {(0, 1): 0, (0, 2): 0, (1, 2): 0}
+    with torch.no_grad():
+        for _ in range(n):
+            pairs[tuple(net.sample_path(1.0).active[0])] += 1
+    p = torch.softmax(theta.double(), -1).tolist()
+
+    def pair_prob(i, j):
+        return p[i] * p[j] / (1 - p[i]) + p[j] * p[i] / (1 - p[j])
+
+    expected = np.array([pair_prob(i, j) for i, j in pairs]) * n
+    assert expected.sum() == pytest.approx(n)
+    assert stats.chisquare(list(pairs.values()), expected)[1] > 0.01, (pairs, expected)
+
+
+def test_bad_mode_is_an_error_naming_the_key(tiny_space):
+    d = copy.deepcopy(TINY)
+    d["search"]["mode"] = "three_path"
+    with pytest.raises(FbnasError, match=r"search\.mode: must be one of full, single_path, "
+                                         r"two_path; got 'three_path'"):
+        config_from_dict(d, "tiny.yaml")
+    d["search"]["mode"] = "single_path"
+    d["search"]["checkpoint_activations"] = "yes"
+    with pytest.raises(FbnasError, match=r"search\.checkpoint_activations: expected true or "
+                                         "false"):
+        config_from_dict(d, "tiny.yaml")
+    with pytest.raises(FbnasError, match="search.mode"):
+        Supernet(tiny_space, mode="sampled")
+    assert config_mod.SEARCH_MODES == supernet_mod.SEARCH_MODES
+
+
+def test_config_defaults_and_round_trip():
+    cfg = config_from_dict(copy.deepcopy(TINY))
+    assert cfg.search.mode == "full" and cfg.search.checkpoint_activations is False
+    d = copy.deepcopy(TINY)
+    d["search"].update(mode="two_path", checkpoint_activations=True)
+    cfg = config_from_dict(d)
+    again = config_from_dict(cfg.resolved())
+    assert again.search.mode == "two_path" and again.search.checkpoint_activations is True
+
+
+# ---- activation checkpointing ---------------------------------------------------------------
+
+def _step(net: Supernet, x, y, p):
+    logits, cost = net(x, m=p.m, active=p.active, cost_m=p.cost_m)
+    loss = F.cross_entropy(logits, y) + 0.01 * cost
+    loss.backward()
+    return loss.detach()
+
+
+@pytest.mark.parametrize("mode", SEARCH_MODES)
+def test_checkpointing_gives_the_same_loss_grads_and_bn_statistics(tiny_space, mode):
+    torch.manual_seed(0)
+    plain = Supernet(tiny_space, COSTS, mode=mode)
+    random_theta(plain)
+    ckpt = copy.deepcopy(plain)
+    ckpt.checkpoint_activations = True
+    assert ckpt.checkpoint_activations and not plain.checkpoint_activations
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
+    for step in range(2):
+        torch.manual_seed(100 + step)
+        p_plain = plain.sample_path(tau=1.0)
+        torch.manual_seed(100 + step)
+        p_ckpt = ckpt.sample_path(tau=1.0)
+        assert p_plain.active == p_ckpt.active
+        plain.zero_grad(set_to_none=True)
+        ckpt.zero_grad(set_to_none=True)
+        la, lb = _step(plain, x, y, p_plain), _step(ckpt, x, y, p_ckpt)
+        torch.testing.assert_close(la, lb, rtol=0, atol=1e-6)
+        for (name, a), b in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
+            assert (a.grad is None) == (b.grad is None), name
+            if a.grad is not None:
+                torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-6, msg=name)
+        for (name, a), b in zip(plain.named_buffers(), ckpt.buffers(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+        with torch.no_grad():  # move the weights so the second step sees new activations
+            for a, b in zip(plain.parameters(), ckpt.parameters(), strict=True):
+                if a.grad is not None:
+                    a -= 0.1 * a.grad
+                    b -= 0.1 * b.grad
+    nbt = [int(b.num_batches_tracked) for b in ckpt.modules()
+           if isinstance(b, torch.nn.BatchNorm2d) and int(b.num_batches_tracked)]
+    assert nbt and set(nbt) <= {1, 2}  # once per forward that used the layer, never recomputed
+    plain.eval()
+    ckpt.eval()
+    xe = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(xe, m=plain.argmax_weights())[0],
+                                   ckpt(xe, m=ckpt.argmax_weights())[0], rtol=0, atol=1e-6)
+
+
+def test_checkpointing_recomputes_and_the_bn_guard_is_what_keeps_statistics(tiny_space,
+                                                                          monkeypatch):
+    """Without the guard the recompute in backward would update BN statistics a second time
+    (so the test above would catch a broken guard)."""
+    net = Supernet(tiny_space, COSTS, checkpoint_activations=True)
+    calls = count_calls(net)
+    m = [torch.tensor([0.2, 0.3, 0.5])] * 3
+    x = torch.randn(4, 3, 16, 16)
+    logits, _ = net(x, m=m)
+    assert all(c == [1, 1, 1] for c in calls)
+    logits.sum().backward()
+    assert all(c == [2, 2, 2] for c in calls)  # recomputed in backward
+    first_bn = net.mixed[0].candidates[0].pw[1]
+    assert int(first_bn.num_batches_tracked) == 1
+    monkeypatch.setattr(supernet_mod, "_bn_stats_frozen", lambda _m: contextlib.nullcontext())
+    net(x, m=m)[0].sum().backward()
+    assert int(first_bn.num_batches_tracked) == 3  # this forward, and again in the recompute
+
+
+def test_no_checkpointing_in_eval_or_without_grad(tiny_space):
+    net = Supernet(tiny_space, COSTS, checkpoint_activations=True)
+    calls = count_calls(net)
+    m = [torch.tensor([0.2, 0.3, 0.5])] * 3
+    with torch.no_grad():
+        net(torch.randn(2, 3, 16, 16), m=m)
+    net.eval()
+    net(torch.randn(2, 3, 16, 16), m=m)[0].sum().backward()
+    assert all(c == [2, 2, 2] for c in calls)
+
+
+# ---- the trainer ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", SEARCH_MODES)
+def test_trainer_steps_compute_only_the_sampled_paths(tmp_path, mode):
+    t = SearchTrainer(make_cfg(tmp_path, mode=mode), tmp_path / "run")
+    try:
+        assert t.model.mode == mode
+        calls = count_calls(t.model)
+        x, y = next(iter(t.data.w_loader))
+        theta0 = [p.detach().clone() for p in t.model.arch_parameters()]
+        out = t.weight_step(x, y)
+        assert set(out) == {"ce", "acc", "cost"}
+        assert all(sum(c) == PATHS_PER_LAYER[mode] for c in calls)
+        assert all(p.grad is None for p in t.model.arch_parameters())
+        for c in calls:
+            c[:] = [0] * len(c)
+        t.w_opt.zero_grad(set_to_none=True)
+        out = t.theta_step(x, y)
+        assert set(out) == {"loss", "ce", "cost_term", "acc", "cost"}
+        assert all(sum(c) == PATHS_PER_LAYER[mode] for c in calls)
+        assert all(p.grad is None for p in t.model.weight_parameters())
+        for a, b in zip(theta0, t.model.arch_parameters(), strict=True):
+            assert not torch.equal(a, b)  # the cost term moves every layer's θ
+    finally:
+        close_logger(t.log)
+
+
+@pytest.mark.parametrize("mode,ckpt", [("full", False), ("single_path", False),
+                                       ("two_path", False), ("single_path", True)])
+def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
+    cfg = make_cfg(tmp_path, mode=mode, checkpoint_activations=ckpt)
+    t = SearchTrainer(cfg, cfg.run.dir)
+    try:
+        result = t.fit()
+    finally:
+        close_logger(t.log)
+    assert t.model.checkpoint_activations is ckpt
+    assert len(result["history"]) == 2 and len(result["arch"]) == 2
+    last = result["history"][-1]
+    assert last["theta_active"] and np.isfinite(last["theta_loss"])
+    assert 0.0 <= last["val_acc"] <= 1.0
+    assert (tmp_path / "run" / "arch_hard.yaml").is_file()
+    assert any(not torch.equal(th, torch.zeros_like(th)) for th in t.model.arch_parameters())
+
+
+def test_checkpointed_search_ends_where_the_plain_one_does(tmp_path):
+    """Same seed, same data: with and without checkpointing the search gives the same θ."""
+    runs = []
+    for ckpt in (False, True):
+        cfg = make_cfg(tmp_path / str(ckpt), mode="two_path", checkpoint_activations=ckpt)
+        t = SearchTrainer(cfg, cfg.run.dir)
+        try:
+            t.fit()
+        finally:
+            close_logger(t.log)
+        runs.append(t.model)
+    for a, b in zip(runs[0].arch_parameters(), runs[1].arch_parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for (name, a), b in zip(runs[0].named_buffers(), runs[1].buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
