@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from fbnas.blocks import build_block, canonical_op, init_weights
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, load_yaml, write_yaml_atomic
+from fbnas.io import Fields, load_yaml, show, write_yaml_atomic
 from fbnas.search_space import MacroSpec, SearchSpace, parse_macro
 
 ARCH_SCHEMA = 1
@@ -53,10 +54,10 @@ class Architecture:
     def check_fits(self, space: SearchSpace, where: str = "architecture") -> None:
         """Raise unless this architecture is a member of `space`."""
         if self.macro != space.macro:
-            a, b = self.macro.to_dict(), space.macro.to_dict()
-            diff = next(k for k in a if a[k] != b[k])
-            raise FbnasError(f"{where}: macro.{diff} is {a[diff]!r} but search space "
-                             f"'{space.name}' has {b[diff]!r}")
+            key, mine, theirs = _first_difference(self.macro.to_dict(), space.macro.to_dict(),
+                                                  "macro")
+            raise FbnasError(f"{where}: {key} is {show(mine)} but search space "
+                             f"'{space.name}' has {show(theirs)}")
         for i, (op, cands) in enumerate(zip(self.ops, space.layer_candidates(), strict=True)):
             if op not in cands:
                 raise FbnasError(f"{where}: layer {i} op '{op}' is not a candidate of search "
@@ -84,16 +85,28 @@ class Architecture:
     @classmethod
     def from_dict(cls, data: Any, where: str = "architecture") -> Architecture:
         f = Fields(data, where)
-        f.schema("fbnas_arch", ARCH_SCHEMA, "upgrade fbnas or re-export the architecture")
+        f.schema("fbnas_arch", ARCH_SCHEMA, "upgrade fbnas to read it",
+                 "re-export it with this fbnas, e.g. fbnas sample RUN_DIR")
         name = f.str("name", "arch")
         space = f.str("space", None)
         stored_hash = f.str("hash", None)
-        macro, _ = parse_macro(f.sub("macro", required=True), with_candidates=False)
+        mf = f.sub("macro", required=True)
+        macro, _ = parse_macro(mf, with_candidates=False)
+        mf.done()
         macro.layers(f"{where}: macro")
         raw_ops = f.list("ops", required=True, nonempty=True)
         meta = f.raw("meta", {}) or {}
         if not isinstance(meta, dict):
-            raise FbnasError(f"{f.at('meta')}: expected a mapping")
+            raise FbnasError(f"{f.at('meta')}: expected a mapping, got {show(meta)}")
+        try:  # meta is written back with the architecture: it must be plain YAML data
+            yaml.safe_dump(meta)
+        except (yaml.YAMLError, ValueError, RecursionError) as e:
+            raise FbnasError(f"{f.at('meta')}: not plain YAML data "
+                             f"({type(e).__name__})") from None
+        if meta.get("run") is not None and not isinstance(meta["run"], str):
+            # fbnas reads meta.run: the search run directory the architecture came from
+            raise FbnasError(f"{f.at('meta')}.run: expected a search run directory, got "
+                             f"{show(meta['run'])}")
         f.done()
         if len(raw_ops) != len(macro.stages):
             raise FbnasError(f"{f.at('ops')}: {len(raw_ops)} stage lists for "
@@ -103,7 +116,7 @@ class Architecture:
             key = f"{f.at('ops')}[{si}]"
             if not isinstance(stage_ops, list) or len(stage_ops) != st.repeats:
                 raise FbnasError(f"{key}: expected a list of {st.repeats} ops "
-                                 f"(stage repeats), got {stage_ops!r}")
+                                 f"(stage repeats), got {show(stage_ops)}")
             for j, op in enumerate(stage_ops):
                 try:
                     ops.append(canonical_op(op))
@@ -121,6 +134,19 @@ class Architecture:
     @classmethod
     def load(cls, path: str | Path) -> Architecture:
         return cls.from_dict(load_yaml(path), str(path))
+
+
+def _first_difference(a: Any, b: Any, key: str) -> tuple[str, Any, Any]:
+    """(key path, a's value, b's value) of the first place where `a` and `b` differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{key}.{k}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                return _first_difference(x, y, f"{key}[{i}]")
+    return key, a, b
 
 
 # ---- sampling from θ ------------------------------------------------------------------------

@@ -461,9 +461,9 @@ def _imagefolder(cfg: DataConfig, size: tuple[int, int], channels: int) -> _Sour
     for part in ("train", "val"):
         try:
             found[part] = datasets.ImageFolder(str(root / part))
-        except (FileNotFoundError, OSError) as e:
-            raise FbnasError(f"{cfg.where}.root: {root / part}: {str(e).splitlines()[0]}"
-                             ) from None
+        except OSError as e:  # FileNotFoundError: no class folders, or no images in them
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise FbnasError(f"{cfg.where}.root: {root / part}: {why}") from None
     train, val = found["train"], found["val"]
     if train.class_to_idx != val.class_to_idx:
         only = sorted(set(train.classes) ^ set(val.classes))

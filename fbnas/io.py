@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import reprlib
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,83 +15,170 @@ import yaml
 
 from fbnas.errors import FbnasError
 
-MAX_TEXT_BYTES = 32 * 1024 * 1024  # config, arch and table files are small; refuse runaway input
+# Refuse runaway input before parsing it. Configs and architectures are a few KB of YAML (and
+# PyYAML's safe loader parses pure Python, ~0.1-1 MB/s on a small machine); cost tables and
+# results are JSON, which parses fast, and a large table is a few MB.
+MAX_TEXT_BYTES = 32 * 1024 * 1024
+MAX_YAML_BYTES = 1024 * 1024
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """Read a UTF-8 text file, or raise FbnasError naming the file."""
+def show(value: Any) -> str:
+    """A short repr of a value from a file, for error messages: long strings, huge integers,
+    deep or wide structures (a YAML alias bomb, a recursive one) are elided, never expanded."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        digits = int(abs(value).bit_length() * 0.30103) + 1
+        return f"{'-' if value < 0 else ''}<an integer of about {digits} digits>"
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a value whose repr fails
+        return f"<{type(value).__name__}>"
+
+
+def read_text(path: str | os.PathLike, limit: int = MAX_TEXT_BYTES) -> str:
+    """Read a UTF-8 text file (a byte-order mark is allowed), or raise FbnasError naming the
+    file: missing, a directory, larger than `limit` bytes, unreadable or not UTF-8."""
     p = Path(path)
     try:
         size = p.stat().st_size
     except FileNotFoundError:
         raise FbnasError(f"{p}: no such file") from None
     except OSError as e:
-        raise FbnasError(f"{p}: cannot read ({e.strerror})") from None
+        raise FbnasError(f"{p}: cannot read ({e.strerror or e})") from None
     if p.is_dir():
         raise FbnasError(f"{p}: is a directory, expected a file")
-    if size > MAX_TEXT_BYTES:
-        raise FbnasError(f"{p}: file is {size} bytes, larger than the {MAX_TEXT_BYTES} allowed")
+    if size > limit:
+        raise FbnasError(f"{p}: file is {size} bytes, larger than the {limit} allowed for "
+                         "this kind of file (is it the right file?)")
     try:
-        return p.read_bytes().decode("utf-8")
+        data = p.read_bytes()
+    except OSError as e:
+        raise FbnasError(f"{p}: cannot read ({e.strerror or e})") from None
+    if len(data) > limit:  # it grew since stat (or is a special file)
+        raise FbnasError(f"{p}: file is larger than the {limit} bytes allowed")
+    try:
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise FbnasError(f"{p}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise FbnasError(f"{p}: cannot read ({e.strerror})") from None
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """Load a YAML mapping with yaml.safe_load; errors name the file and line."""
-    text = read_text(path)
+    text = read_text(path, MAX_YAML_BYTES)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise FbnasError(f"{path}:{where}: malformed YAML ({problem})") from None
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        msg = str(e).strip()
+        problem = (getattr(e, "problem", None) or (msg.splitlines()[0] if msg else "")
+                   or type(e).__name__)
+        raise FbnasError(f"{path}:{where} malformed YAML ({problem})") from None
+    except RecursionError:
+        raise FbnasError(f"{path}: malformed YAML (nested too deeply)") from None
+    except (ValueError, TypeError, OverflowError) as e:  # a scalar its tag cannot hold:
+        # `2001-13-45` (a date), `!!int x`, an integer of more than 4300 digits
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FbnasError(f"{path}: malformed YAML (a value cannot be read: {first[:120]})"
+                         ) from None
     if data is None:
         raise FbnasError(f"{path}: file is empty")
     if not isinstance(data, dict):
         raise FbnasError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    _refuse_duplicate_keys(text, path)
     return data
+
+
+def _refuse_duplicate_keys(text: str, path: str | os.PathLike) -> None:
+    """YAML lets a key repeat (the last one wins): a second `search:` section would silently
+    replace the first. Walk the node tree (yaml.compose builds nodes, constructs nothing) and
+    refuse a repeated key, naming both lines."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    first = seen.setdefault((k.tag, k.value), k.start_mark.line + 1)
+                    if first != k.start_mark.line + 1:
+                        raise FbnasError(f"{path}: line {k.start_mark.line + 1}: key "
+                                         f"{show(k.value)} repeats the one on line {first}")
+                stack.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def load_json(path: str | os.PathLike, expect: type = dict) -> Any:
     """Load JSON whose top level is `expect` (an object by default); errors name the file."""
     text = read_text(path)
+    if not text.strip():
+        raise FbnasError(f"{path}: file is empty")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FbnasError(f"{path}: malformed JSON at line {e.lineno} ({e.msg})") from None
+    except RecursionError:
+        raise FbnasError(f"{path}: malformed JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FbnasError(f"{path}: malformed JSON (a value cannot be read: {first[:120]})"
+                         ) from None
     if not isinstance(data, expect):
         what = "a JSON object" if expect is dict else f"a JSON {expect.__name__}"
-        raise FbnasError(f"{path}: expected {what} at the top level")
+        raise FbnasError(f"{path}: expected {what} at the top level, got "
+                         f"{type(data).__name__}")
     return data
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "w") -> None:
     """Write through a temp file in the same folder, fsync, then rename over `path`.
 
-    A crash or a full disk leaves either the old file or the new one, never half of one.
+    A crash or a full disk leaves either the old file or the new one, never half of one; a
+    failed write (disk full, permissions) removes the temp file and raises a one-line
+    FbnasError naming `path`. Only a process killed outright (SIGKILL, power loss) can leave a
+    `.NAME.*.tmp` file behind, which nothing ever reads.
     """
     p = Path(path)
     ensure_dir(p.parent)
     if p.is_dir():
         raise FbnasError(f"{p}: is a directory, cannot write a file there")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        raise FbnasError(f"{p}: cannot write ({_why(e)})") from None
+    try:
+        try:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+            f = os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
-        except FileNotFoundError:
+        except OSError:
             pass
+        if isinstance(e, OSError) and not isinstance(e, FbnasError):
+            kept = "the previous file is unchanged" if p.exists() else "nothing was written"
+            raise FbnasError(f"{p}: cannot write ({_why(e)}); {kept}") from None
         raise
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return "no space left on device"
+    return e.strerror or str(e) or type(e).__name__
 
 
 def ensure_dir(path: str | os.PathLike) -> Path:
@@ -151,11 +240,11 @@ class Fields:
         if v is None:
             return v
         if isinstance(v, bool) or not isinstance(v, int):
-            raise FbnasError(f"{self.at(key)}: expected an integer, got {v!r}")
+            raise FbnasError(f"{self.at(key)}: expected an integer, got {show(v)}")
         if min is not None and v < min:
-            raise FbnasError(f"{self.at(key)}: must be >= {min}, got {v}")
+            raise FbnasError(f"{self.at(key)}: must be >= {min}, got {show(v)}")
         if v > max:
-            raise FbnasError(f"{self.at(key)}: must be <= {max}, got {v}")
+            raise FbnasError(f"{self.at(key)}: must be <= {max}, got {show(v)}")
         return v
 
     def float(self, key: str, default: Any = None, *, required: bool = False,
@@ -165,8 +254,11 @@ class Fields:
         if v is None:
             return v
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise FbnasError(f"{self.at(key)}: expected a number, got {v!r}")
-        v = float(v)
+            raise FbnasError(f"{self.at(key)}: expected a number, got {show(v)}")
+        try:
+            v = float(v)
+        except OverflowError:  # an integer beyond float range
+            raise FbnasError(f"{self.at(key)}: must be finite, got {show(v)}") from None
         if v != v or v in (float("inf"), float("-inf")):
             raise FbnasError(f"{self.at(key)}: must be finite, got {v}")
         if min is not None and v < min:
@@ -183,9 +275,9 @@ class Fields:
         if v is None:
             return v
         if not isinstance(v, str):
-            raise FbnasError(f"{self.at(key)}: expected a string, got {v!r}")
+            raise FbnasError(f"{self.at(key)}: expected a string, got {show(v)}")
         if choices is not None and v not in choices:
-            raise FbnasError(f"{self.at(key)}: must be one of {', '.join(choices)}; got {v!r}")
+            raise FbnasError(f"{self.at(key)}: must be one of {', '.join(choices)}; got {show(v)}")
         return v
 
     def bool(self, key: str, default: Any = None, *, required: bool = False):
@@ -193,7 +285,7 @@ class Fields:
         if v is None:
             return v
         if not isinstance(v, bool):
-            raise FbnasError(f"{self.at(key)}: expected true or false, got {v!r}")
+            raise FbnasError(f"{self.at(key)}: expected true or false, got {show(v)}")
         return v
 
     def list(self, key: str, default: Any = None, *, required: bool = False, nonempty=False):
@@ -201,7 +293,7 @@ class Fields:
         if v is None:
             return v
         if not isinstance(v, list):
-            raise FbnasError(f"{self.at(key)}: expected a list, got {v!r}")
+            raise FbnasError(f"{self.at(key)}: expected a list, got {show(v)}")
         if nonempty and not v:
             raise FbnasError(f"{self.at(key)}: must not be empty")
         return v
@@ -215,12 +307,11 @@ class Fields:
     def raw(self, key: str, default: Any = None, *, required: bool = False):
         return self._get(key, default, required)
 
-    def schema(self, key: str, supported: int, remedy: str) -> int:
-        """Read a file's schema version; an unsupported one raises with an upgrade message."""
+    def schema(self, key: str, supported: int, remedy: str, older: str | None = None) -> int:
+        """Read a file's schema version; another one raises with an upgrade message: `remedy`
+        for a file newer than this fbnas reads, `older` (default `remedy`) for an older one."""
         version = self.int(key, required=True)
-        if version != supported:
-            raise FbnasError(f"{self.at(key)}: schema version {version} is not supported "
-                             f"(this fbnas reads version {supported}; {remedy})")
+        check_schema(self.at(key), version, supported, remedy, older)
         return version
 
     def done(self) -> None:
@@ -229,4 +320,22 @@ class Fields:
         unknown = [k for k in self.data if k not in self.used and self.data[k] is not None]
         if unknown:
             known = ", ".join(sorted(self.used)) or "none"
-            raise FbnasError(f"{self.where}: unknown key '{unknown[0]}' (known keys: {known})")
+            bad = unknown[0]
+            name = bad if isinstance(bad, str) and len(bad) <= 60 else show(bad)
+            raise FbnasError(f"{self.where}: unknown key '{name}' (known keys: {known})")
+
+
+def check_schema(where: str, version: Any, supported: int, newer: str,
+                 older: str | None = None) -> None:
+    """Raise unless `version` is `supported`: a file from a newer fbnas says to upgrade, one
+    from an older fbnas says how to bring it up to date."""
+    if type(version) is not int:
+        raise FbnasError(f"{where}: schema version must be an integer, got {show(version)}")
+    if version == supported:
+        return
+    if version > supported:
+        raise FbnasError(f"{where}: schema version {show(version)} is not supported: the file "
+                         f"was written by a newer fbnas (this one reads version {supported}; "
+                         f"{newer})")
+    raise FbnasError(f"{where}: schema version {show(version)} is not supported: the file is "
+                     f"older than this fbnas reads (version {supported}; {older or newer})")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fbnas.errors import FbnasError
-from fbnas.io import load_json
+from fbnas.io import load_json, show
 
 RESULTS = "results.json"
 SCHEMA = 1
@@ -72,8 +72,11 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     if version is None:
         raise FbnasError(f"{path}: not an fbnas results file (no 'fbnas_results' key)")
     if type(version) is not int or version != SCHEMA:
-        raise FbnasError(f"{path}: fbnas_results is {version!r}, this fbnas reads version "
-                         f"{SCHEMA}")
+        remedy = ("written by a newer fbnas: upgrade fbnas to read it"
+                  if type(version) is int and version > SCHEMA else
+                  "re-run the retrain with this fbnas")
+        raise FbnasError(f"{path}: fbnas_results is {show(version)}, this fbnas reads version "
+                         f"{SCHEMA} ({remedy})")
     row = dict(data)
     for key in _STR_KEYS:
         v = row.setdefault(key, None)

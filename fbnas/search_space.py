@@ -20,6 +20,7 @@ never typed by hand. The `space:` section of a config file looks like:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,21 @@ from torch import nn
 
 from fbnas.blocks import ConvBN, canonical_op, make_divisible
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, load_yaml
+from fbnas.io import Fields, load_yaml, show
 
 POOLS = ("avg", "max")
+# Upper bounds on a macro-architecture's numbers: far above any real network (ImageNet models
+# use <= 4096 channels, 224-512 px inputs, tens of layers), low enough that a typo or a fuzzed
+# file fails here with a message instead of hanging shape inference or exhausting memory.
+MAX_CHANNELS = 1 << 16
+MAX_INPUT = 1 << 14
+MAX_REPEATS = 1024
+MAX_STRIDE = 64
+MAX_KERNEL = 63
+MAX_CLASSES = 1 << 20
+MAX_LAYERS = 4096
+# A space's name becomes part of file names (the latency table cache): no path separators.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
 
 
 @dataclass(frozen=True)
@@ -225,6 +238,9 @@ class SearchSpace:
     def from_dict(cls, data: Any, where: str = "space") -> SearchSpace:
         f = Fields(data, where)
         name = f.str("name", required=True)
+        if not NAME_RE.match(name):
+            raise FbnasError(f"{f.at('name')}: {show(name)} is not a valid space name (letters, "
+                             "digits and . _ + - only, at most 100, it names files)")
         default_cands = f.list("candidates", None, nonempty=True)
         macro, per_stage = parse_macro(f, with_candidates=True)
         f.done()
@@ -244,7 +260,7 @@ def _canonical_list(ops: list[Any], where: str) -> tuple[str, ...]:
     out: list[str] = []
     for i, op in enumerate(ops):
         if not isinstance(op, str):
-            raise FbnasError(f"{where}[{i}]: expected an op name, got {op!r}")
+            raise FbnasError(f"{where}[{i}]: expected an op name, got {show(op)}")
         try:
             c = canonical_op(op)
         except FbnasError as e:
@@ -260,21 +276,24 @@ def _hw(v: Any, where: str) -> tuple[int, int]:
         v = [v, v]
     if (not isinstance(v, list) or len(v) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
-        raise FbnasError(f"{where}: expected an integer or [H, W], got {v!r}")
+        raise FbnasError(f"{where}: expected an integer or [H, W], got {show(v)}")
     if min(v) < 1:
-        raise FbnasError(f"{where}: must be positive, got {v!r}")
+        raise FbnasError(f"{where}: must be positive, got {show(v)}")
+    if max(v) > MAX_INPUT:
+        raise FbnasError(f"{where}: must be <= {MAX_INPUT}, got {show(v)}")
     return int(v[0]), int(v[1])
 
 
 def parse_macro(f: Fields, with_candidates: bool) -> tuple[MacroSpec, list[list | None]]:
     """Read the macro keys from `f` (a space or an architecture's `macro`)."""
     input_size = _hw(f.raw("input_size", required=True), f.at("input_size"))
-    in_channels = f.int("in_channels", 3, min=1)
-    num_classes = f.int("num_classes", required=True, min=1)
+    in_channels = f.int("in_channels", 3, min=1, max=MAX_CHANNELS)
+    num_classes = f.int("num_classes", required=True, min=1, max=MAX_CLASSES)
     width_mult = f.float("width_mult", 1.0, gt=0.0, max=16.0)
     sf = f.sub("stem", required=True)
-    stem = StemSpec(sf.int("channels", required=True, min=1), sf.int("stride", 2, min=1),
-                    sf.int("kernel", 3, min=1))
+    stem = StemSpec(sf.int("channels", required=True, min=1, max=MAX_CHANNELS),
+                    sf.int("stride", 2, min=1, max=MAX_STRIDE),
+                    sf.int("kernel", 3, min=1, max=MAX_KERNEL))
     if stem.kernel % 2 == 0:
         raise FbnasError(f"{sf.at('kernel')}: must be odd, got {stem.kernel}")
     sf.done()
@@ -282,12 +301,17 @@ def parse_macro(f: Fields, with_candidates: bool) -> tuple[MacroSpec, list[list 
     per_stage: list[list | None] = []
     for i, sd in enumerate(f.list("stages", required=True, nonempty=True)):
         g = Fields(sd, f"{f.at('stages')}[{i}]")
-        stages.append(StageSpec(g.int("channels", required=True, min=1),
-                                g.int("repeats", 1, min=1), g.int("stride", 1, min=1)))
+        stages.append(StageSpec(g.int("channels", required=True, min=1, max=MAX_CHANNELS),
+                                g.int("repeats", 1, min=1, max=MAX_REPEATS),
+                                g.int("stride", 1, min=1, max=MAX_STRIDE)))
         per_stage.append(g.list("candidates", None, nonempty=True) if with_candidates else None)
         g.done()
+    layers = sum(s.repeats for s in stages)
+    if layers > MAX_LAYERS:
+        raise FbnasError(f"{f.at('stages')}: {layers} searchable layers, more than the "
+                         f"{MAX_LAYERS} allowed")
     hf = f.sub("head", required=True)
-    head = HeadSpec(hf.int("channels", required=True, min=1),
+    head = HeadSpec(hf.int("channels", required=True, min=1, max=MAX_CHANNELS),
                     hf.str("pool", "avg", choices=POOLS),
                     hf.float("dropout", 0.0, min=0.0, max=0.99))
     hf.done()

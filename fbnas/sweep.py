@@ -168,10 +168,12 @@ class Sweep:
             raise FbnasError(f"sweep: parameter must be one of {', '.join(PARAMS)}; got {param!r}")
         self.config_path = Path(config_path)
         self.base = apply_overrides(load_yaml(config_path), overrides or [])
-        if retrain_epochs is not None:
+        if retrain_epochs is not None and isinstance(self.base.get("retrain") or {}, dict):
             r = dict(self.base.get("retrain") or {})
             r["epochs"] = retrain_epochs
-            r["warmup_epochs"] = min(int(r.get("warmup_epochs", 1)), retrain_epochs - 1)
+            w = r.get("warmup_epochs", 1)
+            if isinstance(w, int) and not isinstance(w, bool):  # else the config check says so
+                r["warmup_epochs"] = min(w, retrain_epochs - 1)
             self.base["retrain"] = r
         self.cfg = config_from_dict(self.base, str(config_path))
         self.param, self.values = param, values
@@ -184,6 +186,8 @@ class Sweep:
         self.point_cfgs = [
             point_config(self.base, param, v, self.out / f"search-{_label(param, v)}")
             for v in values]
+        # and every reference architecture file (loading also checks it fits the data)
+        self.reference_list = reference_archs(self.cfg, self.config_path, self.references)
         if param == "alpha" and kind == "fbnet" and any(v > 0 for v in values):
             log("note: loss.alpha only scales the FBNet loss (Adam is nearly invariant to it); "
                 "the trade-off is set by loss.beta (--beta)")
@@ -195,12 +199,10 @@ class Sweep:
 
         run = Path(cfg.run.dir)
         ck = run / "checkpoint.pt"
-        if ck.is_file():
-            state = load_checkpoint(ck, kind="search")
-            if state["epoch"] >= cfg.search.epochs and (run / "arch_hard.yaml").is_file():
-                self.log(f"{run}: search finished earlier")
-                return Architecture.load(run / "arch_hard.yaml")
-            del state
+        if ck.is_file() and load_checkpoint(ck, kind="search")["epoch"] >= cfg.search.epochs:
+            self.log(f"{run}: search finished earlier")
+        # resuming checks the run was made with this sweep's settings (one-line error if
+        # not); a finished run just writes its architecture again
         t = SearchTrainer(cfg, run, resume=ck.is_file())
         try:
             t.fit()
@@ -212,15 +214,19 @@ class Sweep:
         from fbnas.retrain import RESULTS, ChildTrainer
         from fbnas.trainer import close_logger
 
-        if (run / RESULTS).is_file():
-            self.log(f"{run}: retrained earlier")
-            return load_json(run / RESULTS)
         cfg = config_from_dict(apply_overrides(self.base, [
             f"run.dir={run}", "retrain.measure_latency=false"]), str(self.config_path))
+        done = (run / RESULTS).is_file()
+        if done:
+            self.log(f"{run}: retrained earlier")
+            from fbnas.runs import load_results
+
+            load_results(run / RESULTS)  # checked: a damaged file is a one-line error
+        # resuming checks the run trained this architecture with this recipe
         t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
                          extra={"sweep": extra})
         try:
-            return t.fit()
+            return load_json(run / RESULTS) if done else t.fit()
         finally:
             close_logger(t.log)
 
@@ -235,7 +241,7 @@ class Sweep:
             arch = self._search(cfg)
             points.append(SweepPoint(label, "search", arch, v))
         searched = {p.arch.hash() for p in points if p.arch is not None}
-        for a in reference_archs(self.cfg, self.config_path, self.references):
+        for a in self.reference_list:
             points.append(SweepPoint(f"ref-{a.name}", "reference", a))
         taken = searched | {p.arch.hash() for p in points if p.arch is not None}
         for a in random_archs(self.cfg, self.n_random, self.seed, taken):
@@ -371,9 +377,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    ensure_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    from fbnas.io import atomic_write
+
+    try:
+        atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=120), mode="wb")
+    finally:
+        plt.close(fig)
     return path

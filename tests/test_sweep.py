@@ -66,6 +66,12 @@ def test_sweep_two_settings_end_to_end_and_resume(tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/checkpoint.pt")} == stamp
     again = list(csv.DictReader((out / "sweep.csv").open()))
     assert [r["top1"] for r in again] == [r["top1"] for r in rows]
+    # ... but not with other settings: the finished runs would not be what the sweep says
+    capsys.readouterr()
+    assert main(argv + ["--set", "search.tau0=3"]) == 2
+    assert "search.tau0 was 5.0 in this run, now 3" in capsys.readouterr().err
+    assert main(argv + ["--retrain-epochs", "3"]) == 2
+    assert "retrain.epochs was 2 in this run, now 3" in capsys.readouterr().err
 
 
 def test_sweep_values_and_points():
@@ -100,3 +106,16 @@ def test_sweep_cli_errors(tmp_path, capsys):
     assert "--random" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sweep", "--config", str(cfg), "--beta", "1", "--alpha", "2"])
+
+
+def test_interrupted_sweep_exits_130_with_a_resume_hint(tmp_path, capsys, monkeypatch):
+    from fbnas.sweep import Sweep
+    from fbnas.trainer import Interrupted
+
+    def stop(self):
+        raise Interrupted
+    monkeypatch.setattr(Sweep, "run", stop)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    assert main(["sweep", "--config", str(cfg), "--beta", "1", "--out", str(tmp_path / "s")]) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err

@@ -44,7 +44,7 @@ class IRFSpec:
         return f"ir_k{k}_e{self.expansion}{g}{'_se' if self.se else ''}"
 
 
-_TOKEN = re.compile(r"^(k|e|g|s)(\d+)$")
+_TOKEN = re.compile(r"^(k|e|g|s)([0-9]{1,4})$")  # ASCII digits, a few at most
 
 
 def parse_irf(name: str) -> IRFSpec:

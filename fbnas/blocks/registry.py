@@ -17,6 +17,7 @@ from typing import Protocol
 from torch import nn
 
 from fbnas.errors import FbnasError
+from fbnas.io import show
 
 
 class BlockFactory(Protocol):
@@ -65,9 +66,15 @@ def register_family(prefix: str, parse: FamilyParser, examples: list[str]) -> No
     _FAMILY_EXAMPLES[prefix] = list(examples)
 
 
+MAX_NAME = 100
+
+
 def _resolve(name: str) -> tuple[str, BlockFactory]:
     if not isinstance(name, str) or not name:
-        raise FbnasError(f"op name must be a non-empty string, got {name!r}")
+        raise FbnasError(f"op name must be a non-empty string, got {show(name)}")
+    if len(name) > MAX_NAME or not name.isprintable():
+        raise FbnasError(f"unknown op {show(name)} (op names are short printable words such "
+                         "as ir_k3_e6 or skip)")
     name = _ALIASES.get(name, name)
     if name in _EXACT:
         return name, _EXACT[name]

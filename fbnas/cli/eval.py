@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbnas.errors import FbnasError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -33,6 +35,9 @@ def run(args) -> int:
     arch, model, state = load_child(args.checkpoint, device)
     if args.config:
         cfg = load_config(args.config, args.set)
+    elif not isinstance(state.get("config"), dict) or not state["config"]:
+        raise FbnasError(f"{args.checkpoint}: the checkpoint holds no config; give --config "
+                         "CONFIG.yaml for its data section")
     else:
         cfg = config_from_dict(apply_overrides(state["config"], args.set),
                                f"{args.checkpoint}: config")
@@ -42,10 +47,10 @@ def run(args) -> int:
                              pin_memory=device.type == "cuda")
     res = evaluate(model, loader, device)
     print(f"{arch.name} [{arch.short_hash}] {args.split} ({res['n']} images, epoch "
-          f"{state['epoch']}): top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%  "
-          f"CE {res['ce']:.4f}")
+          f"{state.get('epoch', '?')}): top-1 {100 * res['top1']:.2f}%  "
+          f"top-5 {100 * res['top5']:.2f}%  CE {res['ce']:.4f}")
     if args.json:
         write_json_atomic(args.json, {"checkpoint": str(Path(args.checkpoint)),
                                       "arch_hash": arch.hash(), "split": args.split,
-                                      "epoch": state["epoch"], **res})
+                                      "epoch": state.get("epoch"), **res})
     return 0

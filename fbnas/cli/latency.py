@@ -121,6 +121,9 @@ def run_build(args) -> int:
     proto = _protocol(args, None)
     missing = len(table.missing(space)) if table is not None else None
     if table is not None:
+        from fbnas.latency.build import _check_extend
+
+        _check_extend(table, timer, str(out))  # before saying anything about extending it
         _log(f"{out}: extending/resuming a table with {len(table)} entries; "
              f"{missing} missing for '{space.name}'")
     try:

@@ -7,6 +7,7 @@ import csv
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 from fbnas.errors import FbnasError
 from fbnas.runs import (
@@ -35,10 +36,11 @@ else predicted) against top-1 accuracy, among the runs listed (after --space, be
 --format csv/json give raw values (top1 as a fraction, params and flops as counts, missing =
 empty / null); table gives the formatted ones.
 
-A results.json that cannot be read is skipped with a warning naming it. Finding no results at
-all is not an error: a one-line message on stderr and exit status 0 (csv and json still print
-their empty header / []). A DIR given that does not exist is an error (status 2), except the
-default '{DEFAULT_DIR}'."""
+A results.json found in a DIR that cannot be read is skipped with a warning naming it; a
+results.json file named on the command line that cannot be read is an error (status 2).
+Finding no results at all is not an error: a one-line message on stderr and exit status 0
+(csv and json still print their empty header / []). A DIR given that does not exist is an
+error (status 2), except the default '{DEFAULT_DIR}'."""
 
 
 def add_parser(sub) -> None:
@@ -71,11 +73,14 @@ def run(args) -> int:
         raise FbnasError(f"--top must be >= 1, got {args.top}")
     dirs = list(args.dirs) or [DEFAULT_DIR]
     files = find_results(dirs, missing_ok=not args.dirs)
+    named = {Path(d).resolve() for d in args.dirs if Path(d).is_file()}
     rows = []
     for f in files:
         try:
             rows.append(load_results(f))
         except FbnasError as e:
+            if f.resolve() in named:
+                raise  # a file asked for by name: its error is the answer
             print(f"fbnas runs: warning: skipped {e}", file=sys.stderr)
     where = " ".join(dirs)
     if not rows:

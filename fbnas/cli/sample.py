@@ -27,10 +27,17 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     run_dir = Path(args.run_dir)
-    state = load_checkpoint(run_dir / "checkpoint.pt", kind="search")
-    cfg = config_from_dict(state["config"], str(run_dir / "checkpoint.pt"))
+    ckpt = run_dir / "checkpoint.pt"
+    state = load_checkpoint(ckpt, kind="search")
+    cfg = config_from_dict(state["config"], str(ckpt))
     space = cfg.space
-    theta = [state["model"][f"theta.{i}"] for i in range(space.num_layers)]
+    theta = []
+    for i, cands in enumerate(space.layer_candidates()):
+        t = state["model"].get(f"theta.{i}")
+        if t is None or t.ndim != 1 or len(t) != len(cands) or not t.is_floating_point():
+            raise FbnasError(f"{ckpt}: damaged checkpoint: model.theta.{i} does not fit layer "
+                             f"{i} of its search space '{space.name}' ({len(cands)} candidates)")
+        theta.append(t)
     table = _load_table(run_dir)
     out = Path(args.out) if args.out else run_dir / "samples"
     if args.soft:
@@ -72,7 +79,7 @@ def run(args) -> int:
 
 def _load_table(run_dir: Path):
     p = run_dir / "cost_table.json"
-    if not p.is_file():
+    if not p.exists():  # optional; but one that is there must be readable
         return None
     from fbnas.latency import LatencyTable
 

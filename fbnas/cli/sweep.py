@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from fbnas.errors import FbnasError
 
 
@@ -34,6 +36,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from fbnas.sweep import Sweep, parse_values
+    from fbnas.trainer import Interrupted
 
     param = next(n for n in ("alpha", "beta", "lambda", "target")
                  if getattr(args, n) is not None)
@@ -44,7 +47,12 @@ def run(args) -> int:
         raise FbnasError(f"--retrain-epochs: must be >= 1, got {args.retrain_epochs}")
     sw = Sweep(args.config, param, values, args.out, args.set, args.reference, args.random,
                args.seed, args.retrain_epochs)
-    s = sw.run()
+    try:
+        s = sw.run()
+    except Interrupted:
+        print("sweep interrupted after saving; run the same command again to resume",
+              file=sys.stderr)
+        return 130
     print(f"\n{'label':<18}{'kind':<10}{'pred ms':>9}{'meas ms':>9}{'top-1':>8}  arch")
     for r in s["points"]:
         def f(v, fmt):

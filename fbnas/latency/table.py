@@ -36,7 +36,7 @@ from typing import Any
 
 from fbnas import __version__
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, load_json, write_json_atomic
+from fbnas.io import Fields, load_json, show, write_json_atomic
 from fbnas.latency.signature import (
     Signature,
     arch_signatures,
@@ -160,11 +160,14 @@ class LatencyTable:
         for key, want in asked.items():
             have = self.meta.get(key)
             if want is not None and have != want:
+                flag = {"batch": f"--batch {want}", "dtype": f"--dtype {want}",
+                        "backend": f"--device {want}",
+                        "memory_format": ("--channels-last" if want == "channels_last" else
+                                          "without --channels-last")}[key]
                 raise FbnasError(
-                    f"{self._name()}: meta.{key} is {have!r} but this run asks for {want!r}; "
-                    "a latency table only holds for the setting it was measured in — build "
-                    f"one for {key} {want!r} (fbnas latency build ... --{key.replace('_', '-')}"
-                    f" {want})")
+                    f"{self._name()}: meta.{key} is {show(have)} but this run asks for "
+                    f"{want!r}; a latency table only holds for the setting it was measured in — "
+                    f"build one for {key} {want!r} (fbnas latency build ... {flag})")
 
     # ---- costs for a search space ------------------------------------------------------------
     def _pick_model(self, space: SearchSpace | None, model: str) -> str:
@@ -205,6 +208,9 @@ class LatencyTable:
             fixed = a * fixed + b
         if which == "fitted":
             deltas = self.corrections["rows"]
+            if len(deltas) != len(rows):
+                raise FbnasError(f"{self._name()}: corrections.rows has {len(deltas)} rows but "
+                                 f"search space '{space.name}' has {len(rows)} layers")
             rows = [{op: max(0.0, v + float(d.get(op, 0.0))) for op, v in row.items()}
                     for row, d in zip(rows, deltas, strict=True)]
         return rows, fixed
@@ -258,32 +264,33 @@ class LatencyTable:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write the table as JSON, atomically (a crash leaves the old file or the new one)."""
+        """Write the table as JSON, atomically (a crash leaves the old file or the new one).
+        Messages keep naming the file the table was loaded from (or first saved to)."""
         write_json_atomic(path, self.to_dict())
-        self.path = str(path)
+        if self.path is None:  # a copy saved elsewhere keeps naming the file it came from
+            self.path = str(path)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "table") -> LatencyTable:
         f = Fields(data, where)
-        f.schema("fbnas_cost_table", SCHEMA, "rebuild the table or upgrade fbnas")
+        f.schema("fbnas_cost_table", SCHEMA, "upgrade fbnas to read it",
+                 "rebuild it with this fbnas: fbnas latency build --fresh ...")
         cost = f.str("cost", required=True, choices=tuple(COSTS))
         unit = f.str("unit", required=True)
         if unit != COSTS[cost]:
-            raise FbnasError(f"{f.at('unit')}: a {cost} table is in '{COSTS[cost]}', got {unit!r}")
+            raise FbnasError(f"{f.at('unit')}: a {cost} table is in '{COSTS[cost]}', "
+                             f"got {show(unit)}")
         meta = f.raw("meta", required=True)
         if not isinstance(meta, dict):
-            raise FbnasError(f"{f.at('meta')}: expected a mapping, got {meta!r}")
+            raise FbnasError(f"{f.at('meta')}: expected a mapping, got {show(meta)}")
+        _check_meta(meta, cost, f.at("meta"))
         t = cls(cost, meta)
-        if cost == "latency":
-            mf = Fields(meta, f.at("meta"))
-            mf.int("batch", required=True, min=1)
-            mf.str("dtype", required=True)
-            mf.str("backend", required=True)
         for key in ("protocol", "reference", "context", "noise", "calibration", "corrections"):
             v = f.raw(key, None)
             if v is not None and not isinstance(v, dict):
-                raise FbnasError(f"{f.at(key)}: expected a mapping or null, got {v!r}")
+                raise FbnasError(f"{f.at(key)}: expected a mapping or null, got {show(v)}")
             setattr(t, key, v)
+        _check_blocks(t, f)
         for key in ("calibration", "corrections"):
             block = getattr(t, key)
             if block is not None:
@@ -313,7 +320,10 @@ class LatencyTable:
             value = ef.float("value", required=True, min=0.0)
             stats = ef.raw("stats", None)
             if stats is not None and not isinstance(stats, dict):
-                raise FbnasError(f"{ew}.stats: expected a mapping")
+                raise FbnasError(f"{ew}.stats: expected a mapping, got {show(stats)}")
+            for k, v in (stats or {}).items():
+                if not _number(v):
+                    raise FbnasError(f"{ew}.stats.{k}: expected a number, got {show(v)}")
             ef.done()
             t.entries[key] = Entry(sig, value, stats)
         f.done()
@@ -324,6 +334,76 @@ class LatencyTable:
         t = cls.from_dict(load_json(path), str(path))
         t.path = str(path)
         return t
+
+
+# ---- checking the optional blocks a table file may hold -----------------------------------------
+def _number(v: Any) -> bool:
+    """A JSON number fbnas can compute with: a float, or an integer within float range."""
+    return isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)
+                                    and abs(v) < 2**1023)
+
+
+META_STRINGS = ("backend", "device_name", "cpu_model", "gpu_name", "dtype", "torch_version",
+                "mode", "clock", "created", "fbnas_version", "note")
+
+
+def _check_meta(meta: dict[str, Any], cost: str, where: str) -> None:
+    """The meta keys fbnas reads must have their types (a latency table needs batch, dtype,
+    backend: they say what the numbers were measured for)."""
+    mf = Fields(meta, where)
+    required = cost == "latency"
+    mf.int("batch", required=required, min=1)
+    mf.str("dtype", required=required)
+    mf.str("backend", required=required)
+    mf.int("threads", None, min=1)
+    mf.str("memory_format", None, choices=("contiguous", "channels_last"))
+    for key in META_STRINGS:
+        mf.str(key, None)
+
+
+# key -> (kind, lower bound): what build/show/measure/validate read from each block
+_PROTOCOL = {"rounds": ("int", 1), "sample_s": ("num", 0.0), "ref_sample_s": ("num", 0.0),
+             "ref_every": ("int", 1), "warmup_s": ("num", 0.0), "max_rel_iqr": ("num", 0.0),
+             "extra_rounds": ("int", 0), "seed": ("int", 0), "reference": ("bool", None),
+             "reference_signature": ("str", None)}
+_REFERENCE = {"scale_us": ("num", 0.0), "signature": ("str", None), "statistic": ("str", None)}
+_CONTEXT = {"scale": ("num", 0.0), "probes": ("int", 0)}
+
+
+def _check_block(block: dict[str, Any] | None, spec: dict[str, tuple[str, Any]],
+                 where: str) -> None:
+    if block is None:
+        return
+    for key, (kind, lo) in spec.items():
+        v = block.get(key)
+        if v is None:
+            continue
+        ok = {"int": isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**31,
+              "num": _number(v),
+              "bool": isinstance(v, bool), "str": isinstance(v, str)}[kind]
+        if not ok:
+            what = {"int": "an integer below 2^31", "num": "a number", "bool": "true or false",
+                    "str": "a string"}[kind]
+            raise FbnasError(f"{where}.{key}: expected {what}, got {show(v)}")
+        if lo is not None and (v != v or v < lo or v in (float("inf"), float("-inf"))):
+            raise FbnasError(f"{where}.{key}: must be a finite number >= {lo}, got {show(v)}")
+
+
+def _check_blocks(t: LatencyTable, f: Fields) -> None:
+    _check_block(t.protocol, _PROTOCOL, f.at("protocol"))
+    _check_block(t.reference, _REFERENCE, f.at("reference"))
+    _check_block(t.context, _CONTEXT, f.at("context"))
+    for key, v in (t.noise or {}).items():
+        w = f"{f.at('noise')}.{key}"
+        if key == "_ref_times_s":
+            ok = isinstance(v, list) and all(_number(x) for x in v)
+        elif key == "_probe_ratios":
+            ok = isinstance(v, dict) and all(isinstance(r, list) and all(_number(x) for x in r)
+                                             for r in v.values())
+        else:
+            ok = v is None or _number(v)
+        if not ok:
+            raise FbnasError(f"{w}: unexpected value {show(v)}")
 
 
 CostTable = LatencyTable  # FLOPs and params tables are the same class with another `cost`
