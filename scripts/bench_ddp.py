@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="timed weight steps per run")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32, help="per-process batch")
-    ap.add_argument("--samples", type=int, default=4096, help="synthetic training images")
+    ap.add_argument("--samples", type=int, default=8192, help="synthetic training images")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
