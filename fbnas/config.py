@@ -54,7 +54,7 @@ class LatencyConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "latency") -> LatencyConfig:
-        f = Fields(d or {}, where)
+        f = Fields({} if d is None else d, where)
         c = cls(
             cost=f.str("cost", "latency", choices=COSTS),
             table=f.str("table", None),
@@ -105,7 +105,7 @@ class SearchConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
-        f = Fields(d or {}, where)
+        f = Fields({} if d is None else d, where)
         c = cls(
             epochs=f.int("epochs", 90, min=1),
             warmup_epochs=f.int("warmup_epochs", 10, min=0),
@@ -175,7 +175,7 @@ class RetrainConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:
-        f = Fields(d or {}, where)
+        f = Fields({} if d is None else d, where)
         c = cls(
             epochs=f.int("epochs", 30, min=1),
             optimizer=f.str("optimizer", "sgd", choices=OPTIMIZERS),
@@ -228,7 +228,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "run") -> RunConfig:
-        f = Fields(d or {}, where)
+        f = Fields({} if d is None else d, where)
         c = cls(dir=f.str("dir", "runs/search"),
                 checkpoint_every_steps=f.int("checkpoint_every_steps", 0, min=0),
                 tensorboard=f.bool("tensorboard", True), progress=f.bool("progress", True),
@@ -291,8 +291,13 @@ def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> d
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
+        except (ValueError, RecursionError) as e:  # e.g. 2001-13-45, deeply nested brackets
+            raise FbnasError(f"{where} {key.strip()}: cannot read the value "
+                             f"({type(e).__name__})") from None
         node = data
         for p in parts[:-1]:
+            if isinstance(node, list) and not p.isdigit():
+                raise FbnasError(f"{where} {key}: bad list index '{p}' (a number is needed)")
             if p.isdigit() and isinstance(node, list):
                 idx = int(p)
                 if idx >= len(node):
@@ -325,7 +330,7 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
                          f"(sections: {', '.join(SECTIONS)})")
     if "space" not in data:
         raise FbnasError(f"{source}: missing key 'space' (the search space section)")
-    loss = data.get("loss") or {}
+    loss = {} if data.get("loss") is None else data["loss"]
     if not isinstance(loss, dict):
         raise FbnasError(f"{source}: loss: expected a mapping")
     from fbnas.loss import build_loss
@@ -333,7 +338,8 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     build_loss(loss, f"{source}: loss")  # validate now
     return Config(
         space=SearchSpace.from_dict(data["space"], f"{source}: space"),
-        data=DataConfig.from_dict(data.get("data") or {}, f"{source}: data"),
+        data=DataConfig.from_dict({} if data.get("data") is None else data["data"],
+                                 f"{source}: data"),
         latency=LatencyConfig.from_dict(data.get("latency"), f"{source}: latency"),
         loss=dict(loss),
         search=SearchConfig.from_dict(data.get("search"), f"{source}: search"),
