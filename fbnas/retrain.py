@@ -31,7 +31,7 @@ from fbnas.config import Config
 from fbnas.distributed import DistContext
 from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
-from fbnas.trainer import Interrupted
+from fbnas.trainer import Interrupted, StopOnSignal
 
 CHECKPOINT = "checkpoint.pt"
 RESULTS = "results.json"
@@ -103,7 +103,7 @@ def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
 
 
 # ---- the trainer -----------------------------------------------------------------------------
-class ChildTrainer:
+class ChildTrainer(StopOnSignal):
     """Train `arch` from scratch (or from supernet weights) with `cfg.retrain`'s recipe."""
 
     # Keys a resumed run may change: where and how it runs, not what it computes.
@@ -295,18 +295,6 @@ class ChildTrainer:
         save_checkpoint(self.run_dir / CHECKPOINT, state)
 
     # ---- training ---------------------------------------------------------------------------
-    def request_stop(self, *_: Any) -> None:
-        """Stop after the current step and save (what Ctrl-C does); a second call aborts
-        (under torchrun, not one within 2 s: the launcher's copy of the same Ctrl-C)."""
-        now = time.monotonic()
-        if self._stop_requested:
-            if self.dist.distributed and now - getattr(self, "_stop_time", now) < 2.0:
-                return
-            raise KeyboardInterrupt
-        self._stop_requested, self._stop_time = True, now
-        self.log.warning("stopping after the current step to save a checkpoint "
-                         "(Ctrl-C again aborts without saving)")
-
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         r = self.cfg.retrain
         lr = r.lr_at(self.epoch * self.steps_per_epoch + self.step, self.steps_per_epoch)
@@ -399,27 +387,22 @@ class ChildTrainer:
     def fit(self) -> dict[str, Any]:
         """Train to the last epoch, then evaluate on test and write results.json. Ctrl-C saves
         the exact position and raises Interrupted; `fbnas retrain --resume` continues."""
-        import signal
-        import threading
 
         r = self.cfg.retrain
         self.log.info(f"retrain {self.arch.name} [{self.arch.short_hash}]: {r.epochs} epochs, "
                       f"{r.optimizer} lr {r.lr}, {self.steps_per_epoch} steps/epoch, "
                       f"device {self.device}"
                       + (f", from supernet {self.init_from}" if self.init_from else ""))
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                old[sig] = signal.signal(sig, self.request_stop)
         try:
-            while self.epoch < r.epochs:
-                rec = self.train_epoch()
-                self.history.append(rec)
-                self.epoch, self.step, self.partial = self.epoch + 1, 0, {}
-                self.save()
-                self._log_epoch(rec)
-                if self._agreed_stop():
-                    raise Interrupted
+            with self._stop_signals():
+                while self.epoch < r.epochs:
+                    rec = self.train_epoch()
+                    self.history.append(rec)
+                    self.epoch, self.step, self.partial = self.epoch + 1, 0, {}
+                    self.save()
+                    self._log_epoch(rec)
+                    if self._agreed_stop():
+                        raise Interrupted
         except Interrupted:
             if self.dist.is_main:
                 self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
@@ -427,8 +410,6 @@ class ChildTrainer:
                                  f"`fbnas retrain --resume {self.run_dir}`")
             raise
         finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
             if self.writer is not None:
                 self.writer.flush()
         return self.finish()
@@ -481,12 +462,6 @@ class ChildTrainer:
         return res
 
     # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------
-    def _agreed_stop(self) -> bool:
-        """Whether to stop now; under torchrun, true on every rank if any rank was signalled."""
-        if self.dist.distributed:
-            self._stop_requested = self.dist.any_true(self._stop_requested)
-        return self._stop_requested
-
     def _evaluate(self, loader) -> dict[str, float]:
         """`evaluate` on this rank's shard of `loader`, combined over the ranks."""
         v = evaluate(self.model, loader, self.device)

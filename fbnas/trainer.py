@@ -19,6 +19,7 @@ the Gumbel noise is the same on every rank, and rank 0 alone writes the run dire
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -50,6 +51,49 @@ class NonFiniteLoss(FbnasError):
 
 class Interrupted(Exception):
     """The run was stopped by Ctrl-C after saving its exact position."""
+
+
+class StopOnSignal:
+    """Ctrl-C / SIGTERM handling shared by the search and retrain trainers: a signal asks the
+    run to stop after the current step (and save); a second one aborts. Needs `self.dist`,
+    `self.log` and `self._stop_requested`."""
+
+    def request_stop(self, *_: Any) -> None:
+        """Ask the run to stop after the current step (what Ctrl-C does); a second call aborts
+        (under torchrun, not one within 2 s: the copy of the same Ctrl-C the launcher forwards
+        to a rank that got it from the terminal too)."""
+        now = time.monotonic()
+        if self._stop_requested:
+            if self.dist.distributed and now - getattr(self, "_stop_time", now) < 2.0:
+                return
+            raise KeyboardInterrupt
+        self._stop_requested, self._stop_time = True, now
+        self.log.warning("stopping after the current step to save a checkpoint "
+                         "(Ctrl-C again aborts without saving)")
+
+    def _agreed_stop(self) -> bool:
+        """Whether to stop now; under torchrun, true on every rank if any rank was signalled,
+        so all ranks stop (and save) at the same step."""
+        if self.dist.distributed:
+            self._stop_requested = self.dist.any_true(self._stop_requested)
+        return self._stop_requested
+
+    @contextlib.contextmanager
+    def _stop_signals(self):
+        """Route Ctrl-C, and the SIGTERM a scheduler sends before it kills a job, to
+        `request_stop` while the block runs (main thread only); restore the handlers after."""
+        import signal
+        import threading
+
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, self.request_stop)
+        try:
+            yield
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
 
 
 @dataclass
@@ -137,7 +181,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
     return CostSource(rows, fixed, table.fingerprint(), _UNITS[table.cost], desc, table)
 
 
-class SearchTrainer:
+class SearchTrainer(StopOnSignal):
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
                  log: logging.Logger | None = None, resume: bool = False,
                  dist: DistContext | None = None):
@@ -453,43 +497,23 @@ class SearchTrainer:
                     "entropy": self.model.entropy().cpu().tolist()})
         return rec
 
-    def request_stop(self, *_: Any) -> None:
-        """Ask the run to stop after the current step (what Ctrl-C does); a second call aborts
-        (under torchrun, not one within 2 s: the copy of the same Ctrl-C the launcher forwards
-        to a rank that got it from the terminal too)."""
-        now = time.monotonic()
-        if self._stop_requested:
-            if self.dist.distributed and now - getattr(self, "_stop_time", now) < 2.0:
-                return
-            raise KeyboardInterrupt
-        self._stop_requested, self._stop_time = True, now
-        self.log.warning("stopping after the current step to save a checkpoint "
-                         "(Ctrl-C again aborts without saving)")
-
     def fit(self) -> dict[str, Any]:
         """Run to the last epoch. Ctrl-C finishes the current step, saves the exact position
         and raises Interrupted; `--resume` continues from there."""
         s = self.cfg.search
         self.log.info(f"search '{self.cfg.space.name}': {s.epochs} epochs ({s.warmup_epochs} "
                       f"warm-up), {self.costs.description}, device {self.device}")
-        import signal
-        import threading
-
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            # Ctrl-C, and the SIGTERM a scheduler sends before it kills a job
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                old[sig] = signal.signal(sig, self.request_stop)
         try:
-            while self.epoch < s.epochs:
-                rec = self.train_epoch()
-                self.history.append(rec)
-                self.epoch += 1
-                self.phase, self.step, self.partial = "w", 0, {}
-                self.save()
-                self._log_epoch(rec)
-                if self._agreed_stop():
-                    raise Interrupted
+            with self._stop_signals():
+                while self.epoch < s.epochs:
+                    rec = self.train_epoch()
+                    self.history.append(rec)
+                    self.epoch += 1
+                    self.phase, self.step, self.partial = "w", 0, {}
+                    self.save()
+                    self._log_epoch(rec)
+                    if self._agreed_stop():
+                        raise Interrupted
         except Interrupted:
             if self.dist.is_main:
                 self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
@@ -497,8 +521,6 @@ class SearchTrainer:
                                  f"with `fbnas train --resume {self.run_dir}`")
             raise
         finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
             if self.writer is not None:
                 self.writer.flush()
         arch = self.final_arch()
@@ -598,13 +620,6 @@ class SearchTrainer:
             self.model = net
         self._averager.after_step()
         return out
-
-    def _agreed_stop(self) -> bool:
-        """Whether to stop now; under torchrun, true on every rank if any rank was signalled,
-        so all ranks stop (and save) at the same step."""
-        if self.dist.distributed:
-            self._stop_requested = self.dist.any_true(self._stop_requested)
-        return self._stop_requested
 
     def _end_phase(self, sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:
         """Average what is still local (weights under ddp_sync_every > 1, BN statistics) and
