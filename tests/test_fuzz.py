@@ -140,8 +140,28 @@ def only_fbnas_errors(fn, *args):
     try:
         return fn(*args)
     except FbnasError as e:
-        assert "\n" not in str(e)
+        assert len(str(e).splitlines()) <= 1, f"not one line: {str(e)!r}"
         return None
+
+
+# every separator str.splitlines() knows, and a CRLF pair
+LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028",
+               "\u2029"]
+
+
+@pytest.mark.parametrize("sep", LINE_BREAKS, ids=[repr(s) for s in LINE_BREAKS])
+def test_fbnas_error_folds_every_line_break(sep):
+    """A message built from a hostile file name or value is still one line."""
+    msg = f"runs/evil{sep}name.yaml: key 'a{sep}b' must be >= 0, got 'x{sep}{sep}y'{sep}"
+    text = str(FbnasError(msg))
+    assert len(text.splitlines()) == 1, repr(text)
+    assert text.startswith("runs/evil name.yaml: key 'a b'")
+
+
+@FUZZ
+@given(st.text(max_size=60))
+def test_fbnas_error_is_always_one_line(msg):
+    assert len(str(FbnasError(msg)).splitlines()) <= 1
 
 
 # ---- files -----------------------------------------------------------------------------------
