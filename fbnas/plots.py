@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fbnas.errors import FbnasError
-from fbnas.io import ensure_dir, load_json, load_yaml
+from fbnas.io import atomic_write, ensure_dir, load_json, load_yaml
 
 
 def _plt():
@@ -23,6 +23,17 @@ def _plt():
     except ImportError:
         raise FbnasError("plots need matplotlib: pip install 'fbnas[plot]'") from None
     return plt
+
+
+def _save(plt, fig, path: Path, dpi: int) -> Path:
+    """Write `fig` as a PNG atomically (a temp file in the same folder, then a rename), so a
+    failed or interrupted write leaves the previous plot intact and no partial file; close the
+    figure whatever happens. The temp file is named `.NAME.*.tmp`, so the format is explicit."""
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi), mode="wb")
+    finally:
+        plt.close(fig)
+    return path
 
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:
@@ -72,9 +83,7 @@ def _heatmap(plt, probs, ops, path: Path) -> Path:
     ax.set_title("final op probabilities softmax(θ) (red: argmax)")
     fig.colorbar(im, ax=ax, fraction=0.03)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, dpi=110)
 
 
 def _evolution(plt, hist, ops, path: Path) -> Path:
@@ -97,9 +106,7 @@ def _evolution(plt, hist, ops, path: Path) -> Path:
     fig.supxlabel("epoch")
     fig.supylabel("P(op)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, dpi=100)
 
 
 def _curves(plt, hist, unit, path: Path) -> Path:
@@ -127,7 +134,5 @@ def _curves(plt, hist, unit, path: Path) -> Path:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, dpi=100)
 
