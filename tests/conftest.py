@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -18,11 +20,56 @@ TINY_SPACE = {
     "head": {"channels": 32},
 }
 
+# The space of the end-to-end tests: 8x8 grey digits, 10 classes, 2 searchable layers.
+DIGITS_SPACE = {
+    "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
+    "stem": {"channels": 8, "stride": 1},
+    "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
+    "stages": [{"channels": 8, "repeats": 1, "stride": 1},
+               {"channels": 16, "repeats": 1, "stride": 2}],
+    "head": {"channels": 16},
+}
+
+# The space of the latency tests: 5 searchable layers, 4 distinct block signatures.
+LATENCY_SPACE = {
+    "name": "tiny", "input_size": 8, "num_classes": 5, "stem": {"channels": 8, "stride": 1},
+    "candidates": ["ir_k3_e1", "ir_k3_e3", "skip"],
+    "stages": [{"channels": 8, "repeats": 3, "stride": 1},
+               {"channels": 16, "repeats": 2, "stride": 2}],
+    "head": {"channels": 32},
+}
+
+# A run config on DIGITS_SPACE that searches for 2 epochs on 200 digits with the FLOPs cost.
+_DIGITS_RUN = {
+    "space": DIGITS_SPACE,
+    "data": {"dataset": "digits", "batch_size": 32, "limit": 200, "val_fraction": 0.2},
+    "latency": {"cost": "flops"},
+    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
+    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu"},
+    "run": {"progress": False, "tensorboard": False},
+}
+
+
+def digits_run_config(retrain: dict | None = None, **sections: dict) -> dict:
+    """A fresh copy of the tiny digits run config; each of `sections` (space, data, latency,
+    loss, search, run) updates that section's keys, and `retrain`, when given, is the whole
+    retrain section (placed before `run`, as in a config file)."""
+    d = copy.deepcopy(_DIGITS_RUN)
+    for name, keys in sections.items():
+        d[name].update(copy.deepcopy(keys))
+    if retrain is not None:
+        d = {**{k: v for k, v in d.items() if k != "run"}, "retrain": copy.deepcopy(retrain),
+             "run": d["run"]}
+    return d
+
+
+def latency_space(**over) -> dict:
+    """A fresh copy of LATENCY_SPACE with top-level keys replaced by `over`."""
+    return copy.deepcopy({**LATENCY_SPACE, **over})
+
 
 @pytest.fixture
 def tiny_space_dict() -> dict:
-    import copy
-
     return copy.deepcopy(TINY_SPACE)
 
 

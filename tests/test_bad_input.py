@@ -29,27 +29,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import digits_run_config
 
 from fbnas.cli import main
 
 # ---- the shared fixture: a good config, a finished search and retrain, tables ------------------
-TINY = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
-    "data": {"dataset": "digits", "batch_size": 32, "limit": 200, "val_fraction": 0.2},
-    "latency": {"cost": "flops"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu",
-               "bn_calib_samples": 64},
-    "retrain": {"epochs": 1, "warmup_epochs": 0, "device": "cpu", "measure_latency": False},
-    "run": {"progress": False, "tensorboard": False},
-}
+TINY = digits_run_config(
+    search={"bn_calib_samples": 64},
+    retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu", "measure_latency": False})
 LEAK_TRAIN = ("SearchTrainer.__init__ creates RUN_DIR/train.log (and saves cost_table.json) "
               "before it loads the cost table and the data")
 LEAK_RETRAIN = ("ChildTrainer.__init__ creates RUN_DIR/train.log before it reads the supernet "

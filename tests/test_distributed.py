@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import digits_run_config
 
 from fbnas.distributed import (
     DistContext,
@@ -35,24 +36,12 @@ from fbnas.errors import FbnasError
 
 REPO = Path(__file__).resolve().parents[1]
 
-CONFIG = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
-    "data": {"dataset": "digits", "batch_size": 16, "limit": 200, "val_fraction": 0.2},
-    "latency": {"cost": "flops"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 3, "warmup_epochs": 1, "seed": 3, "device": "cpu", "theta_lr": 0.05,
-               "bn_calib_samples": 64},
-    "retrain": {"epochs": 2, "warmup_epochs": 0, "lr": 0.05, "device": "cpu",
-                "measure_latency": False},
-    "run": {"progress": False, "tensorboard": True},
-}
+CONFIG = digits_run_config(
+    data={"batch_size": 16},
+    search={"epochs": 3, "theta_lr": 0.05, "bn_calib_samples": 64},
+    retrain={"epochs": 2, "warmup_epochs": 0, "lr": 0.05, "device": "cpu",
+             "measure_latency": False},
+    run={"tensorboard": True})
 
 DRIVER = textwrap.dedent('''
     """Runs `fbnas ARGS` as one torchrun rank, observing it (tests/test_distributed.py)."""

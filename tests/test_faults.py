@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import digits_run_config
 
 from fbnas.arch import Architecture
 from fbnas.checkpoint import load_checkpoint
@@ -32,23 +33,11 @@ from fbnas.cli import main
 
 ROOT = Path(__file__).parents[1]
 EVERY = 6  # run.checkpoint_every_steps
-TINY = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
+TINY = digits_run_config(
     # 320 samples: 64 val, 205 w, 51 θ -> batch 12: 17 weight steps and 4 θ steps per epoch
-    "data": {"dataset": "digits", "batch_size": 12, "limit": 320, "val_fraction": 0.2},
-    "latency": {"cost": "flops"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 3, "warmup_epochs": 1, "seed": 3, "device": "cpu", "w_lr": 0.05,
-               "theta_lr": 0.05, "bn_calib_samples": 64},
-    "run": {"progress": False, "tensorboard": False, "checkpoint_every_steps": EVERY},
-}
+    data={"batch_size": 12, "limit": 320},
+    search={"epochs": 3, "w_lr": 0.05, "theta_lr": 0.05, "bn_calib_samples": 64},
+    run={"checkpoint_every_steps": EVERY})
 N_W, N_THETA = 17, 4
 
 # The child: patches torch's optimizers and fbnas' checkpoint writer to log every applied step

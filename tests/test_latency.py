@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import latency_space
 
 from fbnas.arch import arch_from_indices, build_child, count_flops, count_params
 from fbnas.errors import FbnasError
@@ -31,16 +32,7 @@ from fbnas.supernet import Supernet
 
 FAST = Protocol(rounds=4, extra_rounds=2)
 
-TINY = {
-    "name": "tiny",
-    "input_size": 8,
-    "num_classes": 5,
-    "stem": {"channels": 8, "stride": 1},
-    "candidates": ["ir_k3_e1", "ir_k3_e3", "skip"],
-    "stages": [{"channels": 8, "repeats": 3, "stride": 1},
-               {"channels": 16, "repeats": 2, "stride": 2}],
-    "head": {"channels": 32},
-}
+TINY = latency_space()
 
 
 def tiny_space(**over) -> SearchSpace:

@@ -6,19 +6,14 @@ import json
 
 import pytest
 import yaml
+from conftest import latency_space
 
 from fbnas.arch import arch_from_indices
 from fbnas.cli import main
 from fbnas.latency import LatencyTable
 from fbnas.search_space import SearchSpace
 
-TINY = {
-    "name": "tiny", "input_size": 8, "num_classes": 5, "stem": {"channels": 8, "stride": 1},
-    "candidates": ["ir_k3_e1", "ir_k3_e3", "skip"],
-    "stages": [{"channels": 8, "repeats": 3, "stride": 1},
-               {"channels": 16, "repeats": 2, "stride": 2}],
-    "head": {"channels": 32},
-}
+TINY = latency_space()
 FAST = ["--device", "fake", "--rounds", "4"]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import digits_run_config
 
 from fbnas.arch import arch_from_indices
 from fbnas.cli import main
@@ -16,23 +17,10 @@ from fbnas.errors import FbnasError
 from fbnas.retrain import ChildTrainer, load_child, supernet_child_state
 from fbnas.trainer import Interrupted, close_logger
 
-TINY = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
-    "data": {"dataset": "digits", "batch_size": 32, "limit": 200, "val_fraction": 0.2},
-    "latency": {"cost": "latency", "device": "fake"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu"},
-    "retrain": {"epochs": 3, "warmup_epochs": 1, "lr": 0.05, "device": "cpu",
-                "measure_latency": False},
-    "run": {"progress": False, "tensorboard": False},
-}
+TINY = digits_run_config(
+    latency={"cost": "latency", "device": "fake"},
+    retrain={"epochs": 3, "warmup_epochs": 1, "lr": 0.05, "device": "cpu",
+             "measure_latency": False})
 
 
 def make_cfg(tmp_path: Path, **sections):

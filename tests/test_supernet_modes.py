@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import digits_run_config
 from scipy import stats
 
 from fbnas import config as config_mod
@@ -20,22 +21,7 @@ COSTS = [[1.0, 5.0, 2.0], [3.0, 8.0, 1.0], [2.0, 4.0, 9.0]]
 PATHS_PER_LAYER = {"single_path": 1, "two_path": 2, "full": 3}
 
 # the tiny search of tests/test_trainer.py
-TINY = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
-    "data": {"dataset": "digits", "batch_size": 32, "limit": 300, "val_fraction": 0.2},
-    "latency": {"cost": "flops"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu", "w_lr": 0.05,
-               "theta_lr": 0.05},
-    "run": {"progress": False, "tensorboard": False},
-}
+TINY = digits_run_config(data={"limit": 300}, search={"w_lr": 0.05, "theta_lr": 0.05})
 
 
 def make_cfg(tmp_path, **search):

@@ -6,27 +6,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import digits_run_config
 
 from fbnas.cli import main
 from fbnas.errors import FbnasError
 from fbnas.sweep import SweepPoint, dominated, parse_values, point_config
 
-TINY = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k3_e6", "ir_k5_e6", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
-    "data": {"dataset": "digits", "batch_size": 32, "limit": 200, "val_fraction": 0.2},
-    "latency": {"cost": "latency", "device": "fake"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu"},
-    "retrain": {"epochs": 2, "warmup_epochs": 1, "device": "cpu"},
-    "run": {"progress": False, "tensorboard": False},
-}
+TINY = digits_run_config(
+    space={"candidates": ["ir_k3_e1", "ir_k3_e6", "ir_k5_e6", "skip"]},
+    latency={"cost": "latency", "device": "fake"},
+    retrain={"epochs": 2, "warmup_epochs": 1, "device": "cpu"})
 
 
 def test_sweep_two_settings_end_to_end_and_resume(tmp_path, capsys):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import digits_run_config
 
 from fbnas.arch import Architecture, build_child
 from fbnas.cli import main
@@ -13,22 +14,8 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.trainer import Interrupted, NonFiniteLoss, SearchTrainer, close_logger
 
-TINY = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
-    "data": {"dataset": "digits", "batch_size": 32, "limit": 300, "val_fraction": 0.2},
-    "latency": {"cost": "flops"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 4, "warmup_epochs": 1, "seed": 3, "device": "cpu", "w_lr": 0.05,
-               "theta_lr": 0.05},
-    "run": {"progress": False, "tensorboard": False},
-}
+TINY = digits_run_config(data={"limit": 300},
+                         search={"epochs": 4, "w_lr": 0.05, "theta_lr": 0.05})
 
 
 def make_cfg(tmp_path: Path, name: str = "run", **sections):
