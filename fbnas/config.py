@@ -32,6 +32,7 @@ COSTS = ("latency", "flops", "params")
 DEVICES = ("auto", "cpu", "cuda")
 NAN_POLICIES = ("stop", "skip")
 SEARCH_MODES = ("full", "single_path", "two_path")  # fbnas.supernet.SEARCH_MODES
+PRECISIONS = ("float32", "bf16", "fp16")  # fbnas.precision.PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class SearchConfig:
     drawn from softmax(θ) (ProxylessNAS). `hard` applies to `full` only.
     checkpoint_activations: recompute each layer's activations in backward instead of
     storing them (less memory, more time; same gradients and BN statistics).
+    precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
+    NHWC memory layout for the training steps (fbnas.precision).
     """
 
     epochs: int = 90
@@ -102,6 +105,8 @@ class SearchConfig:
     bn_calib_samples: int = 1024  # re-estimate BN stats of the argmax path before validation
     mode: str = "full"
     checkpoint_activations: bool = False
+    precision: str = "float32"
+    channels_last: bool = False
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
@@ -128,6 +133,8 @@ class SearchConfig:
             bn_calib_samples=f.int("bn_calib_samples", 1024, min=0),
             mode=f.str("mode", "full", choices=SEARCH_MODES),
             checkpoint_activations=f.bool("checkpoint_activations", False),
+            precision=f.str("precision", "float32", choices=PRECISIONS),
+            channels_last=f.bool("channels_last", False),
         )
         f.done()
         if c.warmup_epochs >= c.epochs:
@@ -172,6 +179,8 @@ class RetrainConfig:
     device: str = "auto"
     compile: bool = False  # torch.compile the child for training
     measure_latency: bool = True  # time the trained child end to end on latency.device
+    precision: str = "float32"  # float32 | bf16 | fp16 (CUDA): autocast (fbnas.precision)
+    channels_last: bool = False  # NHWC weights and inputs
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:
@@ -192,6 +201,8 @@ class RetrainConfig:
             device=f.str("device", "auto", choices=DEVICES),
             compile=f.bool("compile", False),
             measure_latency=f.bool("measure_latency", True),
+            precision=f.str("precision", "float32", choices=PRECISIONS),
+            channels_last=f.bool("channels_last", False),
         )
         f.done()
         if c.warmup_epochs >= c.epochs:

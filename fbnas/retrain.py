@@ -110,19 +110,36 @@ class ChildTrainer(StopOnSignal):
     RESUMABLE_CHANGES = {("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
                          ("run", "checkpoint_every_steps"), ("retrain", "device"),
                          ("retrain", "measure_latency"), ("retrain", "compile"),
+                         ("retrain", "channels_last"),
                          ("data", "workers"), ("data", "root"), ("data", "eval_batch_size")}
     COMPARED = ("data", "retrain")
+    # keys added since older checkpoints were written, and the value those runs had
+    ADDED_KEYS = {("retrain", "precision"): "float32", ("retrain", "channels_last"): False}
 
     def __init__(self, cfg: Config, arch: Architecture | None, run_dir: str | Path,
                  resume: bool = False, init_from: str | Path | None = None,
                  log: logging.Logger | None = None, extra: dict[str, Any] | None = None,
                  dist: DistContext | None = None):
-        from fbnas.data import build_train_data
-        from fbnas.trainer import _make_logger, resolve_device
+        from fbnas.trainer import _make_logger, close_logger
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
         self.dist = dist or dist_current()
+        # the console only until every input is validated: a refused run writes nothing
+        self.log = log or _make_logger(self.run_dir, self.dist.rank, file=False)
+        try:
+            self._setup(arch, resume, init_from, extra, own_log=log is None)
+        except BaseException:
+            if log is None:
+                close_logger(self.log)
+            raise
+
+    def _setup(self, arch: Architecture | None, resume: bool, init_from: str | Path | None,
+               extra: dict[str, Any] | None, own_log: bool) -> None:
+        from fbnas.data import build_train_data
+        from fbnas.trainer import attach_log_file, resolve_device
+
+        cfg = self.cfg
         r = cfg.retrain
         ckpt = self.run_dir / CHECKPOINT
         state = None
@@ -140,12 +157,14 @@ class ChildTrainer(StopOnSignal):
         if arch is None:
             raise FbnasError("retrain: give --arch ARCH.yaml (or --resume RUN_DIR)")
         self.arch = arch
-        self.log = log or _make_logger(self.run_dir, self.dist.rank)
         self.device = resolve_device(r.device, "retrain.device")
         if self.dist.distributed and self.device.type == "cuda":
             self.device = self.dist.device  # one GPU per local rank
+        from fbnas.precision import Precision
+
+        self.prec = Precision(r.precision, r.channels_last, self.device, "retrain")
         torch.manual_seed(r.seed)  # weight init
-        self.model = build_child(arch).to(self.device)
+        self.model = self.prec.model(build_child(arch).to(self.device))
         self.init_from = str(init_from) if init_from else (state or {}).get("init_from")
         if init_from and state is None:
             self._init_from_supernet(Path(init_from))
@@ -184,6 +203,8 @@ class ChildTrainer(StopOnSignal):
         self.extra = dict(extra or {})
         self.writer = None
         self._stop_requested = False
+        if self.dist.is_main and own_log:  # every input is valid: now the run directory
+            attach_log_file(self.log, self.run_dir)
         if state is not None:
             self._restore(state)
         else:
@@ -226,8 +247,9 @@ class ChildTrainer(StopOnSignal):
         for section in self.COMPARED:
             a, b = saved.get(section, {}), now.get(section, {})
             for key in sorted(set(a) | set(b)):
-                if (section, key) not in self.RESUMABLE_CHANGES and a.get(key) != b.get(key):
-                    raise FbnasError(f"{where}: {section}.{key} was {a.get(key)!r} in this run, "
+                old = a.get(key, self.ADDED_KEYS.get((section, key)))
+                if (section, key) not in self.RESUMABLE_CHANGES and old != b.get(key):
+                    raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, "
                                      f"now {b.get(key)!r}; a resumed run must keep its settings "
                                      "(start a new run to change them)")
         k_old = saved.get("run", {}).get("ddp_sync_every", 1)
@@ -244,6 +266,7 @@ class ChildTrainer(StopOnSignal):
 
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
+        self.prec.load_state_dict(state.get("scalers"))
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.history = list(state["history"])
         self.partial = dict(state.get("partial") or {})
@@ -270,7 +293,8 @@ class ChildTrainer(StopOnSignal):
                 "model": self.model.state_dict(), "opt": self.opt.state_dict(),
                 "rng": rng_state(), "config": self.cfg.resolved(), "arch": self.arch.to_dict(),
                 "arch_hash": self.arch.hash(), "history": self.history, "partial": self.partial,
-                "init_from": self.init_from, "extra": self.extra}
+                "init_from": self.init_from, "extra": self.extra,
+                "scalers": self.prec.state_dict()}
 
     def save(self) -> None:
         """Write the checkpoint. Under torchrun every rank calls this at the same step (it
@@ -304,7 +328,9 @@ class ChildTrainer(StopOnSignal):
         local = self._averager is not None and self._averager.active
         # run.ddp_sync_every > 1: no gradient all-reduce; weights averaged every K steps
         with self._ddp.no_sync() if local else contextlib.nullcontext():
-            logits = self.forward(x)
+            with self.prec.autocast():
+                logits = self.forward(self.prec.input(x))
+            logits = logits.float()  # the loss in float32 under any retrain.precision
             loss = F.cross_entropy(logits, y, label_smoothing=r.label_smoothing)
             bad = not bool(torch.isfinite(loss))
             if self.dist.distributed:  # every rank stops at the same step
@@ -317,10 +343,11 @@ class ChildTrainer(StopOnSignal):
                                     f"{self.step + 1}; stopped after saving the last good state "
                                     f"in {self.run_dir / CHECKPOINT} (lower retrain.lr?)")
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            self.prec.scale(loss).backward()
         if r.grad_clip:
+            self.prec.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.grad_clip)
-        self.opt.step()
+        self.prec.step(self.opt)
         if self._averager is not None:
             self._averager.after_step()
         acc = (logits.detach().argmax(1) == y).float().mean()
@@ -392,7 +419,11 @@ class ChildTrainer(StopOnSignal):
         self.log.info(f"retrain {self.arch.name} [{self.arch.short_hash}]: {r.epochs} epochs, "
                       f"{r.optimizer} lr {r.lr}, {self.steps_per_epoch} steps/epoch, "
                       f"device {self.device}"
+                      + (f", {r.precision}" if r.precision != "float32" else "")
+                      + (", channels_last" if r.channels_last else "")
                       + (f", from supernet {self.init_from}" if self.init_from else ""))
+        if (warn := self.prec.warning("retrain")) is not None:
+            self.log.warning(warn)
         try:
             with self._stop_signals():
                 while self.epoch < r.epochs:

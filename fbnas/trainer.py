@@ -39,6 +39,7 @@ from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.loss import build_loss
+from fbnas.precision import Precision
 from fbnas.supernet import Supernet
 
 CHECKPOINT = "checkpoint.pt"
@@ -189,11 +190,23 @@ class SearchTrainer(StopOnSignal):
         self.run_dir = Path(run_dir)
         # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
         self.dist = dist or dist_current()
-        self.log = log or _make_logger(self.run_dir, self.dist.rank)
+        # the console only until every input is validated: a refused run writes nothing
+        self.log = log or _make_logger(self.run_dir, self.dist.rank, file=False)
+        try:
+            self._setup(resume, costs, own_log=log is None)
+        except BaseException:
+            if log is None:
+                close_logger(self.log)
+            raise
+
+    def _setup(self, resume: bool, costs: CostSource | None, own_log: bool) -> None:
+        cfg = self.cfg
         s = cfg.search
         self.device = resolve_device(s.device)
         if self.dist.distributed and self.device.type == "cuda":
             self.device = self.dist.device  # one GPU per local rank
+        # autocast and layout (fbnas.precision); scaler 0 for the weights, 1 for θ under fp16
+        self.prec = Precision(s.precision, s.channels_last, self.device, "search", scalers=2)
         ckpt_path = self.run_dir / CHECKPOINT
         state = None
         if resume:
@@ -202,8 +215,6 @@ class SearchTrainer(StopOnSignal):
         elif ckpt_path.exists():
             raise FbnasError(f"{self.run_dir}: already holds a search checkpoint; resume it "
                              "with `fbnas train --resume DIR` or choose another run.dir")
-        if self.dist.is_main:
-            ensure_dir(self.run_dir)
         self.costs = costs or self._shared_costs(resume)
         # seeded after the costs: measuring a table draws random numbers, a cached one does not
         seed_everything(s.seed)
@@ -213,6 +224,7 @@ class SearchTrainer(StopOnSignal):
                              f"{self.costs.fingerprint[:12]}); resume with the original table")
         self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
                               checkpoint_activations=s.checkpoint_activations).to(self.device)
+        self.prec.model(self.model)
         self.loss = build_loss(cfg.loss)
         self.loss.check_range(*self.model.cost_bounds())
         self.w_opt = torch.optim.SGD(self.model.weight_parameters(), lr=s.w_lr,
@@ -228,6 +240,12 @@ class SearchTrainer(StopOnSignal):
             cfg.data, input_size=cfg.space.macro.input_size,
             in_channels=cfg.space.macro.in_channels, num_classes=cfg.space.macro.num_classes,
             seed=s.seed, distributed=self.dist.shard, pin_memory=self.device.type == "cuda")
+        if self.dist.is_main:  # every input is valid: now the run directory
+            ensure_dir(self.run_dir)
+            if own_log:
+                attach_log_file(self.log, self.run_dir)
+            if state is None and self.costs.table is not None:
+                self.costs.table.save(self.run_dir / "cost_table.json")
         self.epoch, self.phase, self.step = 0, "w", 0
         self.history: list[dict[str, Any]] = []
         self.partial: dict[str, Any] = {}
@@ -248,10 +266,12 @@ class SearchTrainer(StopOnSignal):
     RESUMABLE_CHANGES = {("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
                          ("run", "checkpoint_every_steps"), ("search", "device"),
                          ("data", "workers"), ("data", "root"), ("data", "eval_batch_size"),
-                         ("run", "ddp_backend"), ("search", "checkpoint_activations")}
+                         ("run", "ddp_backend"), ("search", "checkpoint_activations"),
+                         ("search", "channels_last")}
     # keys added since older checkpoints were written, and the value those runs had
     ADDED_KEYS = {("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
-                  ("search", "checkpoint_activations"): False}
+                  ("search", "checkpoint_activations"): False,
+                  ("search", "precision"): "float32", ("search", "channels_last"): False}
 
     def _check_resume(self, state: dict[str, Any]) -> None:
         saved, now = state["config"], self.cfg.resolved()
@@ -279,6 +299,7 @@ class SearchTrainer(StopOnSignal):
         self.history = list(state["history"])
         self.partial = dict(state.get("partial") or {})
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.prec.load_state_dict(state.get("scalers"))
         from fbnas.checkpoint import set_rng_state
         from fbnas.distributed import rank_entry, rank_seed
 
@@ -304,6 +325,7 @@ class SearchTrainer(StopOnSignal):
             "tau": self.tau, "rng": rng_state(), "config": self.cfg.resolved(),
             "cost_fingerprint": self.costs.fingerprint, "history": self.history,
             "partial": self.partial, "skipped_steps": self.skipped_steps,
+            "scalers": self.prec.state_dict(),
         }
 
     def save(self) -> None:
@@ -355,32 +377,42 @@ class SearchTrainer(StopOnSignal):
         self.model.train()
         with torch.no_grad():  # search.mode decides which paths are sampled and computed
             p = self.model.sample_path(self.tau, self.cfg.search.hard)
-        logits, cost = self.model(x, m=p.m, active=p.active, cost_m=p.cost_m)
+        with self.prec.autocast():
+            logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
+                                      cost_m=p.cost_m)
+        logits = logits.float()  # the losses in float32 under any search.precision
         ce = self.loss.ce(logits, y)
         if not self._check_finite({"ce": ce}):
             return {}
         params = self.model.weight_parameters()
         self.w_opt.zero_grad(set_to_none=True)
-        ce.backward()
+        self.prec.scale(ce, 0).backward()
         if self.cfg.search.grad_clip:
+            self.prec.unscale_(self.w_opt, 0)
             nn.utils.clip_grad_norm_(params, self.cfg.search.grad_clip)
-        self.w_opt.step()
+        self.prec.step(self.w_opt, 0)
         acc = (logits.detach().argmax(1) == y).float().mean()
         return {"ce": ce.item(), "acc": acc.item(), "cost": cost.item()}
 
     def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         self.model.train()
         p = self.model.sample_path(self.tau, self.cfg.search.hard)  # per search.mode
-        logits, cost = self.model(x, m=p.m, active=p.active, cost_m=p.cost_m)
-        terms = self.loss(logits, y, cost)
+        with self.prec.autocast():
+            logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
+                                      cost_m=p.cost_m)
+        terms = self.loss(logits.float(), y, cost.float())
         if not self._check_finite({"ce": terms.ce, "cost_term": terms.cost_term,
                                    "total": terms.total}):
             return {}
         theta = self.model.arch_parameters()
-        grads = torch.autograd.grad(terms.total, theta)  # weights get no gradient here
+        # weights get no gradient here
+        grads = torch.autograd.grad(self.prec.scale(terms.total, 1), theta)
         for t, g in zip(theta, grads, strict=True):
             t.grad = g
-        self.theta_opt.step()
+        if self.dist.distributed and self.prec.scalers:
+            # fp16: average before the scaler's overflow check, so every rank skips alike
+            self.dist.all_reduce_mean([t.grad for t in theta])
+        self.prec.step(self.theta_opt, 1)
         self.theta_opt.zero_grad(set_to_none=True)
         acc = (logits.detach().argmax(1) == y).float().mean()
         return {"loss": terms.total.item(), "ce": terms.ce.item(),
@@ -484,11 +516,17 @@ class SearchTrainer(StopOnSignal):
             rec["w_lr"] = self.w_opt.param_groups[0]["lr"]
             self.w_sched.step()
             self.phase, self.step, self.partial = "theta", 0, {"rec": rec}
+            # the step counter restarts: with run.checkpoint_every_steps N a kill loses at most
+            # N - 1 steps only if each phase's end is saved too
+            if self.cfg.run.checkpoint_every_steps and self.theta_active(e):
+                self.save()
         if self.phase == "theta":
             if self.theta_active(e):
                 th = self._run_phase("theta", self.data.theta_loader, self.theta_step, self._bar)
                 rec.update({f"theta_{k}": v for k, v in th.items()})
             self.phase, self.step, self.partial = "val", 0, {"rec": rec}
+            if self.cfg.run.checkpoint_every_steps:
+                self.save()
         rec.update(self.validate())
         rec.update({"epoch": e + 1, "tau": self.tau, "theta_lr": self.theta_opt.param_groups[0]
                     ["lr"], "theta_active": self.theta_active(e),
@@ -502,7 +540,11 @@ class SearchTrainer(StopOnSignal):
         and raises Interrupted; `--resume` continues from there."""
         s = self.cfg.search
         self.log.info(f"search '{self.cfg.space.name}': {s.epochs} epochs ({s.warmup_epochs} "
-                      f"warm-up), {self.costs.description}, device {self.device}")
+                      f"warm-up), {self.costs.description}, device {self.device}"
+                      + (f", {s.precision}" if s.precision != "float32" else "")
+                      + (", channels_last" if s.channels_last else ""))
+        if (warn := self.prec.warning("search")) is not None:
+            self.log.warning(warn)
         try:
             with self._stop_signals():
                 while self.epoch < s.epochs:
@@ -545,8 +587,9 @@ class SearchTrainer(StopOnSignal):
         cfg = self.cfg
 
         def resolve() -> CostSource:
+            # saved in the run directory once every other input is validated too
             return resolve_costs(cfg, self.log.info, self.run_dir, prefer_saved=resume and (
-                cfg.latency.cost == "latency") and not cfg.latency.table, save=not resume)
+                cfg.latency.cost == "latency") and not cfg.latency.table, save=False)
 
         if not self.dist.distributed:
             return resolve()
@@ -676,7 +719,9 @@ class SearchTrainer(StopOnSignal):
         w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
 
 
-def _make_logger(run_dir: Path, rank: int = 0) -> logging.Logger:
+def _make_logger(run_dir: Path, rank: int = 0, file: bool = True) -> logging.Logger:
+    """The run's logger: the console, and run_dir/train.log on rank 0 (`file=False`: the
+    console only, until `attach_log_file`)."""
     if rank:  # another rank of a torchrun job: warnings only, to stderr, nothing in run_dir
         log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}.rank{rank}")
         log.setLevel(logging.WARNING)
@@ -686,19 +731,26 @@ def _make_logger(run_dir: Path, rank: int = 0) -> logging.Logger:
             sh.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s"))
             log.addHandler(sh)
         return log
-    ensure_dir(run_dir)
     log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}")
     log.setLevel(logging.INFO)
     log.propagate = False
-    if not log.handlers:
-        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-        fh = logging.FileHandler(run_dir / "train.log")
-        fh.setFormatter(fmt)
+    if not any(type(h) is logging.StreamHandler for h in log.handlers):
         sh = logging.StreamHandler()
         sh.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(fh)
         log.addHandler(sh)
+    if file:
+        attach_log_file(log, run_dir)
     return log
+
+
+def attach_log_file(log: logging.Logger, run_dir: Path) -> None:
+    """Add run_dir/train.log (created if needed) to `log`, once."""
+    if any(isinstance(h, logging.FileHandler) for h in log.handlers):
+        return
+    ensure_dir(run_dir)
+    fh = logging.FileHandler(run_dir / "train.log")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    log.addHandler(fh)
 
 
 def close_logger(log: logging.Logger) -> None:

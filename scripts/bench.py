@@ -8,7 +8,9 @@
    supernet weight step consumes, images/s, for 0 and 2 loader workers: the loader must never
    be the bottleneck (ratio > 1);
 3. distributed: 2-process gloo DDP throughput vs 1 process, sync every step vs every 4
-   (scripts/bench_ddp.py; quickstart space, since a CIFAR supernet step is slow on 2 cores).
+   (scripts/bench_ddp.py; quickstart space, since a CIFAR supernet step is slow on 2 cores);
+4. mixed precision and channels_last: search and retrain step time and agreement with float32
+   (scripts/bench_precision.py).
 
 Medians over repeats, spread shown. Run on an idle machine:
 
@@ -84,14 +86,17 @@ def loader_vs_step(batch: int, steps: int, repeats: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny settings: checks that it runs")
-    ap.add_argument("--skip", nargs="*", default=[], choices=("modes", "loader", "ddp"))
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=("modes", "loader", "ddp", "precision"))
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (modes and precision)")
     args = ap.parse_args()
     py = sys.executable
     if "modes" not in args.skip:
         print("== 1. search modes and activation checkpointing (scripts/bench_modes.py)",
               flush=True)
         extra = ["--repeats", "2", "--layers", "3"] if args.quick else []
-        subprocess.run([py, str(ROOT / "scripts/bench_modes.py"), *extra], check=True)
+        subprocess.run([py, str(ROOT / "scripts/bench_modes.py"), "--device", args.device,
+                        *extra], check=True)
     if "loader" not in args.skip:
         print("\n== 2. data loader vs step consumption", flush=True)
         loader_vs_step(32, 2 if args.quick else 3, 2 if args.quick else 3)
@@ -101,6 +106,12 @@ def main() -> None:
                  if args.quick else [])
         subprocess.run([py, str(ROOT / "scripts/bench_ddp.py"), *extra], check=True,
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    if "precision" not in args.skip:
+        print("\n== 4. mixed precision and channels_last (scripts/bench_precision.py)",
+              flush=True)
+        extra = ["--repeats", "1", "--layers", "3", "--batch", "8"] if args.quick else []
+        subprocess.run([py, str(ROOT / "scripts/bench_precision.py"), "--device", args.device,
+                        *extra], check=True)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,6 @@ ones), runs `fbnas ...` in-process, and asserts:
   output path the command was given) and the shared fixture runs are byte-for-byte and
   mtime-for-mtime as before.
 
-A case marked `leak=...` exits 2 with a clear line but leaves a file behind because of a
-trainer we do not own (the reason says which); it is an expected failure (xfail) of the
-nothing-written check only, and turns into an error once the leak is fixed.
 """
 
 from __future__ import annotations
@@ -37,10 +34,6 @@ from fbnas.cli import main
 TINY = digits_run_config(
     search={"bn_calib_samples": 64},
     retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu", "measure_latency": False})
-LEAK_TRAIN = ("SearchTrainer.__init__ creates RUN_DIR/train.log (and saves cost_table.json) "
-              "before it loads the cost table and the data")
-LEAK_RETRAIN = ("ChildTrainer.__init__ creates RUN_DIR/train.log before it reads the supernet "
-                "and the data")
 
 
 @dataclass
@@ -106,21 +99,20 @@ Setup = Callable[[World, Path], tuple[list, list]]  # -> (argv, substrings of th
 @dataclass(frozen=True)
 class Case:
     setup: Setup
-    leak: str | None = None
 
 
 CASES: list = []
 
 
-def case(id: str, leak: str | None = None, marks=()):
+def case(id: str, marks=()):
     def deco(setup: Setup) -> Setup:
-        CASES.append(pytest.param(Case(setup, leak), id=id, marks=marks))
+        CASES.append(pytest.param(Case(setup), id=id, marks=marks))
         return setup
     return deco
 
 
-def add(id: str, setup: Setup, leak: str | None = None, marks=()) -> None:
-    case(id, leak, marks)(setup)
+def add(id: str, setup: Setup, marks=()) -> None:
+    case(id, marks)(setup)
 
 
 def config_file(w: World, d: Path, mutate: Callable[[dict], None] | None = None,
@@ -166,10 +158,10 @@ def _text_faults(kind: str) -> dict[str, tuple[Callable[[Path, bytes], None], st
 
 
 def _file_cases(kind: str, ext: str, good: Callable[[World], bytes],
-                consumers: dict[str, tuple[Callable[[World, Path, Path], list], str | None]],
+                consumers: dict[str, Callable[[World, Path, Path], list]],
                 target: Callable[[Path], Path], skip: dict[str, set[str]] | None = None):
     for fault, (make, says) in _text_faults(ext).items():
-        for cname, (argv_for, leak) in consumers.items():
+        for cname, argv_for in consumers.items():
             if fault in (skip or {}).get(cname, set()):
                 continue
 
@@ -178,7 +170,7 @@ def _file_cases(kind: str, ext: str, good: Callable[[World], bytes],
                 p.parent.mkdir(parents=True, exist_ok=True)
                 make(p, good(w))
                 return argv_for(w, d, p), [str(p), says]
-            add(f"{kind}-{fault}-via-{cname}", setup, leak)
+            add(f"{kind}-{fault}-via-{cname}", setup)
 
 
 def _s(*parts) -> list[str]:
@@ -186,38 +178,36 @@ def _s(*parts) -> list[str]:
 
 
 CONFIG_CONSUMERS = {
-    "space": (lambda w, d, p: _s("space", p), None),
-    "train": (lambda w, d, p: _s("train", "--config", p), None),
-    "latency_build": (lambda w, d, p: _s("latency", "build", "--config", p, "--cost", "flops",
-                                         "--out", d / "t.json"), None),
-    "latency_show": (lambda w, d, p: _s("latency", "show", w.lat, "--config", p), None),
-    "latency_predict": (lambda w, d, p: _s("latency", "predict", "--arch", w.arch, "--table",
-                                           w.lat, "--config", p), None),
-    "latency_validate": (lambda w, d, p: _s("latency", "validate", "--config", p, "--table",
+    "space": lambda w, d, p: _s("space", p),
+    "train": lambda w, d, p: _s("train", "--config", p),
+    "latency_build": lambda w, d, p: _s("latency", "build", "--config", p, "--cost", "flops",
+                                         "--out", d / "t.json"),
+    "latency_show": lambda w, d, p: _s("latency", "show", w.lat, "--config", p),
+    "latency_predict": lambda w, d, p: _s("latency", "predict", "--arch", w.arch, "--table",
+                                           w.lat, "--config", p),
+    "latency_validate": lambda w, d, p: _s("latency", "validate", "--config", p, "--table",
                                             w.lat, "--device", "fake", "--report",
-                                            d / "r.json"), None),
-    "arch_space": (lambda w, d, p: _s("arch", w.arch, "--space", p), None),
-    "retrain": (lambda w, d, p: _s("retrain", "--arch", w.arch, "--config", p, "--out",
-                                   d / "rt"), None),
-    "eval": (lambda w, d, p: _s("eval", "--checkpoint", w.retrain, "--config", p, "--json",
-                                d / "e.json"), None),
-    "sweep": (lambda w, d, p: _s("sweep", "--config", p, "--beta", "0,1", "--out", d / "sw"),
-              None),
+                                            d / "r.json"),
+    "arch_space": lambda w, d, p: _s("arch", w.arch, "--space", p),
+    "retrain": lambda w, d, p: _s("retrain", "--arch", w.arch, "--config", p, "--out",
+                                   d / "rt"),
+    "eval": lambda w, d, p: _s("eval", "--checkpoint", w.retrain, "--config", p, "--json",
+                                d / "e.json"),
+    "sweep": lambda w, d, p: _s("sweep", "--config", p, "--beta", "0,1", "--out", d / "sw"),
 }
 _file_cases("config", "yaml", lambda w: w.config.read_bytes(), CONFIG_CONSUMERS,
             lambda d: d / "c.yaml")
 
 ARCH_CONSUMERS = {
-    "arch": (lambda w, d, p: _s("arch", p), None),
-    "arch_space": (lambda w, d, p: _s("arch", p, "--space", w.config), None),
-    "latency_predict": (lambda w, d, p: _s("latency", "predict", "--arch", p, "--table", w.lat),
-                        None),
-    "latency_measure": (lambda w, d, p: _s("latency", "measure", "--arch", p, "--device", "fake",
-                                           "--json", d / "m.json"), None),
-    "retrain": (lambda w, d, p: _s("retrain", "--arch", p, "--config", w.config, "--out",
-                                   d / "rt"), None),
-    "sweep_reference": (lambda w, d, p: _s("sweep", "--config", config_file(w, d), "--beta",
-                                           "0", "--reference", p, "--out", d / "sw"), None),
+    "arch": lambda w, d, p: _s("arch", p),
+    "arch_space": lambda w, d, p: _s("arch", p, "--space", w.config),
+    "latency_predict": lambda w, d, p: _s("latency", "predict", "--arch", p, "--table", w.lat),
+    "latency_measure": lambda w, d, p: _s("latency", "measure", "--arch", p, "--device", "fake",
+                                           "--json", d / "m.json"),
+    "retrain": lambda w, d, p: _s("retrain", "--arch", p, "--config", w.config, "--out",
+                                   d / "rt"),
+    "sweep_reference": lambda w, d, p: _s("sweep", "--config", config_file(w, d), "--beta",
+                                           "0", "--reference", p, "--out", d / "sw"),
 }
 _file_cases("arch", "yaml", lambda w: w.arch.read_bytes(), ARCH_CONSUMERS,
             lambda d: d / "a.yaml")
@@ -230,17 +220,16 @@ def _train_with_table(w: World, d: Path, p: Path) -> list:
 
 
 TABLE_CONSUMERS = {
-    "latency_show": (lambda w, d, p: _s("latency", "show", p), None),
-    "latency_predict": (lambda w, d, p: _s("latency", "predict", "--arch", w.arch, "--table", p),
-                        None),
-    "latency_build": (lambda w, d, p: _s("latency", "build", "--config", w.config, "--cost",
-                                         "flops", "--out", p), None),
-    "latency_measure": (lambda w, d, p: _s("latency", "measure", "--arch", w.arch, "--table", p,
-                                           "--device", "fake", "--json", d / "m.json"), None),
-    "latency_validate": (lambda w, d, p: _s("latency", "validate", "--config", w.config,
+    "latency_show": lambda w, d, p: _s("latency", "show", p),
+    "latency_predict": lambda w, d, p: _s("latency", "predict", "--arch", w.arch, "--table", p),
+    "latency_build": lambda w, d, p: _s("latency", "build", "--config", w.config, "--cost",
+                                         "flops", "--out", p),
+    "latency_measure": lambda w, d, p: _s("latency", "measure", "--arch", w.arch, "--table", p,
+                                           "--device", "fake", "--json", d / "m.json"),
+    "latency_validate": lambda w, d, p: _s("latency", "validate", "--config", w.config,
                                             "--table", p, "--device", "fake", "--report",
-                                            d / "r.json"), None),
-    "train": (_train_with_table, LEAK_TRAIN),
+                                            d / "r.json"),
+    "train": _train_with_table,
 }
 _file_cases("table", "json", lambda w: w.lat.read_bytes(), TABLE_CONSUMERS,
             lambda d: d / "t.json",
@@ -248,10 +237,9 @@ _file_cases("table", "json", lambda w: w.lat.read_bytes(), TABLE_CONSUMERS,
                   "train": {"missing"}})  # a missing table file is a config-level check below
 add("table-missing-via-train",
     lambda w, d: (_train_with_table(w, d, d / "nope.json"), [str(d / "nope.json"),
-                                                             "no such file"]),
-    LEAK_TRAIN)
+                                                             "no such file"]))
 
-RESULTS_CONSUMERS = {"runs": (lambda w, d, p: _s("runs", p), None)}
+RESULTS_CONSUMERS = {"runs": lambda w, d, p: _s("runs", p)}
 _file_cases("results", "json", lambda w: (w.retrain / "results.json").read_bytes(),
             RESULTS_CONSUMERS, lambda d: d / "r" / "results.json",
             skip={"runs": {"directory"}})  # a directory is what `fbnas runs DIR` searches
@@ -259,7 +247,7 @@ _file_cases("results", "json", lambda w: (w.retrain / "results.json").read_bytes
 
 # files inside a run folder: the run's config (resume, plot), history (plot), cost table (sample)
 RUN_FILES = [
-    # (what, text kind, run folder, file, {consumer: (argv from the case folder, leak)})
+    # (what, text kind, run folder, file, {consumer: argv from the case folder})
     ("search-run-config", "yaml", "run", "config.yaml", {
         "train_resume": lambda d: _s("train", "--resume", d / "run"),
         "plot": lambda d: _s("plot", d / "run", "--out", d / "plots")}),
@@ -355,25 +343,25 @@ def _ckpt_faults(other_kind: Callable[[World], Path]):
 
 
 SEARCH_CKPT_CONSUMERS = {
-    "sample": (lambda w, d: _s("sample", d / "run"), None),
-    "train_resume": (lambda w, d: _s("train", "--resume", d / "run"), None),
-    "retrain_init_from_supernet": (
-        lambda w, d: _s("retrain", "--arch", w.arch, "--config", config_file(w, d),
-                        "--init-from-supernet", d / "run", "--out", d / "rt2"), LEAK_RETRAIN),
+    "sample": lambda w, d: _s("sample", d / "run"),
+    "train_resume": lambda w, d: _s("train", "--resume", d / "run"),
+    "retrain_init_from_supernet": lambda w, d: _s(
+        "retrain", "--arch", w.arch, "--config", config_file(w, d),
+        "--init-from-supernet", d / "run", "--out", d / "rt2"),
 }
 CHILD_CKPT_CONSUMERS = {
-    "eval": (lambda w, d: _s("eval", "--checkpoint", d / "rt", "--json", d / "e.json"), None),
-    "export": (lambda w, d: _s("export", "--checkpoint", d / "rt", "--format", "torchscript",
-                               "--out", d / "m.ts"), None),
-    "retrain_resume": (lambda w, d: _s("retrain", "--resume", d / "rt"), None),
-    "latency_measure": (lambda w, d: _s("latency", "measure", "--model", d / "rt" /
-                                        "checkpoint.pt", "--device", "fake"), None),
+    "eval": lambda w, d: _s("eval", "--checkpoint", d / "rt", "--json", d / "e.json"),
+    "export": lambda w, d: _s("export", "--checkpoint", d / "rt", "--format", "torchscript",
+                               "--out", d / "m.ts"),
+    "retrain_resume": lambda w, d: _s("retrain", "--resume", d / "rt"),
+    "latency_measure": lambda w, d: _s("latency", "measure", "--model", d / "rt" /
+                                        "checkpoint.pt", "--device", "fake"),
 }
 
 
 def _ckpt_cases(kind, consumers, run_of, folder, other_kind):
     for fault, (make, says) in _ckpt_faults(other_kind).items():
-        for cname, (argv_for, leak) in consumers.items():
+        for cname, argv_for in consumers.items():
             if (fault, cname) == ("directory", "latency_measure"):
                 says = "no checkpoint there"  # a folder is read as a run folder: PATH/checkpoint.pt
 
@@ -382,7 +370,7 @@ def _ckpt_cases(kind, consumers, run_of, folder, other_kind):
                 p = run / "checkpoint.pt"
                 make(w, p)
                 return argv_for(w, d), [str(p), says]
-            add(f"{kind}-checkpoint-{fault}-via-{cname}", setup, leak)
+            add(f"{kind}-checkpoint-{fault}-via-{cname}", setup)
 
 
 _ckpt_cases("search", SEARCH_CKPT_CONSUMERS, lambda w: w.run, "run",
@@ -719,7 +707,7 @@ def _(w, d):
             [str(w.lat), "signature(s) the table lacks", "fbnas latency build"])
 
 
-@case("arch-from-another-space-via-retrain-init-from-supernet", leak=LEAK_RETRAIN)
+@case("arch-from-another-space-via-retrain-init-from-supernet")
 def _(w, d):
     return (_s("retrain", "--arch", w.other_arch, "--config", config_file(w, d),
                "--init-from-supernet", w.run, "--out", d / "rt"),
@@ -844,19 +832,19 @@ def _(w, d):
             [str(t), "holds a latency table, but --cost is flops"])
 
 
-@case("table-of-another-batch-via-train", leak=LEAK_TRAIN)
+@case("table-of-another-batch-via-train")
 def _(w, d):
     t = _lat_meta(w, d, batch=8)
     return _train_with_table(w, d, t), [str(t), "meta.batch is 8", "1"]
 
 
-@case("table-of-another-cost-via-train", leak=LEAK_TRAIN)
+@case("table-of-another-cost-via-train")
 def _(w, d):
     return _train_with_table(w, d, w.flops), [str(w.flops), "is a flops table",
                                                "latency.cost is 'latency'"]
 
 
-@case("table-of-another-space-via-train", leak=LEAK_TRAIN)
+@case("table-of-another-space-via-train")
 def _(w, d):
     def mutate(c):
         c["space"] = yaml.safe_load(w.other_config.read_text())["space"]
@@ -934,7 +922,7 @@ for _id, _dataset, _make, _says in DATA_ROOTS:
     add(f"data-{_id}-via-eval", _setup)
 
 
-@case("data-cifar10-root-missing-via-train", leak=LEAK_TRAIN)
+@case("data-cifar10-root-missing-via-train")
 def _(w, d):
     def mutate(c):
         c["data"].update(dataset="cifar10", root=str(d / "nope"))
@@ -943,7 +931,7 @@ def _(w, d):
     return _s("train", "--config", c), [str(c), "data.root", "no such folder"]
 
 
-@case("data-imagefolder-root-empty-via-retrain", leak=LEAK_RETRAIN)
+@case("data-imagefolder-root-empty-via-retrain")
 def _(w, d):
     root = _imagefolder(d, None, None)
 
@@ -1063,9 +1051,6 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(bad: Case, world, tmp_pa
         assert s in line, f"{s!r} not in {line!r}"
     assert snapshot(world.dir) == world_before, "the shared fixture changed"
     after = snapshot(d)
-    if bad.leak:
-        assert after != before, "no longer leaves a file behind: drop its leak= marker"
-        pytest.xfail(bad.leak)
     assert after == before, (f"files changed: "
                              f"{sorted(set(after.items()) ^ set(before.items()))}")
 
