@@ -4,9 +4,10 @@
    supernet step time vs the sum of its candidates' own forward+backward (overhead ratio),
    single_path / two_path speed-up and activation-memory ratio, activation checkpointing's
    memory ratio and step-time cost;
-2. the data loader (synthetic CIFAR-sized data, the search's weight loader) vs what a full
-   supernet weight step consumes, images/s, for 0 and 2 loader workers: the loader must never
-   be the bottleneck (ratio > 1);
+2. the data loader (the search's weight loader, CIFAR-sized: synthetic tensors, and an image
+   folder of JPEGs that are decoded and augmented) vs what a full supernet weight step
+   consumes, images/s, for 0 and 2 loader workers: the loader must never be the bottleneck
+   (ratio > 1);
 3. distributed: 2-process gloo DDP throughput vs 1 process, sync every step vs every 4
    (scripts/bench_ddp.py; quickstart space, since a CIFAR supernet step is slow on 2 cores);
 4. mixed precision and channels_last: search and retrain step time and agreement with float32
@@ -65,10 +66,12 @@ def loader_vs_step(batch: int, steps: int, repeats: int) -> None:
     c = statistics.median(consume)
     print(f"full supernet weight step (fbnet_cifar10, batch {batch}): {c:.0f} images/s "
           f"(min {min(consume):.0f}, max {max(consume):.0f})")
-    for workers in (0, 2):
-        dc = DataConfig.from_dict({"dataset": "synthetic", "synthetic_size": 4096,
-                                   "batch_size": batch, "workers": workers,
-                                   "val_fraction": 0.1}, "bench")
+    folder = _jpeg_folder(m.input_size, m.num_classes, 4096)
+    for kind, workers in (("synthetic", 0), ("synthetic", 2), ("imagefolder", 0),
+                          ("imagefolder", 2)):
+        d = {"dataset": kind, "batch_size": batch, "workers": workers, "val_fraction": 0.1}
+        d.update({"synthetic_size": 4096} if kind == "synthetic" else {"root": str(folder)})
+        dc = DataConfig.from_dict(d, "bench")
         data = build_search_data(dc, m.input_size, m.in_channels, m.num_classes, seed=0)
         rates = []
         for r in range(repeats):
@@ -78,9 +81,29 @@ def loader_vs_step(batch: int, steps: int, repeats: int) -> None:
                 n += len(xb)
             rates.append(n / (time.perf_counter() - t))
         lr = statistics.median(rates)
-        print(f"search weight loader, {workers} worker(s), synthetic (no decoding): {lr:.0f} img/s "
+        what = ("synthetic (no decoding)" if kind == "synthetic" else
+                "image folder (JPEG decode + augmentation)")
+        print(f"search weight loader, {workers} worker(s), {what}: {lr:.0f} img/s "
               f"(min {min(rates):.0f}, max {max(rates):.0f}); loader / step = x{lr / c:.1f}"
               + ("  <- the loader would be the bottleneck" if lr < c else ""))
+
+
+def _jpeg_folder(size: tuple[int, int], classes: int, n: int) -> Path:
+    """An ImageFolder tree (train/ and val/) of n random JPEGs of `size`, in a temp folder."""
+    import tempfile
+
+    import numpy as np
+    from PIL import Image
+
+    root = Path(tempfile.mkdtemp(prefix="fbnas-bench-jpeg-"))
+    rng = np.random.default_rng(0)
+    for split, count in (("train", n), ("val", max(classes, n // 10))):
+        for i in range(count):
+            d = root / split / f"c{i % classes}"
+            d.mkdir(parents=True, exist_ok=True)
+            px = rng.integers(0, 256, (size[0], size[1], 3), dtype=np.uint8)
+            Image.fromarray(px).save(d / f"{i}.jpg", quality=90)
+    return root
 
 
 def main() -> None:
