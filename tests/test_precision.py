@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import digits_run_config
 
 from fbnas.arch import arch_from_indices
 from fbnas.checkpoint import load_checkpoint
@@ -14,23 +15,9 @@ from fbnas.precision import Precision
 from fbnas.retrain import ChildTrainer
 from fbnas.trainer import SearchTrainer, close_logger
 
-TINY = {
-    "space": {
-        "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
-        "stem": {"channels": 8, "stride": 1},
-        "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"],
-        "stages": [{"channels": 8, "repeats": 1, "stride": 1},
-                   {"channels": 16, "repeats": 1, "stride": 2}],
-        "head": {"channels": 16},
-    },
-    "data": {"dataset": "digits", "batch_size": 32, "limit": 200, "val_fraction": 0.2},
-    "latency": {"cost": "flops"},
-    "loss": {"kind": "fbnet", "alpha": 0.2, "beta": 0.6},
-    "search": {"epochs": 2, "warmup_epochs": 1, "seed": 3, "device": "cpu", "w_lr": 0.05,
-               "theta_lr": 0.05, "bn_calib_samples": 64},
-    "retrain": {"epochs": 2, "warmup_epochs": 0, "device": "cpu", "measure_latency": False},
-    "run": {"progress": False, "tensorboard": False},
-}
+TINY = digits_run_config(
+    search={"w_lr": 0.05, "theta_lr": 0.05, "bn_calib_samples": 64},
+    retrain={"epochs": 2, "warmup_epochs": 0, "device": "cpu", "measure_latency": False})
 
 
 def make_cfg(tmp_path, name="run", search=None, retrain=None, data=None):
