@@ -32,6 +32,12 @@ PRECISIONS = ("float32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _grad_scaler(device_type: str) -> Any:
+    if hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
+        return torch.amp.GradScaler(device_type)
+    return torch.cuda.amp.GradScaler()  # older torch: CUDA only, which is all fp16 allows
+
+
 def cpu_has_bf16() -> bool:
     """Whether oneDNN has native bf16 kernels on this CPU (else bf16 is emulated, slowly)."""
     try:
@@ -44,16 +50,21 @@ class Precision:
     """The autocast context, loss scalers and layout conversion of one trainer."""
 
     def __init__(self, precision: str, channels_last: bool, device: torch.device,
-                 where: str = "search", scalers: int = 1):
+                 where: str = "search", scalers: int = 1, local_sgd: bool = False):
         if precision not in PRECISIONS:
             raise FbnasError(f"{where}.precision: {precision!r} is not one of "
                              f"{', '.join(PRECISIONS)}")
         if precision == "fp16" and device.type != "cuda":
             raise FbnasError(f"{where}.precision: fp16 needs a CUDA device (this run is on "
                              f"{device.type}); use bf16 on CPU")
+        if precision == "fp16" and local_sgd:
+            # under no_sync each rank's scaler would skip different steps, and the ranks'
+            # optimizer states (and scales) would drift apart
+            raise FbnasError(f"{where}.precision: fp16 cannot be combined with "
+                             "run.ddp_sync_every > 1; use bf16 or run.ddp_sync_every: 1")
         self.precision, self.channels_last, self.device = precision, channels_last, device
         self.dtype = _DTYPES.get(precision)
-        self.scalers = [torch.amp.GradScaler(device.type) for _ in range(scalers)] \
+        self.scalers = [_grad_scaler(device.type) for _ in range(scalers)] \
             if precision == "fp16" else []
 
     def warning(self, where: str = "search") -> str | None:

@@ -120,18 +120,19 @@ class ChildTrainer(StopOnSignal):
                  resume: bool = False, init_from: str | Path | None = None,
                  log: logging.Logger | None = None, extra: dict[str, Any] | None = None,
                  dist: DistContext | None = None):
-        from fbnas.trainer import _make_logger, close_logger
+        from fbnas.trainer import _make_logger, close_logger, run_log_handlers
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
         self.dist = dist or dist_current()
         # the console only until every input is validated: a refused run writes nothing
+        keep = run_log_handlers(self.run_dir, self.dist.rank)
         self.log = log or _make_logger(self.run_dir, self.dist.rank, file=False)
         try:
             self._setup(arch, resume, init_from, extra, own_log=log is None)
         except BaseException:
             if log is None:
-                close_logger(self.log)
+                close_logger(self.log, keep)
             raise
 
     def _setup(self, arch: Architecture | None, resume: bool, init_from: str | Path | None,
@@ -162,7 +163,8 @@ class ChildTrainer(StopOnSignal):
             self.device = self.dist.device  # one GPU per local rank
         from fbnas.precision import Precision
 
-        self.prec = Precision(r.precision, r.channels_last, self.device, "retrain")
+        self.prec = Precision(r.precision, r.channels_last, self.device, "retrain",
+                              local_sgd=self.dist.distributed and cfg.run.ddp_sync_every > 1)
         torch.manual_seed(r.seed)  # weight init
         self.model = self.prec.model(build_child(arch).to(self.device))
         self.init_from = str(init_from) if init_from else (state or {}).get("init_from")
@@ -424,26 +426,14 @@ class ChildTrainer(StopOnSignal):
                       + (f", from supernet {self.init_from}" if self.init_from else ""))
         if (warn := self.prec.warning("retrain")) is not None:
             self.log.warning(warn)
-        try:
-            with self._stop_signals():
-                while self.epoch < r.epochs:
-                    rec = self.train_epoch()
-                    self.history.append(rec)
-                    self.epoch, self.step, self.partial = self.epoch + 1, 0, {}
-                    self.save()
-                    self._log_epoch(rec)
-                    if self._agreed_stop():
-                        raise Interrupted
-        except Interrupted:
-            if self.dist.is_main:
-                self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
-                                 f"{self.epoch} step {self.step}; continue with "
-                                 f"`fbnas retrain --resume {self.run_dir}`")
-            raise
-        finally:
-            if self.writer is not None:
-                self.writer.flush()
+        self._run_epochs(r.epochs, "fbnas retrain --resume")
         return self.finish()
+
+    def _next_epoch(self) -> None:
+        self.epoch, self.step, self.partial = self.epoch + 1, 0, {}
+
+    def _position(self) -> str:
+        return f"epoch {self.epoch} step {self.step}"
 
     def finish(self) -> dict[str, Any]:
         """Test accuracy, params, FLOPs, predicted and measured latency -> results.json."""

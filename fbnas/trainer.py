@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import logging.handlers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,9 +56,33 @@ class Interrupted(Exception):
 
 
 class StopOnSignal:
-    """Ctrl-C / SIGTERM handling shared by the search and retrain trainers: a signal asks the
-    run to stop after the current step (and save); a second one aborts. Needs `self.dist`,
-    `self.log` and `self._stop_requested`."""
+    """Ctrl-C / SIGTERM handling and the epoch loop shared by the search and retrain trainers:
+    a signal asks the run to stop after the current step (and save); a second one aborts.
+    Needs `self.dist`, `self.log`, `self._stop_requested`, `self.epoch`, `self.history`,
+    `self.run_dir`, `self.writer`, `train_epoch`, `save`, `_log_epoch` and `_next_epoch`."""
+
+    def _run_epochs(self, epochs: int, resume_cmd: str) -> None:
+        """Train to epoch `epochs`, saving after each; on Ctrl-C/SIGTERM save the exact
+        position, say how to continue (`resume_cmd RUN_DIR`) and raise Interrupted."""
+        try:
+            with self._stop_signals():
+                while self.epoch < epochs:
+                    rec = self.train_epoch()
+                    self.history.append(rec)
+                    self._next_epoch()
+                    self.save()
+                    self._log_epoch(rec)
+                    if self._agreed_stop():
+                        raise Interrupted
+        except Interrupted:
+            if self.dist.is_main:
+                self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at "
+                                 f"{self._position()}; continue with "
+                                 f"`{resume_cmd} {self.run_dir}`")
+            raise
+        finally:
+            if self.writer is not None:
+                self.writer.flush()
 
     def request_stop(self, *_: Any) -> None:
         """Ask the run to stop after the current step (what Ctrl-C does); a second call aborts
@@ -191,12 +216,13 @@ class SearchTrainer(StopOnSignal):
         # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
         self.dist = dist or dist_current()
         # the console only until every input is validated: a refused run writes nothing
+        keep = run_log_handlers(self.run_dir, self.dist.rank)
         self.log = log or _make_logger(self.run_dir, self.dist.rank, file=False)
         try:
             self._setup(resume, costs, own_log=log is None)
         except BaseException:
             if log is None:
-                close_logger(self.log)
+                close_logger(self.log, keep)
             raise
 
     def _setup(self, resume: bool, costs: CostSource | None, own_log: bool) -> None:
@@ -206,7 +232,8 @@ class SearchTrainer(StopOnSignal):
         if self.dist.distributed and self.device.type == "cuda":
             self.device = self.dist.device  # one GPU per local rank
         # autocast and layout (fbnas.precision); scaler 0 for the weights, 1 for θ under fp16
-        self.prec = Precision(s.precision, s.channels_last, self.device, "search", scalers=2)
+        self.prec = Precision(s.precision, s.channels_last, self.device, "search", scalers=2,
+                              local_sgd=self.dist.distributed and cfg.run.ddp_sync_every > 1)
         ckpt_path = self.run_dir / CHECKPOINT
         state = None
         if resume:
@@ -545,26 +572,7 @@ class SearchTrainer(StopOnSignal):
                       + (", channels_last" if s.channels_last else ""))
         if (warn := self.prec.warning("search")) is not None:
             self.log.warning(warn)
-        try:
-            with self._stop_signals():
-                while self.epoch < s.epochs:
-                    rec = self.train_epoch()
-                    self.history.append(rec)
-                    self.epoch += 1
-                    self.phase, self.step, self.partial = "w", 0, {}
-                    self.save()
-                    self._log_epoch(rec)
-                    if self._agreed_stop():
-                        raise Interrupted
-        except Interrupted:
-            if self.dist.is_main:
-                self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at epoch "
-                                 f"{self.epoch} phase {self.phase} step {self.step}; continue "
-                                 f"with `fbnas train --resume {self.run_dir}`")
-            raise
-        finally:
-            if self.writer is not None:
-                self.writer.flush()
+        self._run_epochs(s.epochs, "fbnas train --resume")
         arch = self.final_arch()
         if self.dist.is_main:
             arch.save(self.run_dir / "arch_hard.yaml")
@@ -575,6 +583,13 @@ class SearchTrainer(StopOnSignal):
                       f"({result['predicted_cost']:.1f} {self.costs.unit} predicted) -> "
                       f"{self.run_dir / 'arch_hard.yaml'}")
         return result
+
+    def _next_epoch(self) -> None:
+        self.epoch += 1
+        self.phase, self.step, self.partial = "w", 0, {}
+
+    def _position(self) -> str:
+        return f"epoch {self.epoch} phase {self.phase} step {self.step}"
 
     def final_arch(self) -> Architecture:
         a = sample_hard(self.cfg.space, self.model.theta, name=f"{self.cfg.space.name}_search")
@@ -719,11 +734,40 @@ class SearchTrainer(StopOnSignal):
         w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
 
 
+def run_trainer(make: Callable[[DistContext], Any], device: str, backend: str
+                ) -> tuple[DistContext, Any]:
+    """The `fbnas train` / `fbnas retrain` run: join the torchrun process group (a single
+    process otherwise), build the trainer with `make(ctx)`, fit it, close its log and the group.
+    Returns (context, fit's result), or (context, None) when Ctrl-C/SIGTERM stopped it."""
+    from fbnas.distributed import init_from_env
+
+    ctx = init_from_env(device=device, backend=backend)
+    try:
+        trainer = make(ctx)
+        try:
+            return ctx, trainer.fit()
+        except Interrupted:
+            return ctx, None
+        finally:
+            close_logger(trainer.log)
+    finally:
+        ctx.close()
+
+
+def _logger_name(run_dir: Path, rank: int = 0) -> str:
+    return f"fbnas.run.{run_dir.resolve()}" + (f".rank{rank}" if rank else "")
+
+
+def run_log_handlers(run_dir: Path, rank: int = 0) -> set[logging.Handler]:
+    """The handlers the run's logger has now (to close only those added after)."""
+    return set(logging.getLogger(_logger_name(run_dir, rank)).handlers)
+
+
 def _make_logger(run_dir: Path, rank: int = 0, file: bool = True) -> logging.Logger:
     """The run's logger: the console, and run_dir/train.log on rank 0 (`file=False`: the
-    console only, until `attach_log_file`)."""
+    console, and a buffer that `attach_log_file` writes to train.log once the run starts)."""
     if rank:  # another rank of a torchrun job: warnings only, to stderr, nothing in run_dir
-        log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}.rank{rank}")
+        log = logging.getLogger(_logger_name(run_dir, rank))
         log.setLevel(logging.WARNING)
         log.propagate = False
         if not log.handlers:
@@ -731,7 +775,7 @@ def _make_logger(run_dir: Path, rank: int = 0, file: bool = True) -> logging.Log
             sh.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s"))
             log.addHandler(sh)
         return log
-    log = logging.getLogger(f"fbnas.run.{run_dir.resolve()}")
+    log = logging.getLogger(_logger_name(run_dir))
     log.setLevel(logging.INFO)
     log.propagate = False
     if not any(type(h) is logging.StreamHandler for h in log.handlers):
@@ -740,21 +784,38 @@ def _make_logger(run_dir: Path, rank: int = 0, file: bool = True) -> logging.Log
         log.addHandler(sh)
     if file:
         attach_log_file(log, run_dir)
+    elif not any(isinstance(h, logging.FileHandler) for h in log.handlers):
+        # lines logged while inputs are validated (e.g. a table being measured) reach
+        # train.log too, once there is one; flushed by hand only
+        log.addHandler(logging.handlers.MemoryHandler(1 << 20, flushLevel=logging.CRITICAL + 1))
     return log
 
 
 def attach_log_file(log: logging.Logger, run_dir: Path) -> None:
-    """Add run_dir/train.log (created if needed) to `log`, once."""
-    if any(isinstance(h, logging.FileHandler) for h in log.handlers):
-        return
-    ensure_dir(run_dir)
-    fh = logging.FileHandler(run_dir / "train.log")
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    log.addHandler(fh)
+    """Add run_dir/train.log (created if needed) to `log`, once, writing what was buffered."""
+    buffers = [h for h in log.handlers if isinstance(h, logging.handlers.MemoryHandler)]
+    fh = next((h for h in log.handlers if isinstance(h, logging.FileHandler)), None)
+    if fh is None:
+        ensure_dir(run_dir)
+        fh = logging.FileHandler(run_dir / "train.log")
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
+                                          "%H:%M:%S"))
+        log.addHandler(fh)
+    for mh in buffers:
+        mh.setTarget(fh)
+        mh.flush()
+        log.removeHandler(mh)
+        mh.close()
 
 
-def close_logger(log: logging.Logger) -> None:
+def close_logger(log: logging.Logger, keep: set[logging.Handler] | frozenset = frozenset()
+                 ) -> None:
+    """Close and remove the logger's handlers (but those in `keep`: another live trainer's)."""
     for h in list(log.handlers):
+        if h in keep:
+            continue
+        if isinstance(h, logging.handlers.MemoryHandler):
+            h.setTarget(None)  # a refused run's buffer goes nowhere
         h.close()
         log.removeHandler(h)
 

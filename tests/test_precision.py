@@ -233,3 +233,19 @@ def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, native):
     if warn is not None:
         assert warn.startswith("retrain.precision bf16: this CPU has no native bf16")
     assert Precision("float32", True, torch.device("cpu")).warning() is None
+
+
+def test_a_channels_last_model_is_timed_in_the_timer_layout():
+    """retrain.channels_last trains NHWC; the latency timer must still time it in its own
+    layout (the table's), or measured and predicted latency would not be comparable."""
+    from fbnas.latency import make_timer
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.ReLU())
+    Precision("float32", True, torch.device("cpu")).model(net)
+    assert not net[0].weight.is_contiguous()  # trained NHWC
+    timer = make_timer("cpu", threads=1, batch=1, dtype="float32", channels_last=False)
+    timer.prepare(net, (4, 8, 8), "child")
+    assert net[0].weight.is_contiguous()
+    timer = make_timer("cpu", threads=1, batch=1, dtype="float32", channels_last=True)
+    timer.prepare(net, (4, 8, 8), "child")
+    assert net[0].weight.is_contiguous(memory_format=torch.channels_last)

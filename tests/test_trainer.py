@@ -406,3 +406,29 @@ def test_resume_may_switch_activation_checkpointing_but_not_the_mode(tmp_path):
         trainer_for(make_cfg(tmp_path, search={"epochs": 2, "mode": "single_path"}), True)
     on = make_cfg(tmp_path, search={"epochs": 2, "checkpoint_activations": True})
     assert run_to_end(on, resume=True).model.checkpoint_activations
+
+
+def test_lines_logged_before_the_run_folder_exists_reach_train_log(tmp_path):
+    from fbnas.retrain import ChildTrainer
+
+    t = run_to_end(make_cfg(tmp_path, "search"))
+    cfg = config_from_dict({**copy.deepcopy(TINY), "retrain": {"epochs": 1, "warmup_epochs": 0,
+                                                               "device": "cpu"}}, "tiny.yaml")
+    child = ChildTrainer(cfg, t.final_arch(), tmp_path / "child", init_from=tmp_path / "search")
+    try:
+        # logged while the supernet checkpoint was read, before the folder was made
+        assert "initialised" in (tmp_path / "child" / "train.log").read_text()
+    finally:
+        close_logger(child.log)
+
+
+def test_a_refused_trainer_leaves_a_live_one_on_the_same_folder_logging(tmp_path):
+    cfg = make_cfg(tmp_path)
+    live = trainer_for(cfg)
+    try:
+        with pytest.raises(FbnasError, match="fp16 needs a CUDA device"):
+            trainer_for(make_cfg(tmp_path, search={"precision": "fp16"}))
+        live.log.info("still logging")
+        assert "still logging" in (tmp_path / "run" / "train.log").read_text()
+    finally:
+        close_logger(live.log)

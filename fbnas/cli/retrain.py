@@ -51,7 +51,7 @@ def run(args) -> int:
     from fbnas.arch import Architecture
     from fbnas.config import load_config
     from fbnas.retrain import ChildTrainer
-    from fbnas.trainer import Interrupted, close_logger
+    from fbnas.trainer import run_trainer
 
     arch = Architecture.load(args.arch) if args.arch else None
     if args.resume:
@@ -67,22 +67,14 @@ def run(args) -> int:
         cfg = load_config(args.config, args.set)
         run_dir = (Path(args.out) if args.out
                    else Path(cfg.run.dir) / f"retrain-{arch.short_hash}")
-    from fbnas.distributed import init_from_env
-
-    # under torchrun (WORLD_SIZE > 1): join the process group; otherwise a single process
-    ctx = init_from_env(device=cfg.retrain.device, backend=cfg.run.ddp_backend)
-    try:
-        trainer = ChildTrainer(cfg, arch, run_dir, resume=bool(args.resume),
-                               init_from=args.init_from_supernet, dist=ctx)
-        try:
-            res = trainer.fit()
-        except Interrupted:
-            return 130
-        finally:
-            close_logger(trainer.log)
-    finally:
-        ctx.close()
-    del res  # its one-line report was logged by the trainer
+    # under torchrun (WORLD_SIZE > 1) every process runs this; rank 0 writes
+    ctx, res = run_trainer(
+        lambda ctx: ChildTrainer(cfg, arch, run_dir, resume=bool(args.resume),
+                                 init_from=args.init_from_supernet, dist=ctx),
+        cfg.retrain.device, cfg.run.ddp_backend)
+    if res is None:
+        return 130  # interrupted after saving; the trainer said how to resume
+    # its one-line report was logged by the trainer
     if ctx.is_main:
         print(f"written: {run_dir / 'results.json'}  (fbnas runs {run_dir.parent} lists it)")
     return 0

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.trainer import Interrupted, SearchTrainer, close_logger
+    from fbnas.trainer import SearchTrainer, run_trainer
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -36,20 +36,12 @@ def run(args) -> int:
             raise FbnasError("train: give --config CONFIG.yaml (or --resume RUN_DIR)")
         cfg = load_config(args.config, args.set)
         run_dir = Path(cfg.run.dir)
-    from fbnas.distributed import init_from_env
-
-    # under torchrun (WORLD_SIZE > 1): join the process group; otherwise a single process
-    ctx = init_from_env(device=cfg.search.device, backend=cfg.run.ddp_backend)
-    try:
-        trainer = SearchTrainer(cfg, run_dir, resume=bool(args.resume), dist=ctx)
-        try:
-            result = trainer.fit()
-        except Interrupted:
-            return 130
-        finally:
-            close_logger(trainer.log)
-    finally:
-        ctx.close()
+    # under torchrun (WORLD_SIZE > 1) every process runs this; rank 0 writes
+    ctx, result = run_trainer(
+        lambda ctx: SearchTrainer(cfg, run_dir, resume=bool(args.resume), dist=ctx),
+        cfg.search.device, cfg.run.ddp_backend)
+    if result is None:
+        return 130  # interrupted after saving; the trainer said how to resume
     if ctx.is_main:
         print(f"architecture: {' '.join(result['arch'])}")
         print(f"written: {run_dir / 'arch_hard.yaml'}  (fbnas sample {run_dir} --soft -n 5 for "

@@ -139,9 +139,8 @@ class Timer:
                                  f"timed as exported; export it for {self.torch_dtype} on "
                                  f"{dev.type} or time the retrain checkpoint instead")
         else:
-            module = module.eval().to(device=dev, dtype=self.torch_dtype)
-            if self.channels_last:
-                module = module.to(memory_format=mf)
+            # the layout is the timer's, whatever the model was trained in (retrain.channels_last)
+            module = module.eval().to(device=dev, dtype=self.torch_dtype).to(memory_format=mf)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(self.batch, *input_chw, generator=gen).to(dev, self.torch_dtype)
         x = x.contiguous(memory_format=mf)
