@@ -308,6 +308,44 @@ def bn_buffers(module: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, torc
     return out
 
 
+def gather_rank_states(ctx: DistContext, module: nn.Module, partial: dict[str, Any]
+                       ) -> list[dict[str, Any]]:
+    """Every rank's own state for a checkpoint: RNG, `partial` sums and BN statistics of
+    `module` (collective: every rank calls it at the same step)."""
+    from fbnas.checkpoint import rng_state
+
+    bn = [t.detach().cpu().clone() for trip in bn_buffers(module) for t in trip
+          if t is not None]
+    return ctx.all_gather_object({"rng": rng_state(), "partial": partial, "bn": bn})
+
+
+def load_rank_bn(module: nn.Module, values: Sequence[torch.Tensor]) -> None:
+    """Put this rank's BN statistics from a checkpoint (`gather_rank_states`) into `module`."""
+    own = [t for trip in bn_buffers(module) for t in trip if t is not None]
+    with torch.no_grad():
+        for t, v in zip(own, values, strict=True):
+            t.copy_(v)
+
+
+def restore_rank_rng(ctx: DistContext, state: dict[str, Any], *, at_epoch_start: bool,
+                     seed: int, epoch: int, where: str, log: Any = None
+                     ) -> dict[str, Any] | None:
+    """Resume this process's random streams from a checkpoint: its own rank's RNG state when
+    the run had as many processes, the checkpoint's for a single process, or (another number
+    of processes) streams re-derived from `seed` and `epoch`, which is not exact. Returns this
+    rank's entry (its partial sums and BN statistics) or None, as `rank_entry`."""
+    from fbnas.checkpoint import seed_everything, set_rng_state
+
+    mine = rank_entry(ctx, state, at_epoch_start=at_epoch_start, where=where, log=log)
+    if mine is not None:
+        set_rng_state(mine["rng"])
+    elif ctx.distributed:
+        seed_everything(rank_seed(seed, ctx.rank, epoch))
+    else:
+        set_rng_state(state["rng"])
+    return mine
+
+
 def sync_bn_stats(ctx: DistContext, module: nn.Module, weight: float = 1.0) -> None:
     """Make every rank's BatchNorm running statistics the `weight`-weighted mean over the ranks
     (num_batches_tracked: the largest); `weight` is e.g. the samples this rank's statistics

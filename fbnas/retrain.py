@@ -31,7 +31,7 @@ from fbnas.config import Config
 from fbnas.distributed import DistContext
 from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
-from fbnas.trainer import Interrupted, StopOnSignal
+from fbnas.trainer import Interrupted, StopOnSignal, check_kept_settings
 
 CHECKPOINT = "checkpoint.pt"
 RESULTS = "results.json"
@@ -227,12 +227,9 @@ class ChildTrainer(StopOnSignal):
             else:
                 seed_everything(r.seed)  # data order and augmentation
         if self._rank_bn:  # this rank's own BN statistics from the checkpoint
-            from fbnas.distributed import bn_buffers
+            from fbnas.distributed import load_rank_bn
 
-            own = [t for trip in bn_buffers(self.model) for t in trip if t is not None]
-            with torch.no_grad():
-                for t, v in zip(own, self._rank_bn, strict=True):
-                    t.copy_(v)
+            load_rank_bn(self.model, self._rank_bn)
 
     # ---- set-up ---------------------------------------------------------------------------
     def _init_from_supernet(self, run_dir: Path) -> None:
@@ -246,14 +243,8 @@ class ChildTrainer(StopOnSignal):
     def _check_resume(self, state: dict[str, Any]) -> None:
         saved, now = state["config"], self.cfg.resolved()
         where = self.run_dir / CHECKPOINT
-        for section in self.COMPARED:
-            a, b = saved.get(section, {}), now.get(section, {})
-            for key in sorted(set(a) | set(b)):
-                old = a.get(key, self.ADDED_KEYS.get((section, key)))
-                if (section, key) not in self.RESUMABLE_CHANGES and old != b.get(key):
-                    raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, "
-                                     f"now {b.get(key)!r}; a resumed run must keep its settings "
-                                     "(start a new run to change them)")
+        check_kept_settings(saved, now, self.COMPARED, self.RESUMABLE_CHANGES, self.ADDED_KEYS,
+                            where)
         k_old = saved.get("run", {}).get("ddp_sync_every", 1)
         if k_old != now["run"]["ddp_sync_every"]:
             raise FbnasError(f"{where}: run.ddp_sync_every was {k_old!r} in this run, now "
@@ -264,8 +255,6 @@ class ChildTrainer(StopOnSignal):
                              f"{now['search']['seed']!r}")
 
     def _restore(self, state: dict[str, Any]) -> None:
-        from fbnas.checkpoint import set_rng_state
-
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
         self.prec.load_state_dict(state.get("scalers"))
@@ -273,19 +262,15 @@ class ChildTrainer(StopOnSignal):
         self.history = list(state["history"])
         self.partial = dict(state.get("partial") or {})
         self.extra = dict(state.get("extra") or self.extra)
-        from fbnas.distributed import rank_entry, rank_seed
+        from fbnas.distributed import restore_rank_rng
 
         # a distributed checkpoint holds each rank's RNG, partial sums and BN statistics
-        mine = rank_entry(self.dist, state, at_epoch_start=not self.step,
-                          where=str(self.run_dir / CHECKPOINT), log=self.log)
+        mine = restore_rank_rng(self.dist, state, at_epoch_start=not self.step,
+                                seed=self.cfg.retrain.seed, epoch=self.epoch,
+                                where=str(self.run_dir / CHECKPOINT), log=self.log)
         if mine is not None:
-            set_rng_state(mine["rng"])
             self.partial = dict(mine.get("partial") or {})
             self._rank_bn = list(mine.get("bn") or [])
-        elif self.dist.distributed:  # another number of processes: re-derived, not exact
-            seed_everything(rank_seed(self.cfg.retrain.seed, self.dist.rank, self.epoch))
-        else:
-            set_rng_state(state["rng"])
         self.log.info(f"resumed {self.run_dir} at epoch {self.epoch} step {self.step}")
 
     def state_dict(self) -> dict[str, Any]:
@@ -305,14 +290,10 @@ class ChildTrainer(StopOnSignal):
 
         ranks = None
         if self.dist.distributed:
-            from fbnas.checkpoint import rng_state
-            from fbnas.distributed import bn_buffers
+            from fbnas.distributed import gather_rank_states
 
             self._averager.sync()  # ddp_sync_every > 1: the ranks' weights may differ
-            bn = [t.detach().cpu().clone() for trip in bn_buffers(self.model) for t in trip
-                  if t is not None]
-            ranks = self.dist.all_gather_object({"rng": rng_state(), "partial": self.partial,
-                                                 "bn": bn})
+            ranks = gather_rank_states(self.dist, self.model, self.partial)
         if not self.dist.is_main:
             return
         state = self.state_dict()

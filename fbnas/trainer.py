@@ -24,7 +24,7 @@ import json
 import logging
 import logging.handlers
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -308,14 +308,8 @@ class SearchTrainer(StopOnSignal):
                          if saved["space"].get(k) != now["space"].get(k)), "space")
             raise FbnasError(f"{where}: was searched in another search space (space.{diff} "
                              "differs); resume with the original config")
-        for section in ("data", "latency", "loss", "search", "run"):
-            a, b = saved.get(section, {}), now.get(section, {})
-            for key in sorted(set(a) | set(b)):
-                old = a.get(key, self.ADDED_KEYS.get((section, key)))
-                if (section, key) not in self.RESUMABLE_CHANGES and old != b.get(key):
-                    raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, "
-                                     f"now {b.get(key)!r}; a resumed run must keep its settings "
-                                     "(start a new run to change them)")
+        check_kept_settings(saved, now, ("data", "latency", "loss", "search", "run"),
+                            self.RESUMABLE_CHANGES, self.ADDED_KEYS, where)
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -327,20 +321,15 @@ class SearchTrainer(StopOnSignal):
         self.partial = dict(state.get("partial") or {})
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.prec.load_state_dict(state.get("scalers"))
-        from fbnas.checkpoint import set_rng_state
-        from fbnas.distributed import rank_entry, rank_seed
+        from fbnas.distributed import restore_rank_rng
 
         # a distributed checkpoint holds each rank's RNG, partial sums and BN statistics
-        mine = rank_entry(self.dist, state, at_epoch_start=self.phase == "w" and not self.step,
-                          where=str(self.run_dir / CHECKPOINT), log=self.log)
+        mine = restore_rank_rng(self.dist, state, at_epoch_start=self.phase == "w"
+                                and not self.step, seed=self.cfg.search.seed, epoch=self.epoch,
+                                where=str(self.run_dir / CHECKPOINT), log=self.log)
         if mine is not None:
-            set_rng_state(mine["rng"])
             self.partial = dict(mine.get("partial") or {})
             self._rank_bn = list(mine.get("bn") or [])
-        elif self.dist.distributed:  # another number of processes: re-derived, not exact
-            seed_everything(rank_seed(self.cfg.search.seed, self.dist.rank, self.epoch))
-        else:
-            set_rng_state(state["rng"])
         self.log.info(f"resumed {self.run_dir} at epoch {self.epoch} phase {self.phase} "
                       f"step {self.step}")
 
@@ -645,12 +634,9 @@ class SearchTrainer(StopOnSignal):
         self._ddp = wrap_ddp(net, d, ignore=theta,
                              find_unused_parameters=self.cfg.search.mode != "full")
         if self._rank_bn:  # this rank's BN statistics from the checkpoint (after DDP's broadcast)
-            from fbnas.distributed import bn_buffers
+            from fbnas.distributed import load_rank_bn
 
-            own = [t for trip in bn_buffers(net) for t in trip if t is not None]
-            with torch.no_grad():
-                for t, v in zip(own, self._rank_bn, strict=True):
-                    t.copy_(v)
+            load_rank_bn(net, self._rank_bn)
         phases = {"w": 1, "theta": 2, "val": 3}
         SharedSampling(net, lambda: (self.cfg.search.seed, self.epoch,
                                      phases.get(self.phase, 0), self.step), self.device)
@@ -693,13 +679,10 @@ class SearchTrainer(StopOnSignal):
     def _gather_rank_states(self) -> list[dict[str, Any]]:
         """Every rank's own state (RNG, partial sums, BN statistics), for the checkpoint; the
         weights are averaged first when ddp_sync_every > 1 left them apart."""
-        from fbnas.distributed import bn_buffers
+        from fbnas.distributed import gather_rank_states
 
         self._averager.sync()
-        bn = [t.detach().cpu().clone() for trip in bn_buffers(self.net) for t in trip
-              if t is not None]
-        return self.dist.all_gather_object({"rng": rng_state(), "partial": self.partial,
-                                            "bn": bn})
+        return gather_rank_states(self.dist, self.net, self.partial)
 
     # ---- logging ---------------------------------------------------------------------------------
     def _log_epoch(self, rec: dict[str, Any]) -> None:
@@ -732,6 +715,22 @@ class SearchTrainer(StopOnSignal):
             w.add_scalars(f"theta/layer{li:02d}", dict(zip(ops, probs, strict=True)), e)
             w.add_scalar(f"entropy/layer{li:02d}", ent, e)
         w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
+
+
+def check_kept_settings(saved: dict[str, Any], now: dict[str, Any], sections: Sequence[str],
+                        resumable: set[tuple[str, str]], added: dict[tuple[str, str], Any],
+                        where: Path) -> None:
+    """A resumed run must keep its settings: every key of `sections` in the checkpoint's
+    resolved config `saved` equals `now`'s, except the `resumable` ones; a key missing from an
+    older checkpoint counts as its `added` value."""
+    for section in sections:
+        a, b = saved.get(section, {}), now.get(section, {})
+        for key in sorted(set(a) | set(b)):
+            old = a.get(key, added.get((section, key)))
+            if (section, key) not in resumable and old != b.get(key):
+                raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, "
+                                 f"now {b.get(key)!r}; a resumed run must keep its settings "
+                                 "(start a new run to change them)")
 
 
 def run_trainer(make: Callable[[DistContext], Any], device: str, backend: str
