@@ -71,6 +71,15 @@ def test_cli_search_end_to_end(tmp_path, capsys):
         assert (run / "plots" / f).stat().st_size > 1000
 
 
+def interrupt_after_first_epoch(cfg) -> None:
+    """Run `cfg`'s search until a Ctrl-C at the end of epoch 1 saves and interrupts it."""
+    t = trainer_for(cfg)
+    stop_after_epoch(t, 1)
+    with pytest.raises(Interrupted):
+        t.fit()
+    close_logger(t.log)
+
+
 def stop_after_epoch(t: SearchTrainer, n: int) -> None:
     """Make `t` stop (as Ctrl-C would) at the end of its n-th epoch (1-based)."""
     orig = t.train_epoch
@@ -360,11 +369,7 @@ def test_resume_is_exact_with_worker_processes(tmp_path):
     sections = {"search": {"epochs": 3}, "data": {"workers": 2}}
     straight = run_to_end(make_cfg(tmp_path, "straight", **sections))
     cfg = make_cfg(tmp_path, "stopped", **sections)
-    t = trainer_for(cfg)
-    stop_after_epoch(t, 1)
-    with pytest.raises(Interrupted):
-        t.fit()
-    close_logger(t.log)
+    interrupt_after_first_epoch(cfg)
     resumed = run_to_end(cfg, resume=True)
     assert same(straight.model.arch_parameters(), resumed.model.arch_parameters())
 
@@ -381,11 +386,7 @@ def test_output_path_that_is_a_file_is_a_clear_error(tmp_path, capsys):
 
 def test_runs_from_before_search_mode_existed_still_resume(tmp_path):
     cfg = make_cfg(tmp_path, search={"epochs": 2})
-    t = trainer_for(cfg)
-    stop_after_epoch(t, 1)
-    with pytest.raises(Interrupted):
-        t.fit()
-    close_logger(t.log)
+    interrupt_after_first_epoch(cfg)
     ck = Path(cfg.run.dir) / "checkpoint.pt"
     state = torch.load(ck, weights_only=True)
     for key in ("mode", "checkpoint_activations"):
@@ -397,11 +398,7 @@ def test_runs_from_before_search_mode_existed_still_resume(tmp_path):
 
 def test_resume_may_switch_activation_checkpointing_but_not_the_mode(tmp_path):
     cfg = make_cfg(tmp_path, search={"epochs": 2})
-    t = trainer_for(cfg)
-    stop_after_epoch(t, 1)
-    with pytest.raises(Interrupted):
-        t.fit()
-    close_logger(t.log)
+    interrupt_after_first_epoch(cfg)
     with pytest.raises(FbnasError, match="search.mode was 'full' in this run"):
         trainer_for(make_cfg(tmp_path, search={"epochs": 2, "mode": "single_path"}), True)
     on = make_cfg(tmp_path, search={"epochs": 2, "checkpoint_activations": True})
