@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,22 @@ def _plt():
     return plt
 
 
-def _save(plt, fig, path: Path, dpi: int) -> Path:
-    """Write `fig` as a PNG atomically (a temp file in the same folder, then a rename), so a
-    failed or interrupted write leaves the previous plot intact and no partial file; close the
-    figure whatever happens. The temp file is named `.NAME.*.tmp`, so the format is explicit."""
+@contextmanager
+def _figure(plt, *args, **kwargs):
+    """`plt.subplots(...)` whose figure is closed whatever happens, while drawing or saving, so
+    a failed plot leaks no figure into pyplot's global registry."""
+    fig, axes = plt.subplots(*args, **kwargs)
     try:
-        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi), mode="wb")
+        yield fig, axes
     finally:
         plt.close(fig)
+
+
+def _save(fig, path: Path, dpi: int) -> Path:
+    """Write `fig` as a PNG atomically (a temp file in the same folder, then a rename), so a
+    failed or interrupted write leaves the previous plot intact and no partial file. The temp
+    file is named `.NAME.*.tmp`, so the format is explicit."""
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi), mode="wb")
     return path
 
 
@@ -73,40 +82,42 @@ def _heatmap(plt, probs, ops, path: Path) -> Path:
     for li, (row, p) in enumerate(zip(ops, probs, strict=True)):
         for o, v in zip(row, p, strict=True):
             grid[li, all_ops.index(o)] = v
-    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(all_ops), 1.0 + 0.32 * len(probs)))
-    im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1)
-    for li, (row, p) in enumerate(zip(ops, probs, strict=True)):
-        best = all_ops.index(row[max(range(len(p)), key=p.__getitem__)])
-        ax.add_patch(plt.Rectangle((best - 0.5, li - 0.5), 1, 1, fill=False, ec="red", lw=1.5))
-    ax.set_xticks(range(len(all_ops)), all_ops, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(len(probs)), [f"layer {i}" for i in range(len(probs))], fontsize=8)
-    ax.set_title("final op probabilities softmax(θ) (red: argmax)")
-    fig.colorbar(im, ax=ax, fraction=0.03)
-    fig.tight_layout()
-    return _save(plt, fig, path, dpi=110)
+    size = (1.0 + 0.75 * len(all_ops), 1.0 + 0.32 * len(probs))
+    with _figure(plt, figsize=size) as (fig, ax):
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1)
+        for li, (row, p) in enumerate(zip(ops, probs, strict=True)):
+            best = all_ops.index(row[max(range(len(p)), key=p.__getitem__)])
+            ax.add_patch(plt.Rectangle((best - 0.5, li - 0.5), 1, 1, fill=False, ec="red",
+                                       lw=1.5))
+        ax.set_xticks(range(len(all_ops)), all_ops, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(probs)), [f"layer {i}" for i in range(len(probs))], fontsize=8)
+        ax.set_title("final op probabilities softmax(θ) (red: argmax)")
+        fig.colorbar(im, ax=ax, fraction=0.03)
+        fig.tight_layout()
+        return _save(fig, path, dpi=110)
 
 
 def _evolution(plt, hist, ops, path: Path) -> Path:
     n = len(ops)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), squeeze=False,
-                             sharex=True, sharey=True)
     epochs = [h["epoch"] for h in hist]
-    for li in range(rows * cols):
-        ax = axes[li // cols][li % cols]
-        if li >= n:
-            ax.axis("off")
-            continue
-        for oi, op in enumerate(ops[li]):
-            ax.plot(epochs, [h["probs"][li][oi] for h in hist], label=op, lw=1.2)
-        ax.set_title(f"layer {li}", fontsize=9)
-        ax.set_ylim(0, 1)
-    axes[0][0].legend(fontsize=6, loc="upper left")
-    fig.supxlabel("epoch")
-    fig.supylabel("P(op)")
-    fig.tight_layout()
-    return _save(plt, fig, path, dpi=100)
+    with _figure(plt, rows, cols, figsize=(3.2 * cols, 2.2 * rows), squeeze=False,
+                 sharex=True, sharey=True) as (fig, axes):
+        for li in range(rows * cols):
+            ax = axes[li // cols][li % cols]
+            if li >= n:
+                ax.axis("off")
+                continue
+            for oi, op in enumerate(ops[li]):
+                ax.plot(epochs, [h["probs"][li][oi] for h in hist], label=op, lw=1.2)
+            ax.set_title(f"layer {li}", fontsize=9)
+            ax.set_ylim(0, 1)
+        axes[0][0].legend(fontsize=6, loc="upper left")
+        fig.supxlabel("epoch")
+        fig.supylabel("P(op)")
+        fig.tight_layout()
+        return _save(fig, path, dpi=100)
 
 
 def _curves(plt, hist, unit, path: Path) -> Path:
@@ -115,24 +126,23 @@ def _curves(plt, hist, unit, path: Path) -> Path:
     def series(k):
         return [h.get(k, float("nan")) for h in hist]
 
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
-    axes[0].plot(ep, series("w_ce"), label="weight-step CE")
-    axes[0].plot(ep, series("theta_loss"), label="θ-step loss")
-    axes[0].plot(ep, series("val_ce"), label="val CE (argmax arch)")
-    axes[0].set_yscale("log")  # the θ loss (CE times a cost factor) dwarfs plain CE
-    axes[0].set_title("loss (log scale)")
-    axes[1].plot(ep, series("w_acc"), label="train (sampled path)")
-    axes[1].plot(ep, series("val_acc"), label="val (argmax arch)")
-    axes[1].set_title("accuracy")
-    axes[2].plot(ep, series("theta_cost"), label="E[cost] in θ steps")
-    axes[2].plot(ep, series("argmax_cost"), label="argmax architecture")
-    axes[2].set_title(f"cost ({unit})")
-    axes[3].plot(ep, series("tau"))
-    axes[3].set_title("temperature τ")
-    for ax in axes:
-        ax.set_xlabel("epoch")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(plt, fig, path, dpi=100)
-
+    with _figure(plt, 1, 4, figsize=(16, 3.4)) as (fig, axes):
+        axes[0].plot(ep, series("w_ce"), label="weight-step CE")
+        axes[0].plot(ep, series("theta_loss"), label="θ-step loss")
+        axes[0].plot(ep, series("val_ce"), label="val CE (argmax arch)")
+        axes[0].set_yscale("log")  # the θ loss (CE times a cost factor) dwarfs plain CE
+        axes[0].set_title("loss (log scale)")
+        axes[1].plot(ep, series("w_acc"), label="train (sampled path)")
+        axes[1].plot(ep, series("val_acc"), label="val (argmax arch)")
+        axes[1].set_title("accuracy")
+        axes[2].plot(ep, series("theta_cost"), label="E[cost] in θ steps")
+        axes[2].plot(ep, series("argmax_cost"), label="argmax architecture")
+        axes[2].set_title(f"cost ({unit})")
+        axes[3].plot(ep, series("tau"))
+        axes[3].set_title("temperature τ")
+        for ax in axes:
+            ax.set_xlabel("epoch")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        return _save(fig, path, dpi=100)

@@ -82,3 +82,24 @@ def test_a_failing_savefig_keeps_the_previous_png_and_leaves_no_temp_file(run_di
     assert (out / "curves.png").read_bytes() == old["curves.png"]  # never reached
     assert sorted(p.name for p in out.iterdir()) == sorted(NAMES)  # no .*.tmp left
     assert plt.get_fignums() == []  # the failed figure was closed too
+
+
+def test_a_failure_while_drawing_closes_the_figure_and_writes_nothing(run_dir, monkeypatch):
+    """An error before savefig (here in tight_layout of the second plot) must not leak the open
+    figure into pyplot's registry, nor leave a file for the plot it was drawing."""
+    import matplotlib.pyplot as plt
+
+    real = Figure.tight_layout
+    calls = []
+
+    def tight_layout(self, *args, **kwargs):
+        calls.append(self)
+        if len(calls) == 2:
+            raise RuntimeError("layout failed")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "tight_layout", tight_layout)
+    with pytest.raises(RuntimeError, match="layout failed"):
+        plot_run(run_dir)
+    assert plt.get_fignums() == []
+    assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["theta_final.png"]
