@@ -20,6 +20,7 @@ them (BatchNorm running statistics are updated once per forward, as without it).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,13 +78,39 @@ def _bn_stats_frozen(module: nn.Module) -> Iterator[None]:
                 b.num_batches_tracked.copy_(n)
 
 
+def _gives_branch(block: nn.Module) -> bool:
+    """Whether `block` is residual and its forward takes `shortcut` (False: the branch alone)."""
+    if not getattr(block, "has_skip", False):
+        return False
+    try:
+        return "shortcut" in inspect.signature(block.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class MixedOp(nn.Module):
-    """The candidate blocks of one searchable layer: forward(x, m) = Σ_i m_i · b_i(x)."""
+    """The candidate blocks of one searchable layer: forward(x, m) = Σ_i m_i · b_i(x).
+
+    When the layer keeps its shape (stride 1, c_in == c_out) and every candidate is residual —
+    `has_skip` true and a `forward(x, shortcut=False)` that returns f_i, where b_i(x) =
+    x + f_i(x), or None for the identity (`skip`) — the shared shortcut is factored out:
+    forward(x, m) = x + Σ_i m_i f_i(x).
+    That is the same value whenever Σ_i m_i = 1 (every search mode's weights, soft or one-hot),
+    and the same θ gradient in `full` and `two_path` (the x term's gradient Σ_i ∂m_i/∂θ is 0).
+    In `single_path`, which computes one candidate, it matters: m_i · b_i(x) only rescales the
+    layer's whole output, which the next conv + BatchNorm undoes, so the straight-through CE
+    gradient to θ was ~0 there; m_i · f_i(x) changes the output's direction, so θ learns
+    whether the sampled branch helps (docs/search_modes.md).
+    """
 
     def __init__(self, ops: Sequence[str], c_in: int, c_out: int, stride: int):
         super().__init__()
         self.op_names = tuple(ops)
         self.candidates = nn.ModuleList(build_block(o, c_in, c_out, stride) for o in ops)
+        # x + Σ m_i f_i(x) (see above) when the layer keeps its shape and every candidate
+        # can give its residual branch; a custom block that cannot keeps Σ m_i b_i(x)
+        self.shortcut = (c_in == c_out and stride == 1
+                         and all(_gives_branch(b) for b in self.candidates))
         # recompute this layer's activations in backward (training with grad only)
         self.checkpoint_activations = False
 
@@ -106,8 +133,13 @@ class MixedOp(nn.Module):
 
     def _mix(self, x: torch.Tensor, m: torch.Tensor,
              active: Sequence[int] | None) -> torch.Tensor:
-        out = None
+        out = x if self.shortcut else None
         for i in range(len(self.candidates)) if active is None else active:
+            if self.shortcut:
+                f = self.candidates[i](x, shortcut=False)
+                if f is not None:  # None: the identity, whose branch is 0
+                    out = out + m[i] * f
+                continue
             y = m[i] * self.candidates[i](x)
             out = y if out is None else out + y
         return out

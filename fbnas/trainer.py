@@ -421,10 +421,14 @@ class SearchTrainer(StopOnSignal):
                                    "total": terms.total}):
             return {}
         theta = self.model.arch_parameters()
-        # weights get no gradient here
-        grads = torch.autograd.grad(self.prec.scale(terms.total, 1), theta)
+        # weights get no gradient here. A layer's θ can be absent from the graph: in
+        # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0), and
+        # with `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
+        total = self.prec.scale(terms.total, 1)
+        grads = (torch.autograd.grad(total, theta, allow_unused=True) if total.requires_grad
+                 else [None] * len(theta))
         for t, g in zip(theta, grads, strict=True):
-            t.grad = g
+            t.grad = torch.zeros_like(t) if g is None else g
         if self.dist.distributed and self.prec.scalers:
             # fp16: average before the scaler's overflow check, so every rank skips alike
             self.dist.all_reduce_mean([t.grad for t in theta])

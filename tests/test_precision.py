@@ -101,7 +101,8 @@ def test_bf16_forward_and_gradients_match_float32(tmp_path):
     for g32, g16 in zip(gwf, gwb, strict=True):
         assert g16.dtype == torch.float32  # master weights stay float32
         # the stem's gradient went back through every layer in bf16: same direction, not digits
-        assert F.cosine_similarity(g16.flatten(), g32.flatten(), dim=0) > 0.98
+        # (over 6 path draws these cosines range 0.977-0.999 on this tiny network)
+        assert F.cosine_similarity(g16.flatten(), g32.flatten(), dim=0) > 0.97
     flat32, flat16 = torch.cat(gtf), torch.cat(gtb)
     assert F.cosine_similarity(flat32, flat16, dim=0) > 0.98
     for tr in (a, b):

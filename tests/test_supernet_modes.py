@@ -100,13 +100,81 @@ def test_single_path_forward_equals_full_hard_forward(tiny_space):
 
 @pytest.mark.parametrize("mode", SEARCH_MODES)
 def test_theta_gets_a_gradient_from_the_loss(tiny_space, mode):
+    """Every layer's θ gets a CE gradient, except in single_path where the sampled candidate
+    of a shared-shortcut layer is the identity `skip` (x + 0: nothing to learn from)."""
     net = Supernet(tiny_space, COSTS, mode=mode)
+    skip = tiny_space.layer_candidates()[0].index("skip")
+    seen_identity = False
+    for _ in range(8):
+        random_theta(net)
+        net.zero_grad(set_to_none=True)
+        p = net.sample_path(tau=1.0)
+        logits, _ = net(torch.randn(4, 3, 16, 16), m=p.m, active=p.active, cost_m=p.cost_m)
+        F.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+        for li, (t, op) in enumerate(zip(net.theta, net.mixed, strict=True)):
+            if mode == "single_path" and op.shortcut and p.active[li] == [skip]:
+                seen_identity = True
+                assert t.grad is None or not t.grad.any(), li
+                continue
+            assert t.grad is not None and torch.isfinite(t.grad).all()
+            assert t.grad.abs().sum() > 0, (li, p.active)
+    assert seen_identity or mode != "single_path"  # the exception was exercised
+
+
+def _mix_reference(op, x, m):
+    """Σ_i m_i · b_i(x) with each candidate's own shortcut: the unfactored mixture."""
+    return sum(mi * b(x) for mi, b in zip(m, op.candidates, strict=True))
+
+
+def test_shared_shortcut_layers_are_the_shape_keeping_ones(tiny_space):
+    net = Supernet(tiny_space, COSTS)
+    assert [op.shortcut for op in net.mixed] == [True, False, True]  # 8->8, 8->16 s2, 16->16
+
+
+@pytest.mark.parametrize("mode", ["full", "two_path"])
+def test_shared_shortcut_keeps_value_and_theta_gradient_of_the_plain_mixture(tiny_space,
+                                                                             mode):
+    """x + Σ m_i f_i(x) equals Σ m_i (x + f_i(x)) when Σ m_i = 1, and so does the θ gradient
+    (the x term's gradient is x · Σ_i ∂m_i/∂θ = 0): full and two_path are unchanged by it."""
+    net = Supernet(tiny_space, COSTS, mode=mode).eval()
     random_theta(net)
-    logits, _ = net(torch.randn(4, 3, 16, 16), tau=1.0)
-    F.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
-    for t in net.theta:
-        assert t.grad is not None and torch.isfinite(t.grad).all()
-        assert t.grad.abs().sum() > 0
+    op = net.mixed[0]
+    x = torch.randn(2, 8, 8, 8)
+    for _ in range(3):
+        p = net.sample_path(tau=0.8)
+        m = p.m[0]
+        got = op(x, m, None if p.active is None else p.active[0])
+        want = _mix_reference(op, x, m)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        g = torch.randn_like(got)
+        (g_got,) = torch.autograd.grad((got * g).sum(), net.theta[0], retain_graph=True)
+        (g_want,) = torch.autograd.grad((want * g).sum(), net.theta[0])
+        torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
+
+
+def test_single_path_theta_learns_in_shortcut_layers_where_bn_hid_the_plain_mixture(
+        tiny_space):
+    """single_path computes one candidate: with the plain mixture m_i · b_i(x) the CE only sees
+    m_i as a scale of layer 0's whole output, which layer 1's conv + BatchNorm (batch
+    statistics) undoes, so θ_0's straight-through gradient is ~0; with the shared shortcut
+    x + m_i · f_i(x) it is not."""
+    net = Supernet(tiny_space, COSTS, mode="single_path").train()
+    random_theta(net)
+    x, y = torch.randn(16, 3, 16, 16), torch.randint(0, 5, (16,))
+    norms = {True: [], False: []}
+    for shared in (True, False):
+        net.mixed[0].shortcut = shared
+        torch.manual_seed(3)
+        for _ in range(12):
+            p = net.sample_path(tau=1.0)
+            if p.active[0] == [2]:  # skip: no branch, nothing to compare
+                continue
+            logits, _ = net(x, m=p.m, active=p.active)
+            (g,) = torch.autograd.grad(F.cross_entropy(logits, y), net.theta[0])
+            norms[shared].append(float(g.norm()))
+    assert norms[True] and len(norms[True]) == len(norms[False])  # the same draws, paired
+    for shared, plain in zip(norms[True], norms[False], strict=True):
+        assert shared > 0 and plain < 1e-2 * shared, (shared, plain)
 
 
 @pytest.mark.parametrize("mode", SEARCH_MODES)
@@ -230,7 +298,10 @@ def test_checkpointing_recomputes_and_the_bn_guard_is_what_keeps_statistics(tiny
     logits, _ = net(x, m=m)
     assert all(c == [1, 1, 1] for c in calls)
     logits.sum().backward()
-    assert all(c == [2, 2, 2] for c in calls)  # recomputed in backward
+    # recomputed in backward; the identity `skip` under a layer's shared shortcut saves
+    # nothing for backward, so the recompute stops before it (layers 0 and 2)
+    assert [op.shortcut for op in net.mixed] == [True, False, True]
+    assert calls == [[2, 2, 1], [2, 2, 2], [2, 2, 1]]
     first_bn = net.mixed[0].candidates[0].pw[1]
     assert int(first_bn.num_batches_tracked) == 1
     monkeypatch.setattr(supernet_mod, "_bn_stats_frozen", lambda _m: contextlib.nullcontext())
@@ -309,3 +380,34 @@ def test_checkpointed_search_ends_where_the_plain_one_does(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     for (name, a), b in zip(runs[0].named_buffers(), runs[1].buffers(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("skips", [(True, True), (True, False)], ids=["all-skip", "one-skip"])
+def test_theta_step_when_a_sampled_identity_leaves_theta_out_of_the_graph(tmp_path, skips):
+    """single_path + `loss.kind: ce`: a layer whose sampled candidate is the identity under a
+    shared shortcut contributes x + 0, so its θ (or, all-skip, every θ) is not in the loss's
+    graph; the θ step must still run, giving that θ a zero gradient."""
+    d = digits_run_config(
+        space={"stages": [{"channels": 8, "repeats": 2, "stride": 1}]},
+        loss={"kind": "ce", "alpha": None, "beta": None}, search={"mode": "single_path"})
+    for k in ("alpha", "beta"):
+        d["loss"].pop(k)
+    d["run"]["dir"] = str(tmp_path / "run")
+    t = SearchTrainer(config_from_dict(d, "tiny.yaml"), tmp_path / "run")
+    try:
+        assert [op.shortcut for op in t.model.mixed] == [True, True]
+        skip = t.model.mixed[0].op_names.index("skip")
+        with torch.no_grad():
+            for t_l, is_skip in zip(t.model.theta, skips, strict=True):
+                t_l.fill_(-8.0)
+                t_l[skip if is_skip else 0] = 8.0  # that candidate is sampled (1 - 1e-7)
+        seen = []
+        t.theta_opt.step = lambda: seen.append([p.grad.clone() for p in t.model.theta])
+        x, y = next(iter(t.data.theta_loader))
+        out = t.theta_step(x, y)
+        assert np.isfinite(out["loss"])
+        (grads,) = seen
+        for g, is_skip in zip(grads, skips, strict=True):
+            assert bool(g.any()) is not is_skip, (skips, grads)
+    finally:
+        close_logger(t.log)

@@ -104,9 +104,11 @@ class IRFBlock(nn.Module):
         self.se = SqueezeExcite(mid) if spec.se else nn.Identity()
         self.pwl = ConvBN(mid, c_out, 1, groups=g, relu=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
+        """x + f(x) when the shapes match, else f(x); `shortcut=False` gives f(x) alone (the
+        residual branch, which a MixedOp mixes under one shared shortcut)."""
         y = self.pwl(self.se(self.dw(self.shuffle(self.pw(x)))))
-        return x + y if self.has_skip else y
+        return x + y if self.has_skip and shortcut else y
 
 
 def _parse(name: str):

@@ -19,8 +19,11 @@ class Skip(nn.Module):
         self.has_skip = c_in == c_out and stride == 1
         self.proj = None if self.has_skip else ConvBN(c_in, c_out, 1, stride, relu=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.proj is None else self.proj(x)
+    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor | None:
+        """`shortcut=False` asks for the residual branch: the identity has none (None)."""
+        if self.proj is None:
+            return x if shortcut else None
+        return self.proj(x)
 
 
 class CascadeConv3x3(nn.Module):
@@ -31,9 +34,9 @@ class CascadeConv3x3(nn.Module):
         self.has_skip = c_in == c_out and stride == 1
         self.body = nn.Sequential(ConvBN(c_in, c_in, 3, stride), ConvBN(c_in, c_out, 3, relu=False))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
         y = self.body(x)
-        return x + y if self.has_skip else y
+        return x + y if self.has_skip and shortcut else y
 
 
 class Shift(nn.Module):
@@ -64,9 +67,9 @@ class ShiftBlock5x5(nn.Module):
         self.body = nn.Sequential(ConvBN(c_in, mid, 1), Shift(mid, 5, stride),
                                   ConvBN(mid, c_out, 1, relu=False))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
         y = self.body(x)
-        return x + y if self.has_skip else y
+        return x + y if self.has_skip and shortcut else y
 
 
 def _no_kw(name: str, kw: dict) -> None:
