@@ -135,12 +135,11 @@ class MixedOp(nn.Module):
              active: Sequence[int] | None) -> torch.Tensor:
         out = x if self.shortcut else None
         for i in range(len(self.candidates)) if active is None else active:
-            if self.shortcut:
-                f = self.candidates[i](x, shortcut=False)
-                if f is not None:  # None: the identity, whose branch is 0
-                    out = out + m[i] * f
+            y = (self.candidates[i](x, shortcut=False) if self.shortcut
+                 else self.candidates[i](x))
+            if y is None:  # the identity's branch under the shared shortcut: 0
                 continue
-            y = m[i] * self.candidates[i](x)
+            y = m[i] * y
             out = y if out is None else out + y
         return out
 

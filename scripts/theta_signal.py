@@ -3,7 +3,8 @@
 The θ gradient of a sampled mode approximates full's; where the approximation is blind the
 cost term alone moves θ and the search collapses to the cheapest op. This prints, for each
 mode and searchable layer, the mean norm of ∂CE/∂θ_l (no cost term) over --draws path draws,
-on the digits data of the config (its space; input upsampled as the digits loader does).
+on scikit-learn's digits in the config's space (pixels / 16, bilinearly upsampled to the
+input size; not normalised or padded as fbnas's digits loader does).
 
 First the weights are trained for --warm-steps full-mode weight steps (SGD, lr 0.1), so the
 CE is informative; then every mode is evaluated on the same weights and batches. With
