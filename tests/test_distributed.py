@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -138,12 +137,6 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(tmp: Path, out: Path, args: list[str], stop_at: str | None = None,
              nproc: int = 2) -> subprocess.CompletedProcess:
     driver = tmp / "driver.py"
@@ -155,9 +148,10 @@ def torchrun(tmp: Path, out: Path, args: list[str], stop_at: str | None = None,
     env.pop("FBNAS_TEST_STOP_AT", None)
     if stop_at:
         env["FBNAS_TEST_STOP_AT"] = stop_at
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(driver), *args]
+    # --standalone: the rendezvous store binds a free port itself, so no other process can take
+    # a port between our choosing it and torchrun binding it
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(nproc), str(driver), *args]
     return subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=240)
 
 
