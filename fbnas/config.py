@@ -16,14 +16,19 @@ in) is written next to the run's outputs.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, load_yaml
+from fbnas.io import load_yaml, read_fields, setting
+from fbnas.latency import make_timer
+from fbnas.latency.timers import Timer
+from fbnas.loss import LossConfig
 from fbnas.search_space import SearchSpace
 
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
@@ -44,30 +49,23 @@ class LatencyConfig:
     a cached table for the same space signatures and device settings from `cache_dir`).
     """
 
-    cost: str = "latency"
-    table: str | None = None
-    device: str = "cpu"
-    threads: int = 1
-    batch: int = 1
-    dtype: str = "float32"
-    channels_last: bool = False
-    cache_dir: str = "~/.cache/fbnas/tables"
+    cost: str = setting("latency", "str", choices=COSTS)
+    table: str | None = setting(None, "str")
+    device: str = setting("cpu", "str", choices=("cpu", "cuda", "xla", "fake"))
+    threads: int = setting(1, "int", min=1)
+    batch: int = setting(1, "int", min=1)
+    dtype: str = setting("float32", "str", choices=("float32", "float16", "bfloat16"))
+    channels_last: bool = setting(False, "bool")
+    cache_dir: str = setting("~/.cache/fbnas/tables", "str")
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "latency") -> LatencyConfig:
-        f = Fields({} if d is None else d, where)
-        c = cls(
-            cost=f.str("cost", "latency", choices=COSTS),
-            table=f.str("table", None),
-            device=f.str("device", "cpu", choices=("cpu", "cuda", "xla", "fake")),
-            threads=f.int("threads", 1, min=1),
-            batch=f.int("batch", 1, min=1),
-            dtype=f.str("dtype", "float32", choices=("float32", "float16", "bfloat16")),
-            channels_last=f.bool("channels_last", False),
-            cache_dir=f.str("cache_dir", "~/.cache/fbnas/tables"),
-        )
-        f.done()
-        return c
+        return read_fields(cls, d, where)
+
+    def make_timer(self) -> Timer:
+        """The timer these settings describe (device, threads, batch, dtype, layout)."""
+        return make_timer(self.device, threads=self.threads, batch=self.batch, dtype=self.dtype,
+                          channels_last=self.channels_last)
 
 
 @dataclass(frozen=True)
@@ -82,77 +80,45 @@ class SearchConfig:
     storing them (less memory, more time; same gradients and BN statistics).
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
     NHWC memory layout for the training steps (fbnas.precision).
+    tau0 … tau_min: the temperature schedule's data (fbnas.search.TauSchedule): exp is
+    τ = max(tau_min, τ0·exp(−tau_decay·(epoch − warmup))), linear goes τ0 → tau_min over the
+    θ epochs.
     """
 
-    epochs: int = 90
-    warmup_epochs: int = 10
-    w_lr: float = 0.1
-    w_lr_min: float = 0.0
-    w_momentum: float = 0.9
-    w_weight_decay: float = 1e-4
-    w_nesterov: bool = False
-    theta_lr: float = 0.01
-    theta_weight_decay: float = 5e-4
-    tau0: float = 5.0
-    tau_schedule: str = "exp"
-    tau_decay: float = 0.045  # exp: τ = τ0·exp(−decay·(epoch − warmup))
-    tau_min: float = 0.1  # linear: τ0 → tau_min over the θ epochs; exp: floor
-    hard: bool = False
-    grad_clip: float | None = 5.0
-    seed: int = 0
-    device: str = "auto"
-    nan_policy: str = "stop"
-    bn_calib_samples: int = 1024  # re-estimate BN stats of the argmax path before validation
-    mode: str = "full"
-    checkpoint_activations: bool = False
-    precision: str = "float32"
-    channels_last: bool = False
+    epochs: int = setting(90, "int", min=1)
+    warmup_epochs: int = setting(10, "int", min=0)
+    w_lr: float = setting(0.1, "float", gt=0.0)
+    w_lr_min: float = setting(0.0, "float", min=0.0)
+    w_momentum: float = setting(0.9, "float", min=0.0, max=1.0)
+    w_weight_decay: float = setting(1e-4, "float", min=0.0)
+    w_nesterov: bool = setting(False, "bool")
+    theta_lr: float = setting(0.01, "float", gt=0.0)
+    theta_weight_decay: float = setting(5e-4, "float", min=0.0)
+    tau0: float = setting(5.0, "float", gt=0.0)
+    tau_schedule: str = setting("exp", "str", choices=TAU_SCHEDULES)
+    tau_decay: float = setting(0.045, "float", min=0.0)
+    tau_min: float = setting(0.1, "float", gt=0.0)
+    hard: bool = setting(False, "bool")
+    grad_clip: float | None = setting(5.0, "float", gt=0.0, nullable=True)  # null: no clipping
+    seed: int = setting(0, "int", min=0)
+    device: str = setting("auto", "str", choices=DEVICES)
+    nan_policy: str = setting("stop", "str", choices=NAN_POLICIES)
+    # re-estimate BN stats of the argmax path before validation
+    bn_calib_samples: int = setting(1024, "int", min=0)
+    mode: str = setting("full", "str", choices=SEARCH_MODES)
+    checkpoint_activations: bool = setting(False, "bool")
+    precision: str = setting("float32", "str", choices=PRECISIONS)
+    channels_last: bool = setting(False, "bool")
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
-        f = Fields({} if d is None else d, where)
-        c = cls(
-            epochs=f.int("epochs", 90, min=1),
-            warmup_epochs=f.int("warmup_epochs", 10, min=0),
-            w_lr=f.float("w_lr", 0.1, gt=0.0),
-            w_lr_min=f.float("w_lr_min", 0.0, min=0.0),
-            w_momentum=f.float("w_momentum", 0.9, min=0.0, max=1.0),
-            w_weight_decay=f.float("w_weight_decay", 1e-4, min=0.0),
-            w_nesterov=f.bool("w_nesterov", False),
-            theta_lr=f.float("theta_lr", 0.01, gt=0.0),
-            theta_weight_decay=f.float("theta_weight_decay", 5e-4, min=0.0),
-            tau0=f.float("tau0", 5.0, gt=0.0),
-            tau_schedule=f.str("tau_schedule", "exp", choices=TAU_SCHEDULES),
-            tau_decay=f.float("tau_decay", 0.045, min=0.0),
-            tau_min=f.float("tau_min", 0.1, gt=0.0),
-            hard=f.bool("hard", False),
-            grad_clip=f.float("grad_clip", 5.0, gt=0.0, nullable=True),  # null: no clipping
-            seed=f.int("seed", 0, min=0),
-            device=f.str("device", "auto", choices=DEVICES),
-            nan_policy=f.str("nan_policy", "stop", choices=NAN_POLICIES),
-            bn_calib_samples=f.int("bn_calib_samples", 1024, min=0),
-            mode=f.str("mode", "full", choices=SEARCH_MODES),
-            checkpoint_activations=f.bool("checkpoint_activations", False),
-            precision=f.str("precision", "float32", choices=PRECISIONS),
-            channels_last=f.bool("channels_last", False),
-        )
-        f.done()
+        c = read_fields(cls, d, where)
         if c.warmup_epochs >= c.epochs:
             raise FbnasError(f"{where}.warmup_epochs: {c.warmup_epochs} leaves no θ epochs "
                              f"(search.epochs is {c.epochs})")
         if c.tau_min > c.tau0:
             raise FbnasError(f"{where}.tau_min: {c.tau_min} is above tau0 {c.tau0}")
         return c
-
-    def tau(self, epoch: int) -> float:
-        """Temperature at `epoch` (0-based): τ0 during warm-up, then annealed."""
-        k = max(0, epoch - self.warmup_epochs)
-        if self.tau_schedule == "exp":
-            import math
-
-            return max(self.tau_min, self.tau0 * math.exp(-self.tau_decay * k))
-        n = max(1, self.epochs - self.warmup_epochs - 1)
-        return self.tau0 + (self.tau_min - self.tau0) * min(1.0, k / n)
 
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -164,47 +130,29 @@ class RetrainConfig:
     """Training a child network from scratch: the standard recipe (SGD + Nesterov momentum,
     linear warm-up then cosine decay, label smoothing, the data section's augmentation)."""
 
-    epochs: int = 30
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    lr_min: float = 0.0
-    schedule: str = "cosine"
-    warmup_epochs: int = 1  # linear warm-up from lr/steps to lr, per step
-    momentum: float = 0.9  # sgd only
-    nesterov: bool = True  # sgd only
-    weight_decay: float = 4e-5
-    label_smoothing: float = 0.1
-    grad_clip: float | None = None
-    seed: int = 0
-    device: str = "auto"
-    compile: bool = False  # torch.compile the child for training
-    measure_latency: bool = True  # time the trained child end to end on latency.device
-    precision: str = "float32"  # float32 | bf16 | fp16 (CUDA): autocast (fbnas.precision)
-    channels_last: bool = False  # NHWC weights and inputs
+    epochs: int = setting(30, "int", min=1)
+    optimizer: str = setting("sgd", "str", choices=OPTIMIZERS)
+    lr: float = setting(0.05, "float", gt=0.0)
+    lr_min: float = setting(0.0, "float", min=0.0)
+    schedule: str = setting("cosine", "str", choices=LR_SCHEDULES)
+    warmup_epochs: int = setting(1, "int", min=0)  # linear warm-up from lr/steps to lr, per step
+    momentum: float = setting(0.9, "float", min=0.0, max=1.0)  # sgd only
+    nesterov: bool = setting(True, "bool")  # sgd only
+    weight_decay: float = setting(4e-5, "float", min=0.0)
+    label_smoothing: float = setting(0.1, "float", min=0.0, max=1.0)
+    grad_clip: float | None = setting(None, "float", gt=0.0, nullable=True)
+    seed: int = setting(0, "int", min=0)
+    device: str = setting("auto", "str", choices=DEVICES)
+    compile: bool = setting(False, "bool")  # torch.compile the child for training
+    # time the trained child end to end on latency.device
+    measure_latency: bool = setting(True, "bool")
+    # float32 | bf16 | fp16 (CUDA): autocast (fbnas.precision)
+    precision: str = setting("float32", "str", choices=PRECISIONS)
+    channels_last: bool = setting(False, "bool")  # NHWC weights and inputs
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:
-        f = Fields({} if d is None else d, where)
-        c = cls(
-            epochs=f.int("epochs", 30, min=1),
-            optimizer=f.str("optimizer", "sgd", choices=OPTIMIZERS),
-            lr=f.float("lr", 0.05, gt=0.0),
-            lr_min=f.float("lr_min", 0.0, min=0.0),
-            schedule=f.str("schedule", "cosine", choices=LR_SCHEDULES),
-            warmup_epochs=f.int("warmup_epochs", 1, min=0),
-            momentum=f.float("momentum", 0.9, min=0.0, max=1.0),
-            nesterov=f.bool("nesterov", True),
-            weight_decay=f.float("weight_decay", 4e-5, min=0.0),
-            label_smoothing=f.float("label_smoothing", 0.1, min=0.0, max=1.0),
-            grad_clip=f.float("grad_clip", None, gt=0.0, nullable=True),
-            seed=f.int("seed", 0, min=0),
-            device=f.str("device", "auto", choices=DEVICES),
-            compile=f.bool("compile", False),
-            measure_latency=f.bool("measure_latency", True),
-            precision=f.str("precision", "float32", choices=PRECISIONS),
-            channels_last=f.bool("channels_last", False),
-        )
-        f.done()
+        c = read_fields(cls, d, where)
         if c.warmup_epochs >= c.epochs:
             raise FbnasError(f"{where}.warmup_epochs: {c.warmup_epochs} is not below "
                              f"retrain.epochs {c.epochs}")
@@ -214,8 +162,6 @@ class RetrainConfig:
 
     def lr_at(self, step: int, steps_per_epoch: int) -> float:
         """Learning rate of (0-based) optimizer step `step`."""
-        import math
-
         warm = self.warmup_epochs * steps_per_epoch
         total = self.epochs * steps_per_epoch
         if step < warm:
@@ -228,33 +174,27 @@ class RetrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    dir: str = "runs/search"
-    checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
-    tensorboard: bool = True
-    progress: bool = True
+    dir: str = setting("runs/search", "str")
+    checkpoint_every_steps: int = setting(0, "int", min=0)  # 0: only at the end of each epoch
+    tensorboard: bool = setting(True, "bool")
+    progress: bool = setting(True, "bool")
     # multi-process runs under torchrun (docs/distributed.md): average the weights' gradients
     # every step (1), or take K local steps between averages of weights and optimizer state
-    ddp_sync_every: int = 1
-    ddp_backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    ddp_sync_every: int = setting(1, "int", min=1)
+    # auto: nccl on CUDA, gloo on CPU
+    ddp_backend: str = setting("auto", "str", choices=("auto", "gloo", "nccl"))
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "run") -> RunConfig:
-        f = Fields({} if d is None else d, where)
-        c = cls(dir=f.str("dir", "runs/search"),
-                checkpoint_every_steps=f.int("checkpoint_every_steps", 0, min=0),
-                tensorboard=f.bool("tensorboard", True), progress=f.bool("progress", True),
-                ddp_sync_every=f.int("ddp_sync_every", 1, min=1),
-                ddp_backend=f.str("ddp_backend", "auto", choices=("auto", "gloo", "nccl")))
-        f.done()
-        return c
+        return read_fields(cls, d, where)
 
 
 @dataclass(frozen=True)
 class Config:
     space: SearchSpace
-    data: Any  # fbnas.data.DataConfig
+    data: DataConfig
     latency: LatencyConfig
-    loss: dict
+    loss: LossConfig
     search: SearchConfig
     run: RunConfig
     source: str = "<dict>"
@@ -266,23 +206,11 @@ class Config:
             "space": self.space.to_dict(),
             "data": self.data.to_dict(),
             "latency": asdict(self.latency),
-            "loss": _resolved_loss(self.loss),
+            "loss": self.loss.to_dict(),
             "search": asdict(self.search),
             "retrain": asdict(self.retrain),
             "run": asdict(self.run),
         }
-
-
-def _resolved_loss(loss: dict) -> dict:
-    from fbnas.loss import build_loss
-
-    built = build_loss(loss)
-    out = {"kind": loss.get("kind", "fbnet")}
-    for key, attr in (("alpha", "alpha"), ("beta", "beta"), ("target", "target"),
-                      ("lambda", "lam"), ("label_smoothing", "label_smoothing")):
-        if hasattr(built, attr):
-            out[key] = getattr(built, attr)
-    return out
 
 
 def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> dict:
@@ -333,8 +261,6 @@ def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> d
 
 
 def config_from_dict(data: dict, source: str = "<dict>") -> Config:
-    from fbnas.data import DataConfig
-
     unknown = [k for k in data if k not in SECTIONS]
     if unknown:
         raise FbnasError(f"{source}: unknown section '{unknown[0]}' "
@@ -344,15 +270,13 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     loss = {} if data.get("loss") is None else data["loss"]
     if not isinstance(loss, dict):
         raise FbnasError(f"{source}: loss: expected a mapping")
-    from fbnas.loss import build_loss
-
-    build_loss(loss, f"{source}: loss")  # validate now
+    loss_cfg = LossConfig.from_dict(loss, f"{source}: loss")  # validated first, as before
     return Config(
         space=SearchSpace.from_dict(data["space"], f"{source}: space"),
         data=DataConfig.from_dict({} if data.get("data") is None else data["data"],
                                  f"{source}: data"),
         latency=LatencyConfig.from_dict(data.get("latency"), f"{source}: latency"),
-        loss=dict(loss),
+        loss=loss_cfg,
         search=SearchConfig.from_dict(data.get("search"), f"{source}: search"),
         run=RunConfig.from_dict(data.get("run"), f"{source}: run"),
         source=source,

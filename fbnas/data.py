@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fbnas.errors import FbnasError
-from fbnas.io import Fields
+from fbnas.io import read_fields, setting
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 NEEDS_ROOT = ("cifar10", "cifar100", "imagefolder")
@@ -62,17 +62,21 @@ _SPLIT, _W, _THETA, _TRAIN, _SYNTH_TRAIN, _SYNTH_TEST, _WORKERS = range(1, 8)
 class DataConfig:
     """The `data:` section of a config. `batch_size` is per process under distributed runs."""
 
-    dataset: str = "digits"
-    root: str | None = None  # cifar*: torchvision root; imagefolder: holds train/ and val/
-    download: bool = False  # cifar only
-    batch_size: int = 64
-    eval_batch_size: int = 256
-    workers: int = 0
-    w_fraction: float = 0.8  # share of the non-val training part used for weights; rest is θ
-    val_fraction: float = 0.1  # share of the training set held out for model selection
-    augment: bool = True
-    limit: int | None = None  # cap on training samples, taken after a seeded shuffle
-    synthetic_size: int = 512
+    dataset: str = setting("digits", "str", choices=DATASETS)
+    # cifar*: torchvision root; imagefolder: holds train/ and val/
+    root: str | None = setting(None, "str")
+    download: bool = setting(False, "bool")  # cifar only
+    batch_size: int = setting(64, "int", min=1)
+    eval_batch_size: int = setting(256, "int", min=1)
+    workers: int = setting(0, "int", min=0)
+    # share of the non-val training part used for weights; rest is θ
+    w_fraction: float = setting(0.8, "float")
+    # share of the training set held out for model selection
+    val_fraction: float = setting(0.1, "float")
+    augment: bool = setting(True, "bool")
+    # cap on training samples, taken after a seeded shuffle
+    limit: int | None = setting(None, "int", min=1)
+    synthetic_size: int = setting(512, "int", min=1)
     where: str = field(default="data", compare=False, repr=False)  # for error messages
 
     def __post_init__(self) -> None:
@@ -99,23 +103,7 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "data") -> DataConfig:
-        f = Fields({} if d is None else d, where)
-        cfg = cls(
-            dataset=f.str("dataset", "digits", choices=DATASETS),
-            root=f.str("root", None),
-            download=f.bool("download", False),
-            batch_size=f.int("batch_size", 64, min=1),
-            eval_batch_size=f.int("eval_batch_size", 256, min=1),
-            workers=f.int("workers", 0, min=0),
-            w_fraction=f.float("w_fraction", 0.8),
-            val_fraction=f.float("val_fraction", 0.1),
-            augment=f.bool("augment", True),
-            limit=f.int("limit", None, min=1),
-            synthetic_size=f.int("synthetic_size", 512, min=1),
-            where=where,
-        )
-        f.done()
-        return cfg
+        return read_fields(cls, d, where, where=where)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -339,3 +340,27 @@ def check_schema(where: str, version: Any, supported: int, newer: str,
                          f"{newer})")
     raise FbnasError(f"{where}: schema version {show(version)} is not supported: the file is "
                      f"older than this fbnas reads (version {supported}; {older or newer})")
+
+
+def setting(default: Any, kind: str, *, key: str | None = None, **check: Any) -> Any:
+    """A config dataclass field that `read_fields` reads: `kind` names the `Fields` getter
+    (int, float, str, bool, list, raw), `check` its bounds (min, gt, max, choices, nullable),
+    `key` the file's key when it differs from the attribute (`lambda` -> `lam`). The default
+    is written once, here."""
+    return dataclasses.field(default=default,
+                             metadata={"kind": kind, "key": key, "check": check})
+
+
+def read_fields(cls: type, data: Any, at: str, **given: Any) -> Any:
+    """Build the dataclass `cls` from the mapping `data` found at `at`, reading each `setting`
+    field with its getter, default and bounds (in field order); `given` fills fields that are
+    not settings. Unknown keys are errors naming the key (`Fields.done`)."""
+    f = Fields({} if data is None else data, at)
+    kwargs = dict(given)
+    for fd in dataclasses.fields(cls):
+        meta = fd.metadata
+        if "kind" in meta:
+            kwargs[fd.name] = getattr(f, meta["kind"])(meta["key"] or fd.name, fd.default,
+                                                       **meta["check"])
+    f.done()
+    return cls(**kwargs)

@@ -149,20 +149,63 @@ LOSSES = {"ce": CELoss, "fbnet": FBNetLoss, "normalized": NormalizedLoss, "addit
           "abs_target": AbsTargetLoss}
 
 
-def build_loss(cfg: Any, where: str = "loss") -> CostLoss:
-    """Build a loss from a config mapping: {kind, alpha, beta, target, lambda, label_smoothing}."""
-    f = Fields(cfg or {}, where)
-    kind = f.str("kind", "fbnet", choices=tuple(LOSSES))
-    ls = f.float("label_smoothing", 0.0, min=0.0, max=0.99)
-    if kind == "ce":
-        loss = CELoss(ls)
-    elif kind == "fbnet":
-        loss = FBNetLoss(f.float("alpha", 0.2, gt=0.0), f.float("beta", 0.6, gt=0.0), ls)
-    elif kind == "normalized":
-        loss = NormalizedLoss(f.float("target", required=True, gt=1.0),
-                              f.float("beta", 0.6, gt=0.0), ls)
-    else:
-        cls = AdditiveLoss if kind == "additive" else AbsTargetLoss
-        loss = cls(f.float("target", required=True, gt=0.0), f.float("lambda", 0.1, min=0.0), ls)
-    f.done()
-    return loss
+# The keys each kind reads, in the order the file's resolved config lists them.
+KIND_KEYS = {"ce": ("label_smoothing",), "fbnet": ("alpha", "beta", "label_smoothing"),
+             "normalized": ("beta", "target", "label_smoothing"),
+             "additive": ("target", "lambda", "label_smoothing"),
+             "abs_target": ("target", "lambda", "label_smoothing")}
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The `loss:` section, typed: `kind` picks the formula (one class above) and the keys it
+    reads (KIND_KEYS); keys of other kinds are errors. Built once into a CostLoss by `build`."""
+
+    kind: str = "fbnet"
+    alpha: float = 0.2
+    beta: float = 0.6
+    target: float | None = None
+    lam: float = 0.1  # the file's key `lambda`
+    label_smoothing: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "loss") -> LossConfig:
+        f = Fields({} if d is None else d, where)
+        kind = f.str("kind", "fbnet", choices=tuple(LOSSES))
+        ls = f.float("label_smoothing", 0.0, min=0.0, max=0.99)
+        kw: dict[str, Any] = {"kind": kind, "label_smoothing": ls}
+        if kind == "fbnet":
+            kw.update(alpha=f.float("alpha", 0.2, gt=0.0), beta=f.float("beta", 0.6, gt=0.0))
+        elif kind == "normalized":
+            kw.update(target=f.float("target", required=True, gt=1.0),
+                      beta=f.float("beta", 0.6, gt=0.0))
+        elif kind != "ce":
+            kw.update(target=f.float("target", required=True, gt=0.0),
+                      lam=f.float("lambda", 0.1, min=0.0))
+        f.done()
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved section: `kind` and the keys it reads, defaults filled in."""
+        values = {"alpha": self.alpha, "beta": self.beta, "target": self.target,
+                  "lambda": self.lam, "label_smoothing": self.label_smoothing}
+        return {"kind": self.kind, **{k: values[k] for k in KIND_KEYS[self.kind]}}
+
+    def build(self) -> CostLoss:
+        ls = self.label_smoothing
+        if self.kind == "ce":
+            return CELoss(ls)
+        if self.kind == "fbnet":
+            return FBNetLoss(self.alpha, self.beta, ls)
+        if self.kind == "normalized":
+            return NormalizedLoss(self.target, self.beta, ls)
+        cls = AdditiveLoss if self.kind == "additive" else AbsTargetLoss
+        return cls(self.target, self.lam, ls)
+
+
+def build_loss(cfg: LossConfig | Any, where: str = "loss") -> CostLoss:
+    """Build a loss from a LossConfig, or from a config mapping {kind, alpha, beta, target,
+    lambda, label_smoothing} (validated as the `loss:` section is)."""
+    if not isinstance(cfg, LossConfig):
+        cfg = LossConfig.from_dict(cfg, where)
+    return cfg.build()

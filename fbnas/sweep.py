@@ -31,9 +31,25 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture, arch_from_indices
+from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.costs import find_latency_table, timer_label
+from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
-from fbnas.io import ensure_dir, load_json, load_yaml, write_json_atomic, write_text_atomic
+from fbnas.io import (
+    atomic_write,
+    ensure_dir,
+    load_json,
+    load_yaml,
+    write_json_atomic,
+    write_text_atomic,
+)
+from fbnas.latency.build import measure_archs
+from fbnas.plots import _plt
+from fbnas.retrain import RESULTS, ChildTrainer
+from fbnas.run import close_logger
+from fbnas.runs import load_results
+from fbnas.search import SearchTrainer
 
 WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
 PARAMS = WEIGHTS + ("target",)
@@ -194,9 +210,6 @@ class Sweep:
 
     # ---- one child: search (if any), then retrain -----------------------------------------------
     def _search(self, cfg: Config) -> Architecture:
-        from fbnas.checkpoint import load_checkpoint
-        from fbnas.trainer import SearchTrainer, close_logger
-
         run = Path(cfg.run.dir)
         ck = run / "checkpoint.pt"
         if ck.is_file() and load_checkpoint(ck, kind="search")["epoch"] >= cfg.search.epochs:
@@ -211,16 +224,11 @@ class Sweep:
         return Architecture.load(run / "arch_hard.yaml")
 
     def _retrain(self, arch: Architecture, run: Path, extra: dict[str, Any]) -> dict[str, Any]:
-        from fbnas.retrain import RESULTS, ChildTrainer
-        from fbnas.trainer import close_logger
-
         cfg = config_from_dict(apply_overrides(self.base, [
             f"run.dir={run}", "retrain.measure_latency=false"]), str(self.config_path))
         done = (run / RESULTS).is_file()
         if done:
             self.log(f"{run}: retrained earlier")
-            from fbnas.runs import load_results
-
             load_results(run / RESULTS)  # checked: a damaged file is a one-line error
         # resuming checks the run trained this architecture with this recipe
         t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
@@ -261,15 +269,10 @@ class Sweep:
     def _measure(self, points: list[SweepPoint]) -> None:
         """All children in one interleaved measurement (comparable with each other); each
         run's results.json gets the figure."""
-        from fbnas.latency import make_timer
-        from fbnas.latency.build import measure_archs
-        from fbnas.retrain import RESULTS, find_latency_table
-
         lat = self.cfg.latency
         if lat.cost != "latency" or not self.cfg.retrain.measure_latency:
             return
-        timer = make_timer(lat.device, threads=lat.threads, batch=lat.batch, dtype=lat.dtype,
-                           channels_last=lat.channels_last)
+        timer = lat.make_timer()
         uniq: dict[str, Architecture] = {}
         for p in points:
             uniq.setdefault(p.arch.hash(), p.arch)
@@ -279,9 +282,7 @@ class Sweep:
         table, _ = find_latency_table(self.cfg, named[0], None)
         ref_us = (table.reference or {}).get("scale_us") if table is not None else None
         scale = ref_us or m.ref_scale_s * 1e6
-        d = timer.describe()
-        device = (f"{d.get('device_name')} ({d['backend']}, {d['threads']} thread"
-                  f"{'s' if d['threads'] != 1 else ''}, batch {d['batch']}, {d['dtype']})")
+        device = timer_label(timer.describe())
         for p in points:
             s = m.entries[p.arch.hash()[:16]].summary(scale / 1e6)
             p.results["measured_latency_ms"] = s["median_us"] / 1e3
@@ -336,8 +337,6 @@ class Sweep:
         return summary
 
     def _n_test(self) -> int:
-        from fbnas.data import build_eval_data
-
         m = self.cfg.space.macro
         loader = build_eval_data(self.cfg.data, m.input_size, m.in_channels, m.num_classes,
                                  seed=self.cfg.search.seed, split="test")
@@ -347,8 +346,6 @@ class Sweep:
 def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -> Path:
     """Latency (measured, else predicted) vs. test top-1: searched points joined in order of
     the swept value, references as squares, random architectures as grey crosses."""
-    from fbnas.plots import _plt
-
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 5))
 
@@ -377,8 +374,6 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from fbnas.io import atomic_write
-
     try:
         atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=120), mode="wb")
     finally:

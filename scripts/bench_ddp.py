@@ -38,7 +38,8 @@ def worker(args: argparse.Namespace) -> None:
     k = args.sync_every[0]
     from fbnas.config import load_config
     from fbnas.distributed import init_from_env
-    from fbnas.trainer import SearchTrainer, close_logger
+    from fbnas.run import close_logger
+from fbnas.search import SearchTrainer
 
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", [
         "data.dataset=synthetic", f"data.synthetic_size={args.samples}",

@@ -10,6 +10,7 @@ from fbnas.config import (
     load_config,
 )
 from fbnas.errors import FbnasError
+from fbnas.search import TauSchedule
 
 ROOT = Path(__file__).parents[1]
 RUN_CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml"))
@@ -73,8 +74,10 @@ def test_out_of_range_values(override, match):
 
 
 def test_temperature_schedules():
-    exp = SearchConfig(epochs=10, warmup_epochs=2, tau0=5.0, tau_decay=0.5, tau_min=0.01)
-    assert [exp.tau(e) for e in (0, 1, 2)] == [5.0, 5.0, 5.0]
-    assert exp.tau(4) == pytest.approx(5.0 * 2.718281828 ** -1.0, rel=1e-6)
-    lin = SearchConfig(epochs=6, warmup_epochs=1, tau0=5.0, tau_schedule="linear", tau_min=1.0)
-    assert [round(lin.tau(e), 6) for e in range(6)] == [5.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+    exp = TauSchedule.from_config(
+        SearchConfig(epochs=10, warmup_epochs=2, tau0=5.0, tau_decay=0.5, tau_min=0.01))
+    assert [exp(e) for e in (0, 1, 2)] == [5.0, 5.0, 5.0]
+    assert exp(4) == pytest.approx(5.0 * 2.718281828 ** -1.0, rel=1e-6)
+    lin = TauSchedule.from_config(
+        SearchConfig(epochs=6, warmup_epochs=1, tau0=5.0, tau_schedule="linear", tau_min=1.0))
+    assert [round(lin(e), 6) for e in range(6)] == [5.0, 5.0, 4.0, 3.0, 2.0, 1.0]

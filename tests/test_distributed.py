@@ -75,7 +75,7 @@ DRIVER = textwrap.dedent('''
 
     from fbnas.retrain import ChildTrainer
     from fbnas.supernet import Supernet
-    from fbnas.trainer import SearchTrainer
+    from fbnas.search import SearchTrainer
 
     samples = []
     orig_sample = Supernet.sample_path

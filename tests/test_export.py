@@ -12,6 +12,7 @@ from fbnas.arch import arch_from_indices, build_child
 from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
 from fbnas.errors import FbnasError
+from fbnas.evaluate import load_child
 from fbnas.export import (
     TOLERANCE,
     check_equivalence,
@@ -19,7 +20,6 @@ from fbnas.export import (
     exported_metadata,
     load_exported,
 )
-from fbnas.retrain import load_child
 from fbnas.search_space import SearchSpace
 
 # The ONNX tests need the onnx extra, which the dev extra includes: without it they fail

@@ -331,7 +331,8 @@ def test_disk_full_while_writing_an_architecture(finished_run, tmp_path, monkeyp
 def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy):
     """test_trainer covers a NaN in a θ step; this is an inf in a weight step (CE)."""
     from fbnas.config import config_from_dict
-    from fbnas.trainer import NonFiniteLoss, SearchTrainer, close_logger
+    from fbnas.run import NonFiniteLoss, close_logger
+    from fbnas.search import SearchTrainer
 
     d = copy.deepcopy(TINY)
     d["search"].update(epochs=2, nan_policy=policy)

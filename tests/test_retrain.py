@@ -14,8 +14,9 @@ from fbnas.arch import arch_from_indices
 from fbnas.cli import main
 from fbnas.config import RetrainConfig, config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.retrain import ChildTrainer, load_child, supernet_child_state
-from fbnas.trainer import Interrupted, close_logger
+from fbnas.evaluate import load_child, supernet_child_state
+from fbnas.retrain import ChildTrainer
+from fbnas.run import Interrupted, close_logger
 
 TINY = digits_run_config(
     latency={"cost": "latency", "device": "fake"},
@@ -161,7 +162,7 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path / "nope.pt")]) == 2
     assert "no checkpoint there" in capsys.readouterr().err
     cfg = make_cfg(tmp_path, search={"epochs": 2})
-    from fbnas.trainer import SearchTrainer
+    from fbnas.search import SearchTrainer
 
     s = SearchTrainer(cfg, tmp_path / "search")
     s.fit()
@@ -172,7 +173,7 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
 
 def test_init_from_supernet_copies_the_chosen_paths(tmp_path):
     cfg = make_cfg(tmp_path)
-    from fbnas.trainer import SearchTrainer
+    from fbnas.search import SearchTrainer
 
     s = SearchTrainer(cfg, tmp_path / "search")
     s.fit()

@@ -14,8 +14,9 @@ from fbnas import config as config_mod
 from fbnas import supernet as supernet_mod
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
+from fbnas.run import close_logger
+from fbnas.search import SearchTrainer
 from fbnas.supernet import SEARCH_MODES, Supernet
-from fbnas.trainer import SearchTrainer, close_logger
 
 COSTS = [[1.0, 5.0, 2.0], [3.0, 8.0, 1.0], [2.0, 4.0, 9.0]]
 PATHS_PER_LAYER = {"single_path": 1, "two_path": 2, "full": 3}

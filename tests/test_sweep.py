@@ -70,7 +70,7 @@ def test_sweep_values_and_points():
         with pytest.raises(FbnasError, match=msg):
             parse_values(bad, "beta")
     c = point_config(TINY, "lambda", 0.0, "d")
-    assert c.loss == {"kind": "ce"}
+    assert c.loss.to_dict() == {"kind": "ce", "label_smoothing": 0.0}
     with pytest.raises(FbnasError, match="loss.target"):
         point_config({**TINY, "loss": {"kind": "additive", "target": 5}}, "target", 0.0, "d")
 
@@ -98,8 +98,8 @@ def test_sweep_cli_errors(tmp_path, capsys):
 
 
 def test_interrupted_sweep_exits_130_with_a_resume_hint(tmp_path, capsys, monkeypatch):
+    from fbnas.run import Interrupted
     from fbnas.sweep import Sweep
-    from fbnas.trainer import Interrupted
 
     def stop(self):
         raise Interrupted

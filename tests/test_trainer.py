@@ -12,7 +12,8 @@ from fbnas.arch import Architecture, build_child
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.trainer import Interrupted, NonFiniteLoss, SearchTrainer, close_logger
+from fbnas.run import Interrupted, NonFiniteLoss, close_logger
+from fbnas.search import SearchTrainer
 
 TINY = digits_run_config(data={"limit": 300},
                          search={"epochs": 4, "w_lr": 0.05, "theta_lr": 0.05})

@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from fbnas.evaluate import load_child
     from fbnas.export import SUFFIX, check_format, default_out, export_child, require_extras
-    from fbnas.retrain import load_child
 
     formats: list[str] = []
     for item in args.formats:

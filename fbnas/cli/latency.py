@@ -260,7 +260,7 @@ def _measure_items(args, timer):
             raise FbnasError(f"{p}: ONNX models are timed by onnxruntime's own tools; give the "
                              "TorchScript export or the retrain checkpoint")
         if p.is_dir() or p.suffix in (".pt", ".pth") and _is_checkpoint(p):
-            from fbnas.retrain import load_child
+            from fbnas.evaluate import load_child
 
             a, net, _ = load_child(p)
         else:

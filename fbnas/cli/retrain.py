@@ -51,7 +51,7 @@ def run(args) -> int:
     from fbnas.arch import Architecture
     from fbnas.config import load_config
     from fbnas.retrain import ChildTrainer
-    from fbnas.trainer import run_trainer
+    from fbnas.run import run_trainer
 
     arch = Architecture.load(args.arch) if args.arch else None
     if args.resume:

@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from fbnas.run import Interrupted
     from fbnas.sweep import Sweep, parse_values
-    from fbnas.trainer import Interrupted
 
     param = next(n for n in ("alpha", "beta", "lambda", "target")
                  if getattr(args, n) is not None)

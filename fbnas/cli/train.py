@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.trainer import SearchTrainer, run_trainer
+    from fbnas.run import run_trainer
+    from fbnas.search import SearchTrainer
 
     if args.resume:
         run_dir = Path(args.resume)

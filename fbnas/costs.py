@@ -1,0 +1,193 @@
+"""Where a run's costs come from, and a child network's latency, predicted and measured.
+
+`resolve_costs` loads the table a config names, reuses this machine's cached table for the
+space and timer settings, or measures one (the cache policy: `cached_table_path`); a resumed
+run keeps the table saved in its run directory. `shared_costs` does the same under torchrun
+(rank 0 resolves, the others receive). For a trained child, `find_latency_table` finds the
+table to predict with, `predict_ms` predicts and `measure_child_ms` times it end to end with
+the same timer settings and drift compensation as the table's entries.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fbnas.arch import Architecture
+from fbnas.config import Config, LatencyConfig
+from fbnas.distributed import DistContext
+from fbnas.errors import FbnasError
+from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
+from fbnas.latency.measure import Protocol, measure
+
+UNITS = {"latency": "us", "flops": "FLOPs", "params": "params"}
+
+
+@dataclass
+class CostSource:
+    """Per-(layer, op) costs and where they came from."""
+
+    rows: list[dict[str, float]]
+    fixed: float
+    fingerprint: str
+    unit: str
+    description: str
+    table: Any = None  # the LatencyTable (or counted table) for predictions
+
+
+def cached_table_path(cfg: Config, timer: Timer | None = None) -> Path:
+    """Where `fbnas train` caches the latency table measured for this config's space and
+    latency settings on this machine."""
+    lat, space = cfg.latency, cfg.space
+    fp_dev = (timer or lat.make_timer()).describe()
+    key = json.dumps({k: fp_dev.get(k) for k in sorted(fp_dev) if k != "created"},
+                     sort_keys=True)
+    tag = hashlib.sha256((key + space_hash(space)).encode()).hexdigest()[:16]
+    return Path(lat.cache_dir).expanduser() / f"{space.name}-{lat.device}-{tag}.json"
+
+
+def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
+                  run_dir: Path | None = None, prefer_saved: bool = False,
+                  save: bool = True) -> CostSource:
+    """Load, reuse from cache, or build the cost table the config asks for (a resumed run,
+    `prefer_saved`, takes the copy saved in its run directory when the config names no
+    table file)."""
+    lat, space = cfg.latency, cfg.space
+    saved = run_dir / "cost_table.json" if run_dir is not None else None
+    if prefer_saved and saved is not None and saved.is_file():
+        # a resumed run keeps the table it was searched with, whatever the cache holds now
+        table = LatencyTable.load(saved)
+        if table.cost == lat.cost:
+            rows, fixed = table.costs_for(space)
+            return CostSource(rows, fixed, table.fingerprint(), UNITS[table.cost],
+                              f"cost table {saved}", table)
+    if lat.table:
+        table = LatencyTable.load(lat.table)
+        if table.cost != lat.cost:
+            raise FbnasError(f"{lat.table}: is a {table.cost} table but latency.cost is "
+                             f"{lat.cost!r}")
+        table.check_run(batch=lat.batch, dtype=lat.dtype)
+        desc = f"{lat.cost} table {lat.table}"
+    elif lat.cost in ("flops", "params"):
+        table = build_cost_table(space, lat.cost)
+        desc = f"counted {lat.cost} table"
+    else:
+        timer = lat.make_timer()
+        cache = cached_table_path(cfg, timer)
+        table = LatencyTable.load(cache) if cache.is_file() else None
+        if table is not None and not table.missing(space):
+            log(f"reusing cached latency table {cache}")
+            desc = f"latency table {cache} (cached, measured on this machine)"
+        else:
+            log(f"measuring a latency table for this machine ({lat.device}) -> {cache}")
+            table = build_table(space, timer, table=table, out=cache, progress=cfg.run.progress,
+                                log=log)
+            desc = f"latency table {cache} (measured now)"
+    if run_dir is not None and save:
+        table.save(run_dir / "cost_table.json")
+    rows, fixed = table.costs_for(space)
+    return CostSource(rows, fixed, table.fingerprint(), UNITS[table.cost], desc, table)
+
+
+def shared_costs(cfg: Config, dist: DistContext, log: Callable[[str], None], run_dir: Path,
+                 resume: bool) -> CostSource:
+    """`resolve_costs` for a search run (not saved yet: the trainer saves it once every other
+    input is valid). Under torchrun rank 0 loads or measures the table and the other ranks
+    receive its rows and fingerprint, or its error."""
+
+    def resolve() -> CostSource:
+        return resolve_costs(cfg, log, run_dir, prefer_saved=resume and (
+            cfg.latency.cost == "latency") and not cfg.latency.table, save=False)
+
+    if not dist.distributed:
+        return resolve()
+    costs, payload = None, None
+    if dist.is_main:
+        try:
+            costs = resolve()
+            payload = ("ok", costs.rows, costs.fixed, costs.fingerprint, costs.unit,
+                       costs.description)
+        except FbnasError as e:
+            payload = ("error", str(e))
+            dist.broadcast_object(payload)
+            raise
+    payload = dist.broadcast_object(payload)
+    if costs is not None:
+        return costs
+    if payload[0] == "error":
+        raise FbnasError(f"rank 0: {payload[1]}")
+    return CostSource(*payload[1:])
+
+
+# ---- a child's latency: predicted from a table, measured end to end ------------------------------
+def find_latency_table(cfg: Config, arch: Architecture, log: Any = None
+                       ) -> tuple[LatencyTable | None, str | None]:
+    """(table, source) for predicting `arch`'s latency: `latency.table`, else the search run's
+    cost_table.json (the arch file's meta.run), else this machine's cached table for the
+    config's space; (None, None) when there is none (nothing is measured here)."""
+    if cfg.latency.cost != "latency":
+        return None, None
+    candidates: list[Path] = []
+    if cfg.latency.table:
+        candidates.append(Path(cfg.latency.table))
+    run = arch.meta.get("run") if isinstance(arch.meta, dict) else None
+    if run:
+        candidates.append(Path(run) / "cost_table.json")
+    try:
+        candidates.append(cached_table_path(cfg))
+    except FbnasError:
+        pass
+    for p in candidates:
+        if p.is_file():
+            try:
+                t = LatencyTable.load(p)
+            except FbnasError as e:
+                if log is not None:
+                    log.warning(f"skipping latency table: {e}")
+                continue
+            if t.cost == "latency":
+                return t, str(p)
+    return None, None
+
+
+def predict_ms(table: LatencyTable, arch: Architecture, cfg: Config) -> float:
+    """The table's whole-network latency of `arch`, in ms (its calibration/corrections applied
+    when the architecture belongs to the config's space)."""
+    try:
+        arch.check_fits(cfg.space)
+        return table.predict(arch, "auto", cfg.space) / 1e3
+    except FbnasError:
+        return table.predict(arch, "raw") / 1e3
+
+
+def timer_label(d: dict[str, Any]) -> str:
+    """'CPU MODEL (cpu, 1 thread, batch 1, float32)' from a timer's `describe()`."""
+    return (f"{d.get('device_name')} ({d['backend']}, {d['threads']} thread"
+            f"{'s' if d['threads'] != 1 else ''}, batch {d['batch']}, {d['dtype']})")
+
+
+def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyConfig,
+                     table: LatencyTable | None = None, protocol: Protocol | None = None
+                     ) -> dict[str, Any]:
+    """End-to-end latency of the (trained) child with the latency section's timer settings,
+    drift-compensated like the table's entries (same reference op, and the table's reference
+    scale when there is one, so the two are in the same units)."""
+    timer = lat.make_timer()
+    proto = protocol or Protocol()
+    net = copy.deepcopy(model).cpu()
+    runs = {"child": timer.prepare(net, (arch.macro.in_channels, *arch.macro.input_size),
+                                   "child")}
+    m = measure(timer, runs, proto)
+    ref_us = (table.reference or {}).get("scale_us") if table is not None else None
+    scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
+    s = m.entries["child"].summary(scale_us / 1e6)
+    d = timer.describe()
+    return {"median_ms": s["median_us"] / 1e3, "min_ms": s["min_us"] / 1e3,
+            "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d}

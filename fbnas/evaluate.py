@@ -1,0 +1,79 @@
+"""A trained child: its accuracy on a split (`evaluate`, used by `fbnas eval` and retrain),
+loading it from a retrain checkpoint (`load_child`), and taking a child's weights out of a
+supernet checkpoint (`supernet_child_state`, for `fbnas retrain --init-from-supernet`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fbnas.arch import Architecture, ChildNet, build_child
+from fbnas.checkpoint import load_checkpoint
+from fbnas.config import config_from_dict
+from fbnas.errors import FbnasError
+from fbnas.run.loop import CHECKPOINT
+
+
+# ---- evaluation ------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, device: torch.device | str = "cpu"
+             ) -> dict[str, float]:
+    """Top-1 / top-5 accuracy and mean cross-entropy over `loader` (model in eval mode, so
+    BatchNorm uses the child's own running statistics)."""
+    device = torch.device(device)
+    model.eval()
+    n = top1 = top5 = 0
+    ce = 0.0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits = model(x)
+        ce += float(F.cross_entropy(logits, y, reduction="sum"))
+        k = min(5, logits.shape[1])
+        pred = logits.topk(k, 1).indices
+        top1 += int((pred[:, 0] == y).sum())
+        top5 += int((pred == y[:, None]).any(1).sum())
+        n += len(y)
+    return {"top1": top1 / max(n, 1), "top5": top5 / max(n, 1), "ce": ce / max(n, 1), "n": n}
+
+
+# ---- child checkpoints -------------------------------------------------------------------------
+def load_child(path: str | Path, device: str | torch.device = "cpu"
+               ) -> tuple[Architecture, ChildNet, dict[str, Any]]:
+    """(architecture, child network with the checkpoint's weights in eval mode, raw state)
+    from a retrain checkpoint (a file, or a retrain run directory holding checkpoint.pt)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / CHECKPOINT
+    state = load_checkpoint(p, kind="child")
+    arch = Architecture.from_dict(state["arch"], f"{p}: arch")
+    model = build_child(arch)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise FbnasError(f"{p}: weights do not fit architecture {arch.short_hash} "
+                         f"({first[:160]})") from None
+    return arch, model.to(device).eval(), state
+
+
+def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
+                         where: str = "supernet") -> dict[str, torch.Tensor]:
+    """The child's state dict taken from a supernet's: stem and head as they are, and for each
+    layer the weights of the candidate `arch` chose (`mixed.{i}.candidates.{j}.*` ->
+    `blocks.{i}.*`). The architecture must be a member of the search run's space."""
+    cfg = config_from_dict(search_state["config"], where)
+    arch.check_fits(cfg.space, f"{where}: architecture {arch.name}")
+    src = search_state["model"]
+    out: dict[str, torch.Tensor] = {}
+    for k, v in src.items():
+        if k.startswith(("stem.", "head.")):
+            out[k] = v
+    for i, (op, cands) in enumerate(zip(arch.ops, cfg.space.layer_candidates(), strict=True)):
+        prefix = f"mixed.{i}.candidates.{cands.index(op)}."
+        for k, v in src.items():
+            if k.startswith(prefix):
+                out[f"blocks.{i}.{k[len(prefix):]}"] = v
+    return out

@@ -1,0 +1,18 @@
+"""Run infrastructure shared by the trainers: loggers (logs), the epoch loop with signals,
+checkpoints and run directory (loop), and the resume policy (resume). Nothing here knows what
+is trained: the search and retrain trainers subclass `loop.EpochRunner`."""
+
+from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
+from fbnas.run.loop import (
+    CHECKPOINT,
+    EpochRunner,
+    Interrupted,
+    NonFiniteLoss,
+    resolve_device,
+    run_trainer,
+)
+from fbnas.run.resume import ResumePolicy, check_kept_settings
+
+__all__ = ["CHECKPOINT", "EpochRunner", "Interrupted", "NonFiniteLoss", "ResumePolicy",
+           "attach_log_file", "check_kept_settings", "close_logger", "make_logger",
+           "resolve_device", "run_log_handlers", "run_trainer"]

@@ -1,0 +1,324 @@
+"""EpochRunner: what every fbnas trainer does around its algorithm.
+
+The epoch loop (train an epoch, save, log, stop on Ctrl-C/SIGTERM with every rank agreeing),
+the step loop inside an epoch (progress bar, a checkpoint every `run.checkpoint_every_steps`
+steps, the stop check), the device and precision, the resume guard, the run directory with
+its config.yaml and train.log, per-rank state in distributed checkpoints, and the TensorBoard
+writer. A trainer subclasses it and supplies `_setup` (its model, optimizers, data),
+`train_epoch`, `state_dict`, `epoch_line` and `tb_scalars`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from fbnas.checkpoint import load_checkpoint, save_checkpoint
+from fbnas.distributed import (
+    DistContext,
+    gather_rank_states,
+    init_from_env,
+    load_rank_bn,
+    restore_rank_rng,
+)
+from fbnas.distributed import current as dist_current
+from fbnas.errors import FbnasError
+from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
+from fbnas.precision import Precision
+from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
+from fbnas.run.resume import ResumePolicy
+
+CHECKPOINT = "checkpoint.pt"
+
+
+class NonFiniteLoss(FbnasError):
+    """A loss term became NaN or inf."""
+
+
+class Interrupted(Exception):
+    """The run was stopped by Ctrl-C after saving its exact position."""
+
+
+def resolve_device(name: str, key: str = "search.device") -> torch.device:
+    """`auto` -> cuda when available, else cpu; `cuda` without a GPU is a one-line error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise FbnasError(f"{key}: cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+class EpochRunner:
+    """Base of the search and retrain trainers (see the module docstring)."""
+
+    KIND: ClassVar[str]  # the checkpoint's kind: "search" or "child"
+    SECTION: ClassVar[str]  # the config section of the trainer: "search" or "retrain"
+    RESUME_CMD: ClassVar[str]  # how a user continues a run: "fbnas train --resume"
+    NEW_RUN_HINT: ClassVar[str]  # how a user starts another run: "run.dir" or "--out"
+    POLICY: ClassVar[ResumePolicy]
+
+    def __init__(self, cfg: Any, run_dir: str | Path, log: logging.Logger | None = None,
+                 dist: DistContext | None = None, **setup: Any):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
+        self.dist = dist or dist_current()
+        self.epoch, self.step = 0, 0
+        self.history: list[dict[str, Any]] = []
+        self.partial: dict[str, Any] = {}
+        self.writer: SummaryWriter | None = None
+        self._stop_requested = False
+        self._stop_time = 0.0
+        self._rank_bn: list[torch.Tensor] | None = None
+        self._averager: Any = None  # distributed runs: fbnas.distributed.PeriodicAverager
+        # the console only until every input is validated: a refused run writes nothing
+        keep = run_log_handlers(self.run_dir, self.dist.rank)
+        self._own_log = log is None
+        self.log = log or make_logger(self.run_dir, self.dist.rank, file=False)
+        try:
+            self._setup(**setup)
+        except BaseException:
+            if self._own_log:
+                close_logger(self.log, keep)
+            raise
+
+    # ---- what a trainer supplies ------------------------------------------------------------
+    def _setup(self, **kw: Any) -> None:
+        raise NotImplementedError
+
+    def train_epoch(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def epoch_line(self, rec: dict[str, Any]) -> str:
+        """The epoch's line in the log."""
+        raise NotImplementedError
+
+    def tb_scalars(self, writer: SummaryWriter, rec: dict[str, Any]) -> None:
+        """Write the epoch's record to TensorBoard."""
+        raise NotImplementedError
+
+    @property
+    def bn_module(self) -> nn.Module:
+        """The module whose BatchNorm statistics each rank keeps (the bare model)."""
+        raise NotImplementedError
+
+    # ---- set-up helpers ---------------------------------------------------------------------
+    def _init_device(self, name: str) -> None:
+        """`self.device` from the trainer section's device setting; one GPU per local rank."""
+        self.device = resolve_device(name, f"{self.SECTION}.device")
+        if self.dist.distributed and self.device.type == "cuda":
+            self.device = self.dist.device
+
+    def _init_precision(self, precision: str, channels_last: bool, scalers: int = 1) -> None:
+        """Autocast, loss scalers and layout (fbnas.precision)."""
+        self.prec = Precision(precision, channels_last, self.device, self.SECTION,
+                              scalers=scalers,
+                              local_sgd=self.dist.distributed and self.cfg.run.ddp_sync_every > 1)
+
+    def _open_checkpoint(self, resume: bool) -> dict[str, Any] | None:
+        """The checkpoint to resume from (checked against the config by `_check_resume`), or
+        None for a new run, which must not overwrite one."""
+        path = self.run_dir / CHECKPOINT
+        if not resume:
+            if path.exists():
+                what = "search" if self.KIND == "search" else "retrain"
+                raise FbnasError(f"{self.run_dir}: already holds a {what} checkpoint; resume "
+                                 f"it with `{self.RESUME_CMD} DIR` or choose another "
+                                 f"{self.NEW_RUN_HINT}")
+            return None
+        return load_checkpoint(path, kind=self.KIND)
+
+    def _check_resume(self, state: dict[str, Any]) -> None:
+        self.POLICY.check(state["config"], self.cfg.resolved(), self.run_dir / CHECKPOINT)
+
+    def _open_run_dir(self) -> None:
+        """Every input is valid: create the run directory and start train.log (rank 0)."""
+        if self.dist.is_main:
+            ensure_dir(self.run_dir)
+            if self._own_log:
+                attach_log_file(self.log, self.run_dir)
+
+    def _write_config(self, extra: dict[str, Any] | None = None) -> None:
+        """config.yaml: the resolved config (plus what the trainer adds), on rank 0."""
+        if self.dist.is_main:
+            write_yaml_atomic(self.run_dir / "config.yaml",
+                              {**self.cfg.resolved(), **(extra or {})})
+
+    def _restore_ranks(self, state: dict[str, Any], at_epoch_start: bool, seed: int) -> None:
+        """RNG state (this rank's, in a distributed checkpoint), partial sums and BN
+        statistics; the BN statistics are loaded by `_load_rank_bn` once the model is wrapped."""
+        mine = restore_rank_rng(self.dist, state, at_epoch_start=at_epoch_start, seed=seed,
+                                epoch=self.epoch, where=str(self.run_dir / CHECKPOINT),
+                                log=self.log)
+        if mine is not None:
+            self.partial = dict(mine.get("partial") or {})
+            self._rank_bn = list(mine.get("bn") or [])
+        self.log.info(f"resumed {self.run_dir} at {self._position()}")
+
+    def _load_rank_bn(self) -> None:
+        if self._rank_bn:  # this rank's own BN statistics from the checkpoint
+            load_rank_bn(self.bn_module, self._rank_bn)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def save(self) -> None:
+        """Write the checkpoint. Under torchrun every rank calls this at the same step (it is
+        collective: it gathers each rank's RNG state and BN statistics) and rank 0 writes."""
+        ranks = None
+        if self.dist.distributed:
+            if self._averager is not None:
+                self._averager.sync()  # ddp_sync_every > 1: the ranks' weights may differ
+            ranks = gather_rank_states(self.dist, self.bn_module, self.partial)
+        if not self.dist.is_main:
+            return
+        state = self.state_dict()
+        if ranks is not None:
+            state.update(world_size=self.dist.world_size, ranks=ranks)
+        save_checkpoint(self.run_dir / CHECKPOINT, state)
+        self._after_save()
+
+    def _after_save(self) -> None:
+        """Files a trainer writes beside each checkpoint (rank 0)."""
+
+    # ---- the loops --------------------------------------------------------------------------
+    def _run_epochs(self, epochs: int) -> None:
+        """Train to epoch `epochs`, saving after each; on Ctrl-C/SIGTERM save the exact
+        position, say how to continue and raise Interrupted."""
+        try:
+            with self._stop_signals():
+                while self.epoch < epochs:
+                    rec = self.train_epoch()
+                    self.history.append(rec)
+                    self._next_epoch()
+                    self.save()
+                    self.log_epoch(rec)
+                    if self._agreed_stop():
+                        raise Interrupted
+        except Interrupted:
+            if self.dist.is_main:
+                self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at "
+                                 f"{self._position()}; continue with "
+                                 f"`{self.RESUME_CMD} {self.run_dir}`")
+            raise
+        finally:
+            if self.writer is not None:
+                self.writer.flush()
+
+    def _run_steps(self, batches: Iterable[Any], total: int, desc: str,
+                   step: Callable[[torch.Tensor, torch.Tensor], dict[str, float]],
+                   record: Callable[[dict[str, float]], dict[str, float]],
+                   before_stop: Callable[[], None] | None = None) -> None:
+        """The rest of one pass over `batches` (resumed at `self.step`): `step` on each batch
+        moved to the device, then `record` of its output (which returns the progress bar's
+        figures); a checkpoint every `run.checkpoint_every_steps` steps; on a stop request,
+        `before_stop`, save and raise Interrupted."""
+        bar = None
+        if self.cfg.run.progress and self.dist.is_main:
+            bar = tqdm(total=total, initial=min(self.step, total), leave=False,
+                       dynamic_ncols=True, desc=desc)
+        every = self.cfg.run.checkpoint_every_steps
+        try:
+            for x, y in batches:
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+                out = step(x, y)
+                self.step += 1
+                shown = record(out)
+                if bar is not None:
+                    bar.update(1)
+                    if shown:
+                        bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()})
+                if every and self.step % every == 0:
+                    self.save()
+                if self._agreed_stop():
+                    if before_stop is not None:
+                        before_stop()
+                    self.save()
+                    raise Interrupted
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _next_epoch(self) -> None:
+        self.epoch, self.step, self.partial = self.epoch + 1, 0, {}
+
+    def _position(self) -> str:
+        return f"epoch {self.epoch} step {self.step}"
+
+    # ---- logging ----------------------------------------------------------------------------
+    def log_epoch(self, rec: dict[str, Any]) -> None:
+        """history.json, the log line and TensorBoard (rank 0 alone)."""
+        if not self.dist.is_main:
+            return
+        write_json_atomic(self.run_dir / "history.json", self.history)
+        self.log.info(self.epoch_line(rec))
+        if not self.cfg.run.tensorboard:
+            return
+        if self.writer is None:
+            self.writer = SummaryWriter(str(self.run_dir / "tb"))
+        self.tb_scalars(self.writer, rec)
+
+    # ---- stopping ---------------------------------------------------------------------------
+    def request_stop(self, *_: Any) -> None:
+        """Ask the run to stop after the current step (what Ctrl-C does); a second call aborts
+        (under torchrun, not one within 2 s: the copy of the same Ctrl-C the launcher forwards
+        to a rank that got it from the terminal too)."""
+        now = time.monotonic()
+        if self._stop_requested:
+            if self.dist.distributed and now - self._stop_time < 2.0:
+                return
+            raise KeyboardInterrupt
+        self._stop_requested, self._stop_time = True, now
+        self.log.warning("stopping after the current step to save a checkpoint "
+                         "(Ctrl-C again aborts without saving)")
+
+    def _agreed_stop(self) -> bool:
+        """Whether to stop now; under torchrun, true on every rank if any rank was signalled,
+        so all ranks stop (and save) at the same step."""
+        if self.dist.distributed:
+            self._stop_requested = self.dist.any_true(self._stop_requested)
+        return self._stop_requested
+
+    @contextlib.contextmanager
+    def _stop_signals(self):
+        """Route Ctrl-C, and the SIGTERM a scheduler sends before it kills a job, to
+        `request_stop` while the block runs (main thread only); restore the handlers after."""
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, self.request_stop)
+        try:
+            yield
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+
+def run_trainer(make: Callable[[DistContext], Any], device: str, backend: str
+                ) -> tuple[DistContext, Any]:
+    """The `fbnas train` / `fbnas retrain` run: join the torchrun process group (a single
+    process otherwise), build the trainer with `make(ctx)`, fit it, close its log and the group.
+    Returns (context, fit's result), or (context, None) when Ctrl-C/SIGTERM stopped it."""
+    ctx = init_from_env(device=device, backend=backend)
+    try:
+        trainer = make(ctx)
+        try:
+            return ctx, trainer.fit()
+        except Interrupted:
+            return ctx, None
+        finally:
+            close_logger(trainer.log)
+    finally:
+        ctx.close()

@@ -1,0 +1,471 @@
+"""SearchTrainer: the FBNet alternating search.
+
+Per epoch: weight steps (SGD + momentum, cosine schedule) on the weight split, then — after
+`warmup_epochs` of weights only — θ steps (Adam) on the disjoint θ split. Weight steps use
+the cross-entropy of a Gumbel-sampled path (θ gets no gradient); θ steps use the cost-aware
+loss (weights get no gradient). τ is annealed after warm-up (`TauSchedule`). Validation uses
+the argmax architecture, deterministically, on the held-out validation split (never the test
+split).
+
+Checkpoints are written atomically at the end of every epoch (and every
+`run.checkpoint_every_steps` steps if set, and on Ctrl-C), holding the model, both optimizers,
+the scheduler, RNG states, the position (epoch, phase, step), the resolved config and the cost
+table's fingerprint: `fbnas train --resume RUN_DIR` continues and ends with the same θ as an
+uninterrupted run. The loop, signals, run directory and logging are fbnas.run.loop's.
+
+Under `torchrun` (fbnas.distributed, docs/distributed.md) each rank trains on its shard: weight
+steps run through DistributedDataParallel, θ's gradients are averaged before each Adam step,
+the Gumbel noise is the same on every rank, and rank 0 alone writes the run directory.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+from fbnas.arch import Architecture, sample_hard
+from fbnas.checkpoint import rng_state, seed_everything
+from fbnas.config import Config, SearchConfig
+from fbnas.costs import CostSource, shared_costs
+from fbnas.data import build_search_data
+from fbnas.distributed import (
+    PeriodicAverager,
+    SharedSampling,
+    average_grads_before_step,
+    rank_seed,
+    sync_bn_stats,
+    wrap_ddp,
+)
+from fbnas.errors import FbnasError
+from fbnas.io import write_json_atomic
+from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
+from fbnas.run.resume import ResumePolicy
+from fbnas.supernet import Supernet
+
+
+@dataclass(frozen=True)
+class TauSchedule:
+    """The Gumbel-softmax temperature per (0-based) epoch: τ0 during the weights-only warm-up,
+    then `exp`: max(τ_min, τ0·exp(−decay·k)), or `linear`: τ0 → τ_min over the θ epochs, with
+    k the epochs since warm-up."""
+
+    tau0: float
+    kind: str
+    decay: float
+    tau_min: float
+    warmup: int
+    epochs: int
+
+    @classmethod
+    def from_config(cls, s: SearchConfig) -> TauSchedule:
+        return cls(s.tau0, s.tau_schedule, s.tau_decay, s.tau_min, s.warmup_epochs, s.epochs)
+
+    def __call__(self, epoch: int) -> float:
+        k = max(0, epoch - self.warmup)
+        if self.kind == "exp":
+            return max(self.tau_min, self.tau0 * math.exp(-self.decay * k))
+        n = max(1, self.epochs - self.warmup - 1)
+        return self.tau0 + (self.tau_min - self.tau0) * min(1.0, k / n)
+
+
+class SearchTrainer(EpochRunner):
+    KIND, SECTION, NEW_RUN_HINT = "search", "search", "run.dir"
+    RESUME_CMD = "fbnas train --resume"
+    POLICY = ResumePolicy(
+        compared=("data", "latency", "loss", "search", "run"),
+        # where and how it runs, not what it computes
+        resumable=frozenset({
+            ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
+            ("run", "checkpoint_every_steps"), ("search", "device"), ("data", "workers"),
+            ("data", "root"), ("data", "eval_batch_size"), ("run", "ddp_backend"),
+            ("search", "checkpoint_activations"), ("search", "channels_last")}),
+        added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
+               ("search", "checkpoint_activations"): False,
+               ("search", "precision"): "float32", ("search", "channels_last"): False})
+
+    def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
+                 log=None, resume: bool = False, dist=None):
+        super().__init__(cfg, run_dir, log, dist, resume=resume, costs=costs)
+
+    def _setup(self, resume: bool, costs: CostSource | None) -> None:
+        cfg = self.cfg
+        s = cfg.search
+        self._init_device(s.device)
+        # autocast and layout (fbnas.precision); scaler 0 for the weights, 1 for θ under fp16
+        self._init_precision(s.precision, s.channels_last, scalers=2)
+        state = self._open_checkpoint(resume)
+        if state is not None:
+            self._check_resume(state)
+        self.costs = costs or shared_costs(cfg, self.dist, self.log.info, self.run_dir, resume)
+        # seeded after the costs: measuring a table draws random numbers, a cached one does not
+        seed_everything(s.seed)
+        if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
+            raise FbnasError(f"{self.run_dir / CHECKPOINT}: the run was searched with another "
+                             f"cost table (fingerprint {state['cost_fingerprint'][:12]}, now "
+                             f"{self.costs.fingerprint[:12]}); resume with the original table")
+        self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
+                              checkpoint_activations=s.checkpoint_activations).to(self.device)
+        self.prec.model(self.model)
+        self.loss = cfg.loss.build()
+        self.loss.check_range(*self.model.cost_bounds())
+        self.tau_schedule = TauSchedule.from_config(s)
+        self.w_opt = torch.optim.SGD(self.model.weight_parameters(), lr=s.w_lr,
+                                     momentum=s.w_momentum, weight_decay=s.w_weight_decay,
+                                     nesterov=s.w_nesterov and s.w_momentum > 0)
+        self.w_sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            self.w_opt, T_max=s.epochs, eta_min=s.w_lr_min)
+        self.theta_opt = torch.optim.Adam(self.model.arch_parameters(), lr=s.theta_lr,
+                                          weight_decay=s.theta_weight_decay)
+        self.data = build_search_data(
+            cfg.data, input_size=cfg.space.macro.input_size,
+            in_channels=cfg.space.macro.in_channels, num_classes=cfg.space.macro.num_classes,
+            seed=s.seed, distributed=self.dist.shard, pin_memory=self.device.type == "cuda")
+        self._open_run_dir()  # every input is valid: now the run directory
+        if self.dist.is_main and state is None and self.costs.table is not None:
+            self.costs.table.save(self.run_dir / "cost_table.json")
+        self.phase = "w"
+        self.skipped_steps = 0
+        self._ddp: Any = None  # the weight path's DDP wrapper (distributed runs)
+        if state is not None:
+            self._restore(state)
+        else:
+            self._write_config()
+        if self.dist.distributed:
+            self._setup_distributed(fresh=state is None)
+
+    # ---- resume ---------------------------------------------------------------------------
+    def _check_resume(self, state: dict[str, Any]) -> None:
+        saved, now = state["config"], self.cfg.resolved()
+        if saved["space"] != now["space"]:
+            diff = next((k for k in saved["space"]
+                         if saved["space"].get(k) != now["space"].get(k)), "space")
+            raise FbnasError(f"{self.run_dir / CHECKPOINT}: was searched in another search "
+                             f"space (space.{diff} differs); resume with the original config")
+        super()._check_resume(state)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.w_opt.load_state_dict(state["w_opt"])
+        self.theta_opt.load_state_dict(state["theta_opt"])
+        self.w_sched.load_state_dict(state["w_sched"])
+        self.epoch, self.phase, self.step = state["epoch"], state["phase"], state["step"]
+        self.history = list(state["history"])
+        self.partial = dict(state.get("partial") or {})
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.prec.load_state_dict(state.get("scalers"))
+        # a distributed checkpoint holds each rank's RNG, partial sums and BN statistics
+        self._restore_ranks(state, at_epoch_start=self.phase == "w" and not self.step,
+                            seed=self.cfg.search.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "search", "epoch": self.epoch, "phase": self.phase, "step": self.step,
+            "model": self.net.state_dict(), "w_opt": self.w_opt.state_dict(),
+            "theta_opt": self.theta_opt.state_dict(), "w_sched": self.w_sched.state_dict(),
+            "tau": self.tau, "rng": rng_state(), "config": self.cfg.resolved(),
+            "cost_fingerprint": self.costs.fingerprint, "history": self.history,
+            "partial": self.partial, "skipped_steps": self.skipped_steps,
+            "scalers": self.prec.state_dict(),
+        }
+
+    def _after_save(self) -> None:
+        write_json_atomic(self.run_dir / "theta.json", {
+            "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.layer_candidates()],
+            "theta": [t.detach().cpu().tolist() for t in self.net.theta]})
+
+    @property
+    def net(self) -> Supernet:
+        """The supernet itself (`self.model` is its DDP wrapper during distributed w steps)."""
+        return getattr(self.model, "module", self.model)
+
+    @property
+    def bn_module(self) -> nn.Module:
+        return self.net
+
+    # ---- schedule ---------------------------------------------------------------------------
+    @property
+    def tau(self) -> float:
+        return self.tau_schedule(self.epoch)
+
+    def theta_active(self, epoch: int | None = None) -> bool:
+        return (self.epoch if epoch is None else epoch) >= self.cfg.search.warmup_epochs
+
+    # ---- one step of each kind ---------------------------------------------------------------
+    def _check_finite(self, terms: dict[str, torch.Tensor]) -> bool:
+        bad = [k for k, v in terms.items() if not bool(torch.isfinite(v).all())]
+        if self.dist.distributed and self.dist.any_true(bool(bad)) and not bad:
+            bad = ["loss (on another rank)"]  # every rank skips or stops at the same step
+        if not bad:
+            return True
+        where = (f"epoch {self.epoch + 1}/{self.cfg.search.epochs}, {self.phase} step "
+                 f"{self.step + 1}")
+        if self.cfg.search.nan_policy == "skip":
+            self.skipped_steps += 1
+            self.log.warning(f"non-finite {', '.join(bad)} at {where}: step skipped")
+            return False
+        self.save()  # nothing was applied yet: this is the last good state
+        raise NonFiniteLoss(f"non-finite loss term {', '.join(bad)} at {where}; stopped after "
+                            f"saving the last good state in {self.run_dir / CHECKPOINT} "
+                            "(set search.nan_policy: skip to skip such steps)")
+
+    def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        self.model.train()
+        with torch.no_grad():  # search.mode decides which paths are sampled and computed
+            p = self.model.sample_path(self.tau, self.cfg.search.hard)
+        with self.prec.autocast():
+            logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
+                                      cost_m=p.cost_m)
+        logits = logits.float()  # the losses in float32 under any search.precision
+        ce = self.loss.ce(logits, y)
+        if not self._check_finite({"ce": ce}):
+            return {}
+        params = self.model.weight_parameters()
+        self.w_opt.zero_grad(set_to_none=True)
+        self.prec.scale(ce, 0).backward()
+        if self.cfg.search.grad_clip:
+            self.prec.unscale_(self.w_opt, 0)
+            nn.utils.clip_grad_norm_(params, self.cfg.search.grad_clip)
+        self.prec.step(self.w_opt, 0)
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return {"ce": ce.item(), "acc": acc.item(), "cost": cost.item()}
+
+    def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        self.model.train()
+        p = self.model.sample_path(self.tau, self.cfg.search.hard)  # per search.mode
+        with self.prec.autocast():
+            logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
+                                      cost_m=p.cost_m)
+        terms = self.loss(logits.float(), y, cost.float())
+        if not self._check_finite({"ce": terms.ce, "cost_term": terms.cost_term,
+                                   "total": terms.total}):
+            return {}
+        theta = self.model.arch_parameters()
+        # weights get no gradient here. A layer's θ can be absent from the graph: in
+        # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0), and
+        # with `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
+        total = self.prec.scale(terms.total, 1)
+        grads = (torch.autograd.grad(total, theta, allow_unused=True) if total.requires_grad
+                 else [None] * len(theta))
+        for t, g in zip(theta, grads, strict=True):
+            t.grad = torch.zeros_like(t) if g is None else g
+        if self.dist.distributed and self.prec.scalers:
+            # fp16: average before the scaler's overflow check, so every rank skips alike
+            self.dist.all_reduce_mean([t.grad for t in theta])
+        self.prec.step(self.theta_opt, 1)
+        self.theta_opt.zero_grad(set_to_none=True)
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return {"loss": terms.total.item(), "ce": terms.ce.item(),
+                "cost_term": terms.cost_term.item(), "acc": acc.item(), "cost": cost.item()}
+
+    def _calib_batches(self):
+        n = 0
+        limit = self.cfg.search.bn_calib_samples
+        if self.dist.distributed:  # each rank calibrates on its shard; the total is the same
+            limit = -(-limit // self.dist.world_size)
+        for x, _ in self.data.calib_loader:
+            if n >= limit:
+                return
+            x = x[: limit - n]
+            n += len(x)
+            yield x.to(self.device, non_blocking=True)
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Accuracy and CE of the argmax architecture on the validation split, after
+        re-estimating its BatchNorm statistics on (un-augmented) weight-split images."""
+        m = self.model.argmax_weights()
+        active = [[i] for i in self.model.argmax_indices()]
+        out = {"argmax_cost": float(self.model.expected_cost(m))}
+        if self.data.val_loader is None:  # val_fraction 0: no selection split
+            return out
+        if self.cfg.search.bn_calib_samples and self.data.calib_loader is not None:
+            used = self.model.recalibrate_bn(self._calib_batches(), m, active)
+            if self.dist.distributed:  # the ranks' estimates, weighted by their samples
+                sync_bn_stats(self.dist, self.net, weight=used)
+        self.model.eval()
+        n = correct = 0
+        ce_sum = 0.0
+        for x, y in self.data.val_loader:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            logits, _ = self.model(x, m=m, active=active)
+            ce_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+            n += len(y)
+        if self.dist.distributed:  # each rank evaluated its shard of the validation split
+            correct, n, ce_sum = self.dist.sum_floats([correct, n, ce_sum])
+        return {**out, "val_acc": correct / max(n, 1), "val_ce": ce_sum / max(n, 1)}
+
+    # ---- epochs ----------------------------------------------------------------------------------
+    def _run_phase(self, phase: str, loader, step_fn) -> dict[str, float]:
+        if not self.step:
+            self.partial.pop("sums", None)
+            self.partial.pop("count", None)
+        sums: dict[str, float] = dict(self.partial.get("sums", {}))
+        count = [int(self.partial.get("count", 0))]
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+            return self._dist_step(phase, step_fn, x, y) if self._ddp else step_fn(x, y)
+
+        def record(out: dict[str, float]) -> dict[str, float]:
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count[0] += 1 if out else 0
+            self.partial = {**self.partial, "sums": sums, "count": count[0]}
+            return {k: v for k, v in out.items() if k in ("ce", "acc", "cost")}
+
+        self._run_steps(self.data.iterate(loader, start=self.step), len(loader),
+                        f"epoch {self.epoch + 1}/{self.cfg.search.epochs} {phase}", step,
+                        record)
+        total = count[0]
+        if self.dist.distributed:  # the phase's means over every rank's steps
+            sums, total = self._end_phase(sums, total)
+        return {k: v / max(total, 1) for k, v in sums.items()}
+
+    def train_epoch(self) -> dict[str, Any]:
+        """Run (or finish) the current epoch; returns its metrics."""
+        e = self.epoch
+        self.data.set_epoch(e)
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = self.partial.setdefault("rec", {})
+        if self.phase == "w":
+            w = self._run_phase("w", self.data.w_loader, self.weight_step)
+            rec.update({f"w_{k}": v for k, v in w.items()})
+            rec["w_lr"] = self.w_opt.param_groups[0]["lr"]
+            self.w_sched.step()
+            self.phase, self.step, self.partial = "theta", 0, {"rec": rec}
+            # the step counter restarts: with run.checkpoint_every_steps N a kill loses at most
+            # N - 1 steps only if each phase's end is saved too
+            if self.cfg.run.checkpoint_every_steps and self.theta_active(e):
+                self.save()
+        if self.phase == "theta":
+            if self.theta_active(e):
+                th = self._run_phase("theta", self.data.theta_loader, self.theta_step)
+                rec.update({f"theta_{k}": v for k, v in th.items()})
+            self.phase, self.step, self.partial = "val", 0, {"rec": rec}
+            if self.cfg.run.checkpoint_every_steps:
+                self.save()
+        rec.update(self.validate())
+        rec.update({"epoch": e + 1, "tau": self.tau, "theta_lr": self.theta_opt.param_groups[0]
+                    ["lr"], "theta_active": self.theta_active(e),
+                    "seconds": time.perf_counter() - t0,
+                    "probs": [p.cpu().tolist() for p in self.model.probabilities()],
+                    "entropy": self.model.entropy().cpu().tolist()})
+        return rec
+
+    def fit(self) -> dict[str, Any]:
+        """Run to the last epoch. Ctrl-C finishes the current step, saves the exact position
+        and raises Interrupted; `--resume` continues from there."""
+        s = self.cfg.search
+        self.log.info(f"search '{self.cfg.space.name}': {s.epochs} epochs ({s.warmup_epochs} "
+                      f"warm-up), {self.costs.description}, device {self.device}"
+                      + (f", {s.precision}" if s.precision != "float32" else "")
+                      + (", channels_last" if s.channels_last else ""))
+        if (warn := self.prec.warning("search")) is not None:
+            self.log.warning(warn)
+        self._run_epochs(s.epochs)
+        arch = self.final_arch()
+        if self.dist.is_main:
+            arch.save(self.run_dir / "arch_hard.yaml")
+        result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
+                  "predicted_cost": self.costs.fixed + sum(
+                      r[o] for r, o in zip(self.costs.rows, arch.ops, strict=True))}
+        self.log.info(f"done: argmax architecture {arch.short_hash} "
+                      f"({result['predicted_cost']:.1f} {self.costs.unit} predicted) -> "
+                      f"{self.run_dir / 'arch_hard.yaml'}")
+        return result
+
+    def _next_epoch(self) -> None:
+        super()._next_epoch()
+        self.phase = "w"
+
+    def _position(self) -> str:
+        return f"epoch {self.epoch} phase {self.phase} step {self.step}"
+
+    def final_arch(self) -> Architecture:
+        a = sample_hard(self.cfg.space, self.model.theta, name=f"{self.cfg.space.name}_search")
+        return Architecture(a.macro, a.ops, a.name, a.space, {"run": str(self.run_dir)})
+
+    # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
+    def _setup_distributed(self, fresh: bool) -> None:
+        """DDP for the weight path, averaged θ gradients, rank-identical Gumbel noise."""
+        d, net = self.dist, self.model
+        theta = net.arch_parameters()
+        # θ stays outside DDP: weight steps give it no gradient, and its own gradients (θ steps,
+        # which bypass DDP) are averaged just before each Adam step.
+        d.broadcast_tensors(theta)
+        average_grads_before_step(d, self.theta_opt)
+        # only the sampled candidates run in single_path / two_path: the others get no gradient
+        self._ddp = wrap_ddp(net, d, ignore=theta,
+                             find_unused_parameters=self.cfg.search.mode != "full")
+        self._load_rank_bn()  # after DDP's broadcast
+        phases = {"w": 1, "theta": 2, "val": 3}
+        SharedSampling(net, lambda: (self.cfg.search.seed, self.epoch,
+                                     phases.get(self.phase, 0), self.step), self.device)
+        self._averager = PeriodicAverager(d, net.weight_parameters(), self.w_opt,
+                                          self.cfg.run.ddp_sync_every)
+        if fresh:  # each rank its own augmentation stream (the model is already built)
+            seed_everything(rank_seed(self.cfg.search.seed, d.rank, 0))
+
+    def _dist_step(self, phase: str, step_fn, x: torch.Tensor, y: torch.Tensor
+                   ) -> dict[str, float]:
+        """One step under torchrun: a w step runs its forward/backward through DDP (gradients
+        averaged, or with run.ddp_sync_every > 1 kept local under no_sync); θ steps run on the
+        bare supernet (θ's gradients are averaged by the θ optimizer's pre-hook)."""
+        if phase != "w":
+            return step_fn(x, y)
+        ddp, net = self._ddp, self.model
+        self.model = ddp
+        try:
+            if self._averager.active:
+                with ddp.no_sync():
+                    out = step_fn(x, y)
+            else:
+                out = step_fn(x, y)
+        finally:
+            self.model = net
+        self._averager.after_step()
+        return out
+
+    def _end_phase(self, sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:
+        """Average what is still local (weights under ddp_sync_every > 1, BN statistics) and
+        sum the phase's metrics over the ranks."""
+        self._averager.sync()
+        sync_bn_stats(self.dist, self.net)
+        keys = sorted(sums)
+        tot = self.dist.sum_floats([float(count)] + [sums[k] for k in keys])
+        return dict(zip(keys, tot[1:], strict=True)), int(tot[0])
+
+    # ---- logging ---------------------------------------------------------------------------------
+    def epoch_line(self, rec: dict[str, Any]) -> str:
+        msg = (f"epoch {rec['epoch']}/{self.cfg.search.epochs} tau {rec['tau']:.3f} "
+               f"w_ce {rec.get('w_ce', float('nan')):.3f} w_acc {rec.get('w_acc', 0):.3f}")
+        if "theta_loss" in rec:
+            msg += (f" theta_loss {rec['theta_loss']:.3f} E[cost] {rec['theta_cost']:.1f}"
+                    f"{self.costs.unit}")
+        if "val_acc" in rec:
+            msg += f" val_acc {rec['val_acc']:.3f}"
+        return msg + (f" argmax_cost {rec['argmax_cost']:.1f}{self.costs.unit} "
+                      f"({rec['seconds']:.1f}s)")
+
+    def tb_scalars(self, w: SummaryWriter, rec: dict[str, Any]) -> None:
+        e = rec["epoch"]
+        for k, v in rec.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
+                group = ("loss" if k.endswith(("ce", "loss", "cost_term")) else
+                         "acc" if k.endswith("acc") else "cost" if "cost" in k else "sched")
+                w.add_scalar(f"{group}/{k}", v, e)
+        for li, (probs, ent) in enumerate(zip(rec["probs"], rec["entropy"], strict=True)):
+            ops = self.cfg.space.layer_candidates()[li]
+            w.add_scalars(f"theta/layer{li:02d}", dict(zip(ops, probs, strict=True)), e)
+            w.add_scalar(f"entropy/layer{li:02d}", ent, e)
+        w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
+
+
+__all__ = ["Interrupted", "NonFiniteLoss", "SearchTrainer", "TauSchedule"]
