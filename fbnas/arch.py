@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import yaml
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from fbnas.blocks import build_block, canonical_op, init_weights
 from fbnas.errors import FbnasError
@@ -214,7 +215,6 @@ def count_params(model: nn.Module) -> int:
 def count_flops(model: nn.Module, input_size: tuple[int, int], in_channels: int = 3) -> int:
     """FLOPs of one forward at batch 1, by torch.utils.flop_counter (2 FLOPs per multiply-add;
     convolutions and linear layers only, as is usual for FLOP counts)."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     was_training = model.training
     model.eval()

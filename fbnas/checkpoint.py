@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import random
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +121,6 @@ def load_checkpoint(path: str | Path, kind: str | None = None) -> dict[str, Any]
 def _why_unloadable(p: Path, e: Exception) -> str:
     """What torch.load's exception means, in a few words (its own messages run to paragraphs
     with terminal escapes)."""
-    import re
-    import zipfile
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
     m = re.search(r"Unsupported global: GLOBAL (\S+)", text)

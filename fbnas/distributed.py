@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fbnas.checkpoint import rng_state, seed_everything, set_rng_state
 from fbnas.errors import FbnasError
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -312,7 +313,6 @@ def gather_rank_states(ctx: DistContext, module: nn.Module, partial: dict[str, A
                        ) -> list[dict[str, Any]]:
     """Every rank's own state for a checkpoint: RNG, `partial` sums and BN statistics of
     `module` (collective: every rank calls it at the same step)."""
-    from fbnas.checkpoint import rng_state
 
     bn = [t.detach().cpu().clone() for trip in bn_buffers(module) for t in trip
           if t is not None]
@@ -334,7 +334,6 @@ def restore_rank_rng(ctx: DistContext, state: dict[str, Any], *, at_epoch_start:
     the run had as many processes, the checkpoint's for a single process, or (another number
     of processes) streams re-derived from `seed` and `epoch`, which is not exact. Returns this
     rank's entry (its partial sums and BN statistics) or None, as `rank_entry`."""
-    from fbnas.checkpoint import seed_everything, set_rng_state
 
     mine = rank_entry(ctx, state, at_epoch_start=at_epoch_start, where=where, log=log)
     if mine is not None:

@@ -11,8 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, ensure_dir, load_json, load_yaml
+from fbnas.search_space import SearchSpace
 
 
 def _plt():
@@ -60,7 +63,6 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     out = Path(out) if out else run_dir / "plots"
     hist = _history(run_dir)
     cfg = load_yaml(run_dir / "config.yaml")
-    from fbnas.search_space import SearchSpace
 
     space = SearchSpace.from_dict(cfg["space"], f"{run_dir / 'config.yaml'}: space")
     ops = space.layer_candidates()
@@ -76,7 +78,6 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
 
 def _heatmap(plt, probs, ops, path: Path) -> Path:
     all_ops = list(dict.fromkeys(o for row in ops for o in row))
-    import numpy as np
 
     grid = np.full((len(probs), len(all_ops)), np.nan)
     for li, (row, p) in enumerate(zip(ops, probs, strict=True)):

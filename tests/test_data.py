@@ -316,7 +316,7 @@ def test_synthetic_is_deterministic_given_seed():
 
 
 def test_synthetic_large_images_are_drawn_per_item(monkeypatch):
-    import fbnas.data as data
+    import fbnas.data.sources as data
 
     monkeypatch.setattr(data, "SYNTHETIC_CACHE_FLOATS", 10)
     cfg = DataConfig(dataset="synthetic", synthetic_size=8)
@@ -387,7 +387,7 @@ def test_imagefolder_errors(tmp_path):
 
 
 def test_digits_uncached_path_matches_cached(monkeypatch):
-    import fbnas.data as data
+    import fbnas.data.sources as data
 
     cached = build_search_data(DataConfig(augment=False), (12, 10), 2, 10, seed=0)
     monkeypatch.setattr(data, "DIGITS_CACHE_FLOATS", 0)

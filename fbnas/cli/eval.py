@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbnas.config import apply_overrides, config_from_dict, load_config
+from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
+from fbnas.evaluate import evaluate, load_child
+from fbnas.io import write_json_atomic
+from fbnas.run import resolve_device
 
 
 def add_parser(sub) -> None:
@@ -25,11 +30,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.config import apply_overrides, config_from_dict, load_config
-    from fbnas.data import build_eval_data
-    from fbnas.evaluate import evaluate, load_child
-    from fbnas.io import write_json_atomic
-    from fbnas.run import resolve_device
 
     device = resolve_device(args.device, "--device")
     arch, model, state = load_child(args.checkpoint, device)

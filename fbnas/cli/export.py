@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fbnas.errors import FbnasError
+from fbnas.evaluate import load_child
+from fbnas.export import SUFFIX, check_format, default_out, export_child, require_extras
 
 
 def add_parser(sub) -> None:
@@ -30,8 +32,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.evaluate import load_child
-    from fbnas.export import SUFFIX, check_format, default_out, export_child, require_extras
 
     formats: list[str] = []
     for item in args.formats:

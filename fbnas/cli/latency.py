@@ -11,10 +11,32 @@
 from __future__ import annotations
 
 import sys
+import zipfile
 from pathlib import Path
 
+import torch
+
+from fbnas.arch import Architecture, build_child
 from fbnas.errors import FbnasError
-from fbnas.io import write_json_atomic
+from fbnas.evaluate import load_child
+from fbnas.export import exported_metadata, load_exported
+from fbnas.io import Fields, load_yaml, write_json_atomic
+from fbnas.latency import (
+    LatencyTable,
+    apply_report,
+    arch_signatures,
+    build_cost_table,
+    build_table,
+    head_signature,
+    layer_signatures,
+    make_timer,
+    stem_signature,
+    validate,
+)
+from fbnas.latency.build import check_extend
+from fbnas.latency.measure import Protocol, measure
+from fbnas.latency.validate import plot_report, public_report, summary_lines
+from fbnas.search_space import load_space
 
 
 def _timer_args(p, with_threads: bool = True) -> None:
@@ -40,7 +62,6 @@ def _timer_args(p, with_threads: bool = True) -> None:
 
 
 def _protocol(args, base=None):
-    from fbnas.latency.measure import Protocol
 
     p = Protocol(**(base or {}))
     if args.rounds is not None:
@@ -62,7 +83,6 @@ def config_settings(path: str | None) -> dict:
     (its other keys belong to the trainer's config reader and are left to it)."""
     if not path:
         return {}
-    from fbnas.io import Fields, load_yaml
 
     data = load_yaml(path)
     if data.get("latency") is None:
@@ -77,7 +97,6 @@ def config_settings(path: str | None) -> dict:
 def _timer(args, table=None, config: str | None = None):
     """A timer from the flags; unset flags take the table's setting, then the config's
     `latency:` section, then the defaults (1 thread, batch 1, float32, contiguous)."""
-    from fbnas.latency import make_timer
 
     meta = table.meta if table is not None and table.cost == "latency" else {}
     base = config_settings(config)
@@ -100,8 +119,6 @@ def _log(msg: str) -> None:
 
 # ---- build -----------------------------------------------------------------------------------
 def run_build(args) -> int:
-    from fbnas.latency import LatencyTable, build_cost_table, build_table
-    from fbnas.search_space import load_space
 
     space = load_space(args.config)
     out = Path(args.out)
@@ -121,9 +138,8 @@ def run_build(args) -> int:
     proto = _protocol(args, None)
     missing = len(table.missing(space)) if table is not None else None
     if table is not None:
-        from fbnas.latency.build import _check_extend
 
-        _check_extend(table, timer, str(out))  # before saying anything about extending it
+        check_extend(table, timer, str(out))  # before saying anything about extending it
         _log(f"{out}: extending/resuming a table with {len(table)} entries; "
              f"{missing} missing for '{space.name}'")
     try:
@@ -151,8 +167,6 @@ def _fmt(v: float, unit: str) -> str:
 
 
 def run_show(args) -> int:
-    from fbnas.latency import LatencyTable, head_signature, layer_signatures, stem_signature
-    from fbnas.search_space import load_space
 
     table = LatencyTable.load(args.table)
     m = table.meta
@@ -216,9 +230,6 @@ def run_show(args) -> int:
 
 # ---- predict ---------------------------------------------------------------------------------
 def run_predict(args) -> int:
-    from fbnas.arch import Architecture
-    from fbnas.latency import LatencyTable, arch_signatures
-    from fbnas.search_space import load_space
 
     table = LatencyTable.load(args.table)
     space = load_space(args.config) if args.config else None
@@ -244,9 +255,7 @@ def run_predict(args) -> int:
 def _measure_items(args, timer):
     """(label, path, architecture, runnable) for each --arch file (a fresh child), --model
     file (a retrain checkpoint's trained child, or an exported TorchScript model)."""
-    import torch
 
-    from fbnas.arch import Architecture, build_child
 
     items = []
     for i, path in enumerate(args.arch or []):
@@ -260,11 +269,9 @@ def _measure_items(args, timer):
             raise FbnasError(f"{p}: ONNX models are timed by onnxruntime's own tools; give the "
                              "TorchScript export or the retrain checkpoint")
         if p.is_dir() or p.suffix in (".pt", ".pth") and _is_checkpoint(p):
-            from fbnas.evaluate import load_child
 
             a, net, _ = load_child(p)
         else:
-            from fbnas.export import exported_metadata, load_exported
 
             meta = exported_metadata(p, "torchscript")
             a = Architecture.from_dict(meta["arch"], f"{p}: embedded architecture")
@@ -278,7 +285,6 @@ def _measure_items(args, timer):
 
 
 def _is_checkpoint(p: Path) -> bool:
-    import zipfile
 
     try:
         with zipfile.ZipFile(p) as z:
@@ -288,8 +294,6 @@ def _is_checkpoint(p: Path) -> bool:
 
 
 def run_measure(args) -> int:
-    from fbnas.latency import LatencyTable
-    from fbnas.latency.measure import measure
 
     table = LatencyTable.load(args.table) if args.table else None
     timer = _timer(args, table)
@@ -323,9 +327,6 @@ def run_measure(args) -> int:
 
 # ---- validate --------------------------------------------------------------------------------
 def run_validate(args) -> int:
-    from fbnas.latency import LatencyTable, apply_report, validate
-    from fbnas.latency.validate import plot_report, public_report, summary_lines
-    from fbnas.search_space import load_space
 
     space = load_space(args.config)
     table = LatencyTable.load(args.table)

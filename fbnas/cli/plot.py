@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fbnas.errors import FbnasError
+from fbnas.io import load_json, load_yaml, show
+from fbnas.plots import plot_run
+from fbnas.search_space import SearchSpace
 
 SERIES = ("w_ce", "w_acc", "theta_loss", "theta_cost", "val_ce", "val_acc", "argmax_cost", "tau")
 
@@ -19,8 +22,6 @@ def add_parser(sub) -> None:
 def check_run(run_dir: Path) -> None:
     """Check what the plots read (config.yaml's space, every history.json record) before any
     plot is drawn or folder made, so that a damaged file is one line naming it."""
-    from fbnas.io import load_json, load_yaml, show
-    from fbnas.search_space import SearchSpace
 
     cfg_path, hist_path = run_dir / "config.yaml", run_dir / "history.json"
     if not hist_path.exists():
@@ -55,7 +56,6 @@ def check_run(run_dir: Path) -> None:
 
 
 def run(args) -> int:
-    from fbnas.plots import plot_run
 
     check_run(Path(args.run_dir))
     for path in plot_run(args.run_dir, args.out):

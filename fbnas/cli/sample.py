@@ -11,6 +11,7 @@ from fbnas.arch import Architecture, arch_log_prob, child_stats, sample_hard, sa
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
+from fbnas.latency import LatencyTable
 
 
 def add_parser(sub) -> None:
@@ -81,7 +82,6 @@ def _load_table(run_dir: Path):
     p = run_dir / "cost_table.json"
     if not p.exists():  # optional; but one that is there must be readable
         return None
-    from fbnas.latency import LatencyTable
 
     return LatencyTable.load(p)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 from fbnas.errors import FbnasError
+from fbnas.run import Interrupted
+from fbnas.sweep import Sweep, parse_values
 
 
 def add_parser(sub) -> None:
@@ -35,8 +37,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.run import Interrupted
-    from fbnas.sweep import Sweep, parse_values
 
     param = next(n for n in ("alpha", "beta", "lambda", "target")
                  if getattr(args, n) is not None)

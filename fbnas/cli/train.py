@@ -10,6 +10,8 @@ from pathlib import Path
 
 from fbnas.config import load_config
 from fbnas.errors import FbnasError
+from fbnas.run import run_trainer
+from fbnas.search import SearchTrainer
 
 
 def add_parser(sub) -> None:
@@ -23,8 +25,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.run import run_trainer
-    from fbnas.search import SearchTrainer
 
     if args.resume:
         run_dir = Path(args.resume)

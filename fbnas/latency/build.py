@@ -25,13 +25,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+from tqdm import tqdm
 
 from fbnas.arch import Architecture, arch_from_indices, build_child, count_params
 from fbnas.errors import FbnasError
 from fbnas.latency.measure import REFERENCE, Measurement, Protocol, measure, reference_scale
-from fbnas.latency.signature import Signature, arch_signatures, space_signatures
+from fbnas.latency.signature import Signature, arch_signatures, layer_signatures, space_signatures
 from fbnas.latency.table import LatencyTable
-from fbnas.latency.timers import Runnable, Timer
+from fbnas.latency.timers import Runnable, Timer, conv_linear_flops
 from fbnas.search_space import SearchSpace
 
 
@@ -41,7 +43,6 @@ class _Bar:
     timed and the time per entry so far."""
 
     def __init__(self, total_items: int, rounds: int, what: str):
-        from tqdm import tqdm
 
         self.rounds = rounds
         self.bar = tqdm(total=total_items * rounds, desc=what, unit="sample", file=sys.stderr,
@@ -86,7 +87,7 @@ def refresh_values(table: LatencyTable) -> None:
             e.value = e.stats["ratio"] * s
 
 
-def _check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
+def check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
     if table.cost != "latency":
         raise FbnasError(f"{where}: is a {table.cost} table, not a latency table")
     want = timer.describe()
@@ -179,7 +180,7 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
         table = LatencyTable("latency", timer.describe())
         table.protocol = p.to_dict()
     else:
-        _check_extend(table, timer, table.path or where)
+        check_extend(table, timer, table.path or where)
     todo = [s for s in space_signatures(space) if s not in table]
     t0 = time.perf_counter()
     reference = prepare_reference(timer) if p.reference else None
@@ -250,8 +251,6 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
 
 def counted_rows(space: SearchSpace) -> list[dict[str, float]]:
     """FLOPs per (layer, op) by forward hooks on the meta device (instant; for ordering ops)."""
-    from fbnas.latency.signature import layer_signatures
-    from fbnas.latency.timers import conv_linear_flops
 
     out = []
     for row in layer_signatures(space):
@@ -324,7 +323,6 @@ def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: i
 # ---- FLOPs and params tables -----------------------------------------------------------------
 def count_signature(sig: Signature, cost: str) -> float:
     """FLOPs (2 per multiply-add, conv and linear, batch 1) or parameters of one entry."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     module = sig.build().eval()
     if cost == "params":

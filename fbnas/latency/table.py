@@ -42,6 +42,7 @@ from fbnas.latency.signature import (
     arch_signatures,
     head_signature,
     layer_signatures,
+    space_signatures,
     stem_signature,
 )
 from fbnas.search_space import SearchSpace
@@ -119,7 +120,6 @@ class LatencyTable:
 
     def missing(self, space: SearchSpace) -> list[Signature]:
         """Every signature `space` needs that the table lacks (stem, blocks, head), once each."""
-        from fbnas.latency.signature import space_signatures
 
         return [s for s in space_signatures(space) if s.key() not in self.entries]
 

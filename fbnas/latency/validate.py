@@ -27,6 +27,7 @@ from scipy import stats as sps
 
 from fbnas.arch import Architecture
 from fbnas.errors import FbnasError
+from fbnas.io import atomic_write
 from fbnas.latency.build import (
     build_cost_table,
     measure_archs,
@@ -298,7 +299,6 @@ def plot_report(report: dict[str, Any], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise FbnasError("--plot needs matplotlib: pip install 'fbnas[plot]'") from None
-    from fbnas.io import atomic_write
 
     meas = np.array([a["measured_us"] for a in report["archs"]]) / 1e3
     pred = np.array([a["predicted_us"] for a in report["archs"]]) / 1e3

@@ -1,0 +1,33 @@
+"""Datasets and loaders for search and retraining, with disjoint w / θ / val / test splits.
+
+The training set of a dataset is split once, by a seeded permutation, into three disjoint
+index lists: `val` (model selection), `w` (supernet weights) and `θ` (architecture
+parameters). The dataset's own test split is never used for selection. Every training loader
+draws its order from (seed, stream, epoch) through `EpochSampler`, so an epoch's order does not
+depend on what ran before it, and a resumed run sees the same batches.
+
+Datasets (`data.dataset`):
+
+- `digits`: scikit-learn's bundled 8x8 digits (1797 images, no download); a fixed, stratified
+  20% is the test split.
+- `cifar10`, `cifar100`: torchvision's CIFAR from `data.root` (`download: true` fetches it).
+- `imagefolder`: `data.root/train/<class>/*` and `data.root/val/<class>/*`; validation is
+  carved from train/, and val/ is the test split.
+- `synthetic`: seeded random images and labels, for benchmarks.
+"""
+from fbnas.data.config import DATASETS, NEEDS_ROOT, SPLITS, DataConfig
+from fbnas.data.loaders import (
+    SearchData,
+    TrainData,
+    build_eval_data,
+    build_search_data,
+    build_train_data,
+)
+from fbnas.data.sampling import EpochSampler, split_indices
+from fbnas.data.sources import DigitsDataset, SyntheticDataset, digits_split
+
+__all__ = [
+    "DATASETS", "NEEDS_ROOT", "SPLITS", "DataConfig", "DigitsDataset", "EpochSampler",
+    "SearchData", "SyntheticDataset", "TrainData", "build_eval_data", "build_search_data",
+    "build_train_data", "digits_split", "split_indices",
+]

@@ -1,0 +1,306 @@
+"""Datasets: digits, CIFAR, ImageFolder, synthetic, and their transforms.
+
+torchvision (about 1.1 s to import on the 2-core VM, after torch) and scikit-learn (about
+0.7 s) are imported inside the function that loads the dataset that needs them, so a run
+pays only for the dataset it uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from fbnas.data.config import DataConfig
+from fbnas.data.sampling import Stream, mix_seed
+from fbnas.errors import FbnasError
+
+DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3760  # pixel statistics of load_digits().images / 16
+DIGITS_TEST_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 0  # the digits test split is fixed, whatever the run's seed
+CIFAR_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+LUMA = (0.299, 0.587, 0.114)  # what torchvision's Grayscale uses
+SYNTHETIC_CACHE_FLOATS = 1 << 24  # precompute synthetic images up to 64 MiB, else draw per item
+DIGITS_CACHE_FLOATS = 1 << 22
+
+
+
+class _Transformed(Dataset):
+    """A view of a (PIL image, label) dataset with its own transform."""
+
+    def __init__(self, base: Dataset, transform: Any):
+        self.base = base
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        img, y = self.base[i]
+        return self.transform(img), int(y)
+
+
+def _base_grid(h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel-centre coordinates in [-1, 1] (align_corners=False), as (1, H, W) x and y."""
+    ys = (torch.arange(h, dtype=torch.float32) * 2 + 1) / h - 1
+    xs = (torch.arange(w, dtype=torch.float32) * 2 + 1) / w - 1
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    return gx[None], gy[None]
+
+
+def _affine(x: torch.Tensor, base: tuple[torch.Tensor, torch.Tensor], angle_deg: float,
+            tx: float, ty: float) -> torch.Tensor:
+    """Rotate (degrees) and shift (pixels) a (1, C, H, W) image about its centre, zero fill.
+
+    The sampling grid is built with element-wise ops (no affine_grid): its batched matmul
+    wakes the BLAS thread pool, which costs milliseconds per image on a busy small machine.
+    """
+    _, _, h, w = x.shape
+    a = math.radians(angle_deg)
+    cos, sin = math.cos(a), math.sin(a)
+    gx, gy = base
+    sx = gx * cos - gy * (sin * h / w) - 2.0 * tx / w
+    sy = gx * (sin * w / h) + gy * cos - 2.0 * ty / h
+    grid = torch.stack((sx, sy), dim=-1)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+class DigitsDataset(Dataset):
+    """8x8 grey digits in [0, 1], scaled to fit (H, W) and centred, normalised; the grey channel
+    is repeated to `channels`. With `augment`: shift ±2 px (at 8x8 scale) and rotate ±10°."""
+
+    MAX_SHIFT, MAX_DEG = 2.0, 10.0
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, size: tuple[int, int],
+                 channels: int, augment: bool):
+        self.images = images  # (N, 8, 8) float in [0, 1]
+        self.labels = labels
+        self.size = size
+        self.channels = channels
+        self.augment = augment
+        self.side = min(size)
+        self._grid = _base_grid(*size)
+        self._cache = None
+        if len(images) * size[0] * size[1] <= DIGITS_CACHE_FLOATS:
+            self._cache = self._fit(images[:, None])
+
+    def _fit(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, 1, 8, 8) -> (N, 1, H, W): resize to the shorter side, zero-pad the longer one."""
+        x = F.interpolate(x, size=(self.side, self.side), mode="bilinear", align_corners=False,
+                          antialias=self.side < x.shape[-1])
+        h, w = self.size
+        top, left = (h - self.side) // 2, (w - self.side) // 2
+        return F.pad(x, (left, w - self.side - left, top, h - self.side - top))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x = self._cache[i:i + 1] if self._cache is not None else self._fit(self.images[i:i + 1,
+                                                                                       None])
+        if self.augment:
+            r = torch.rand(3).mul_(2).sub_(1).tolist()  # torch's RNG: seeded per worker
+            px = self.side / 8.0
+            x = _affine(x, self._grid, r[0] * self.MAX_DEG, r[1] * self.MAX_SHIFT * px,
+                        r[2] * self.MAX_SHIFT * px)
+        x = (x[0] - DIGITS_MEAN) / DIGITS_STD
+        return x.expand(self.channels, -1, -1).contiguous(), int(self.labels[i])
+
+
+class SyntheticDataset(Dataset):
+    """`n` random N(0, 1) images with labels uniform in [0, num_classes), fixed by `seed`."""
+
+    def __init__(self, n: int, shape: tuple[int, int, int], num_classes: int, seed: int):
+        self.n, self.shape, self.num_classes = n, shape, num_classes
+        g = torch.Generator().manual_seed(seed)
+        self.labels = torch.randint(num_classes, (n,), generator=g)
+        self.base = int(torch.randint(1 << 62, (1,), generator=g))
+        self.images = None
+        if n * math.prod(shape) <= SYNTHETIC_CACHE_FLOATS:
+            self.images = torch.randn((n, *shape), generator=g)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.images is not None:
+            x = self.images[i]
+        else:
+            x = torch.randn(self.shape, generator=torch.Generator().manual_seed(self.base + i))
+        return x, int(self.labels[i])
+
+
+@dataclass
+class Source:
+    """A dataset's training set under train and eval transforms, its test split, classes."""
+
+    train: Dataset  # training transforms (augmentation)
+    train_eval: Dataset  # the same samples, eval transforms
+    test: Dataset
+    num_classes: int
+
+
+@functools.lru_cache(maxsize=1)
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+def digits_split() -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) indices into load_digits(): a fixed, stratified 20% test split, sorted."""
+    from sklearn.model_selection import train_test_split
+
+    target = _load_digits()[1]
+    tr, te = train_test_split(np.arange(len(target)), test_size=DIGITS_TEST_FRACTION,
+                              stratify=target, random_state=DIGITS_SPLIT_SEED)
+    return np.sort(tr), np.sort(te)
+
+
+def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
+    images, target = _load_digits()
+    tr, te = digits_split()
+    xtr, ytr = torch.from_numpy(images[tr]), torch.from_numpy(target[tr])
+    xte, yte = torch.from_numpy(images[te]), torch.from_numpy(target[te])
+    return Source(
+        train=DigitsDataset(xtr, ytr, size, channels, augment=cfg.augment),
+        train_eval=DigitsDataset(xtr, ytr, size, channels, augment=False),
+        test=DigitsDataset(xte, yte, size, channels, augment=False),
+        num_classes=10,
+    )
+
+
+def _synthetic(cfg: DataConfig, size: tuple[int, int], channels: int, num_classes: int,
+               seed: int) -> Source:
+    shape = (channels, *size)
+    train = SyntheticDataset(cfg.synthetic_size, shape, num_classes,
+                             mix_seed(seed, Stream.SYNTH_TRAIN))
+    test = SyntheticDataset(max(cfg.synthetic_size // 4, 1), shape, num_classes,
+                            mix_seed(seed, Stream.SYNTH_TEST))
+    return Source(train, train, test, num_classes)
+
+
+def _rgb_tail(stats: tuple[tuple[float, ...], tuple[float, ...]], channels: int,
+              cfg: DataConfig) -> list[Any]:
+    from torchvision import transforms as T
+
+    mean, std = stats
+    if channels == 3:
+        return [T.ToTensor(), T.Normalize(mean, std)]
+    if channels == 1:
+        gm = sum(w * m for w, m in zip(LUMA, mean, strict=True))
+        gs = sum(w * s for w, s in zip(LUMA, std, strict=True))
+        return [T.Grayscale(1), T.ToTensor(), T.Normalize((gm,), (gs,))]
+    raise FbnasError(f"{cfg.where}.dataset: {cfg.dataset} images are RGB; the search space's "
+                     f"in_channels must be 1 or 3, got {channels}")
+
+
+def _root(cfg: DataConfig) -> Path:
+    root = Path(cfg.root or "").expanduser()
+    if not root.is_dir() and not (cfg.download and not root.exists()):
+        why = "is not a folder" if root.exists() else "no such folder"
+        raise FbnasError(f"{cfg.where}.root: {root}: {why}")
+    return root
+
+
+def _cifar(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    root = _root(cfg)
+    cls = datasets.CIFAR10 if cfg.dataset == "cifar10" else datasets.CIFAR100
+    folder = cls.base_folder
+    try:
+        train = cls(str(root), train=True, download=cfg.download)
+        test = cls(str(root), train=False, download=False)
+    except RuntimeError:
+        raise FbnasError(
+            f"{cfg.where}.root: {root} holds no {cfg.dataset.upper()} data (expected "
+            f"{root / folder}/ from the python version of the dataset, as torchvision "
+            f"downloads it); set {cfg.where}.download: true to fetch it") from None
+    except OSError as e:
+        raise FbnasError(f"{cfg.where}.root: cannot read or download {cfg.dataset} into "
+                         f"{root} ({e})") from None
+    resize = [] if size == (32, 32) else [T.Resize(size, antialias=True)]
+    aug = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if cfg.augment else []
+    tail = _rgb_tail(CIFAR_STATS[cfg.dataset], channels, cfg)
+    train_tf, eval_tf = T.Compose(aug + resize + tail), T.Compose(resize + tail)
+    return Source(_Transformed(train, train_tf), _Transformed(train, eval_tf),
+                   _Transformed(test, eval_tf), len(train.classes))
+
+
+def _imagefolder(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    root = _root(cfg)
+    for part in ("train", "val"):
+        if not (root / part).is_dir():
+            raise FbnasError(f"{cfg.where}.root: {root} has no {part}/ folder (expected "
+                             f"{root}/train/<class>/<image> and {root}/val/<class>/<image>)")
+    found = {}
+    for part in ("train", "val"):
+        try:
+            found[part] = datasets.ImageFolder(str(root / part))
+        except OSError as e:  # FileNotFoundError: no class folders, or no images in them
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise FbnasError(f"{cfg.where}.root: {root / part}: {why}") from None
+    train, val = found["train"], found["val"]
+    if train.class_to_idx != val.class_to_idx:
+        only = sorted(set(train.classes) ^ set(val.classes))
+        raise FbnasError(f"{cfg.where}.root: {root}: train/ and val/ hold different classes "
+                         f"(in one only: {', '.join(only[:5]) or 'none'})")
+    resize = round(min(size) / 0.875)
+    tail = _rgb_tail(IMAGENET_STATS, channels, cfg)
+    eval_tf = T.Compose([T.Resize(resize, antialias=True), T.CenterCrop(size), *tail])
+    train_tf = (T.Compose([T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(),
+                           *tail]) if cfg.augment else eval_tf)
+    return Source(_Transformed(train, train_tf), _Transformed(train, eval_tf),
+                   _Transformed(val, eval_tf), len(train.classes))
+
+
+def _hw(input_size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(input_size, int) and not isinstance(input_size, bool):
+        input_size = (input_size, input_size)
+    try:
+        h, w = (int(v) for v in input_size)
+    except (TypeError, ValueError):
+        raise FbnasError(f"input_size: expected an integer or (H, W), got {input_size!r}") from None
+    if h < 1 or w < 1:
+        raise FbnasError(f"input_size: must be positive, got {input_size!r}")
+    return h, w
+
+
+def load_source(cfg: DataConfig, input_size: int | Sequence[int], in_channels: int,
+            num_classes: int, seed: int) -> Source:
+    size = _hw(input_size)
+    if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
+        raise FbnasError(f"in_channels: must be a positive integer, got {in_channels!r}")
+    if cfg.dataset == "digits":
+        src = _digits(cfg, size, in_channels)
+    elif cfg.dataset == "synthetic":
+        src = _synthetic(cfg, size, in_channels, num_classes, seed)
+    elif cfg.dataset == "imagefolder":
+        src = _imagefolder(cfg, size, in_channels)
+    else:
+        src = _cifar(cfg, size, in_channels)
+    if src.num_classes != num_classes:
+        raise FbnasError(f"{cfg.where}.dataset: {cfg.dataset} has {src.num_classes} classes "
+                         f"but the search space has num_classes={num_classes}; set the "
+                         f"space's num_classes to {src.num_classes}")
+    return src
+
+
