@@ -17,6 +17,10 @@ What the trainers synchronise (docs/distributed.md has the full story):
   (seed, epoch, phase, step), identical on every rank and independent of the run's history;
 - BatchNorm running statistics: averaged at the end of each phase (`sync_bn_stats`);
 - stopping: a Ctrl-C/SIGTERM flag is OR-ed over the ranks each step (`any_true`).
+
+Why one module of ~540 lines: every piece here is one side of a collective that another piece
+of this file must match (same order of calls, same tensors, same seeds on every rank), and
+reading them together is how that is checked; nothing outside imports torch.distributed.
 """
 
 from __future__ import annotations
