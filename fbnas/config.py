@@ -38,6 +38,7 @@ DEVICES = ("auto", "cpu", "cuda")
 NAN_POLICIES = ("stop", "skip")
 SEARCH_MODES = ("full", "single_path", "two_path")  # fbnas.supernet.SEARCH_MODES
 PRECISIONS = ("float32", "bf16", "fp16")  # fbnas.precision.PRECISIONS
+WARMUP_SAMPLING = ("mode", "uniform", "fair")
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,13 @@ class SearchConfig:
     checkpoint_activations: bool = setting(False, "bool")
     precision: str = setting("float32", "str", choices=PRECISIONS)
     channels_last: bool = setting(False, "bool")
+    # which paths the weights train on during the warm-up epochs: as `mode` samples them,
+    # `uniform` (one uniformly drawn path per step, SPOS) or `fair` (every candidate of every
+    # layer once per step, in shuffled paths, gradients summed: FairNAS strict fairness)
+    warmup_sampling: str = setting("mode", "str", choices=WARMUP_SAMPLING)
+    # with a loss.target: move the final argmax onto the target (fbnas.target), within ±tol
+    fit_target: bool = setting(True, "bool")
+    fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
@@ -271,11 +279,16 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     if not isinstance(loss, dict):
         raise FbnasError(f"{source}: loss: expected a mapping")
     loss_cfg = LossConfig.from_dict(loss, f"{source}: loss")  # validated first, as before
+    latency = LatencyConfig.from_dict(data.get("latency"), f"{source}: latency")
+    if loss_cfg.time_target and latency.cost != "latency":
+        raise FbnasError(f"{source}: loss.target: {loss_cfg.target!r} is a time, but "
+                         f"latency.cost is {latency.cost}; give the target in {latency.cost} "
+                         "or as a position in the space's range (e.g. 0.6x)")
     return Config(
         space=SearchSpace.from_dict(data["space"], f"{source}: space"),
         data=DataConfig.from_dict({} if data.get("data") is None else data["data"],
                                  f"{source}: data"),
-        latency=LatencyConfig.from_dict(data.get("latency"), f"{source}: latency"),
+        latency=latency,
         loss=loss_cfg,
         search=SearchConfig.from_dict(data.get("search"), f"{source}: search"),
         run=RunConfig.from_dict(data.get("run"), f"{source}: run"),

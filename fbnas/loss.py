@@ -1,14 +1,21 @@
 """Cost-aware search losses. One formula per class; each docstring states it.
 
 All take (logits, targets, cost) and return a LossTerms(total, ce, cost_term). `cost` is the
-supernet's expected cost Σ m·LAT in the table's unit — microseconds for latency tables (also
-the unit the FBNet formula's log is taken in), FLOPs or parameters for those tables.
+supernet's cost in the table's unit — microseconds for latency tables (also the unit the FBNet
+formula's log is taken in), FLOPs or parameters for those tables: Σ m·LAT over the sampled
+path weights m, or, for the losses with `on_expected` (target, hinge), the expected cost
+Σ softmax(θ)·LAT, which is deterministic and reaches every θ in every search mode.
 `build_loss(config)` picks one by name (`loss.kind` in a config file).
+
+A target T (`loss.target`) is a number in the table's unit, a time with a unit (`1.2ms`,
+`900us`; latency tables only), or a position in the space's range (`0.6x`: cheapest +
+0.6·(dearest − cheapest)); `LossConfig.build(bounds)` resolves it against the installed table.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fbnas.errors import FbnasError
-from fbnas.io import Fields
+from fbnas.io import Fields, show
 
 
 @dataclass
@@ -29,6 +36,8 @@ class LossTerms:
 
 class CostLoss(nn.Module):
     """Base class: cross-entropy (with optional label smoothing) combined with a cost term."""
+
+    on_expected = False  # the cost term takes Σ softmax(θ)·LAT instead of the sampled Σ m·LAT
 
     def __init__(self, label_smoothing: float = 0.0):
         super().__init__()
@@ -72,18 +81,25 @@ class FBNetLoss(CostLoss):
     so it acts like a learning-rate scale (and Adam, the θ optimizer, is nearly invariant to
     it); β sets the accuracy/cost trade-off. α must be > 0 (α = 0 zeroes the loss: use
     `kind: ce` for a cost-blind search).
+
+    `ref` (set by `LossConfig.build` to the geometric mean of the space's cheapest and dearest
+    architecture) divides the term by the constant (log ref)^β, so the loss value stays near
+    CE·α whatever β and the unit (β = 16 would otherwise read ~10^11). A constant factor
+    changes no minimiser and, under Adam, no step: the search is the paper's.
     """
 
-    def __init__(self, alpha: float = 0.2, beta: float = 0.6, label_smoothing: float = 0.0):
+    def __init__(self, alpha: float = 0.2, beta: float = 0.6, label_smoothing: float = 0.0,
+                 ref: float | None = None):
         super().__init__(label_smoothing)
         self.alpha, self.beta = alpha, beta
+        self.scale = 1.0 if ref is None or ref <= math.e else math.log(ref) ** -beta
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         if bool((cost <= math.e).any()):
             raise FbnasError(f"FBNet loss needs LAT > e µs (log LAT > 1); got LAT = "
                              f"{float(cost.min()):.4g}. Use a latency table in µs, or "
-                             "loss.kind: normalized / additive / abs_target")
-        return self.alpha * torch.log(cost) ** self.beta
+                             "loss.kind: target / normalized / additive / abs_target")
+        return self.alpha * self.scale * torch.log(cost) ** self.beta
 
     def combine(self, ce, term):
         return ce * term
@@ -145,15 +161,78 @@ class AbsTargetLoss(_TargetLoss):
         return self.lam * torch.abs(cost / self.target - 1.0)
 
 
+class TargetLoss(_TargetLoss):
+    """Latency target (TuNAS's absolute reward on the expected cost):
+    L = CE + λ · |E[LAT] / T − 1|, E[LAT] = Σ softmax(θ)·LAT. Its scale depends on neither
+    the unit nor the range: a 10% miss costs 0.1·λ, either side."""
+
+    on_expected = True
+
+    def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
+        return self.lam * torch.abs(cost / self.target - 1.0)
+
+
+class HingeLoss(_TargetLoss):
+    """Latency budget (one-sided): L = CE + λ · max(0, E[LAT] / T − 1), E[LAT] as in
+    TargetLoss: no penalty at or under T."""
+
+    on_expected = True
+
+    def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
+        return self.lam * torch.relu(cost / self.target - 1.0)
+
+
 LOSSES = {"ce": CELoss, "fbnet": FBNetLoss, "normalized": NormalizedLoss, "additive": AdditiveLoss,
-          "abs_target": AbsTargetLoss}
+          "abs_target": AbsTargetLoss, "target": TargetLoss, "hinge": HingeLoss}
+TIME_UNITS = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
+_TARGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|s|x)\s*$")
+
+
+def parse_target(raw: Any, where: str) -> tuple[float, str]:
+    """(value, unit) of a `loss.target`: a number ('' : the table's unit), `1.2ms` / `900us`
+    (a time, converted to µs by `resolve_target`) or `0.6x` (a position in the space's range).
+    A malformed one raises naming `where`."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise FbnasError(f"{where}: expected a number or a string such as 1.2ms, 900us or "
+                         f"0.6x, got {show(raw)}")
+    if isinstance(raw, str):
+        m = _TARGET.match(raw)
+        if m is None:
+            raise FbnasError(f"{where}: cannot read {show(raw)}; write a number in the table's "
+                             "unit, a time such as 1.2ms or 900us, or a position in the space's "
+                             "latency range such as 0.6x")
+        value, unit = float(m.group(1)), m.group(2)
+    else:
+        value, unit = float(raw), ""
+    if not math.isfinite(value) or value < 0 or (value == 0 and unit != "x"):
+        raise FbnasError(f"{where}: must be > 0 (or 0x, the cheapest), got {show(raw)}")
+    return value, unit
+
+
+def resolve_target(raw: Any, bounds: tuple[float, float] | None, where: str = "loss.target"
+                   ) -> float:
+    """T in the table's unit (µs for latency): a number as is, a time converted, `Fx` as
+    cheapest + F·(dearest − cheapest) of `bounds` (needed for `x`)."""
+    value, unit = parse_target(raw, where)
+    if unit in TIME_UNITS:
+        return value * TIME_UNITS[unit]
+    if unit == "x":
+        if bounds is None:
+            raise FbnasError(f"{where}: {show(raw)} is relative to the space's range, which is "
+                             "known only once a cost table is installed")
+        lo, hi = bounds
+        return lo + value * (hi - lo)
+    return value
 
 
 # The keys each kind reads, in the order the file's resolved config lists them.
 KIND_KEYS = {"ce": ("label_smoothing",), "fbnet": ("alpha", "beta", "label_smoothing"),
              "normalized": ("beta", "target", "label_smoothing"),
              "additive": ("target", "lambda", "label_smoothing"),
-             "abs_target": ("target", "lambda", "label_smoothing")}
+             "abs_target": ("target", "lambda", "label_smoothing"),
+             "target": ("target", "lambda", "label_smoothing"),
+             "hinge": ("target", "lambda", "label_smoothing")}
+TARGET_LAMBDA = 1.0  # λ of kind target / hinge (scripts/bench_target.py)
 
 
 @dataclass(frozen=True)
@@ -164,7 +243,7 @@ class LossConfig:
     kind: str = "fbnet"
     alpha: float = 0.2
     beta: float = 0.6
-    target: float | None = None
+    target: float | str | None = None  # as written: a number, `1.2ms`, `900us`, `0.6x`
     lam: float = 0.1  # the file's key `lambda`
     label_smoothing: float = 0.0
 
@@ -177,13 +256,20 @@ class LossConfig:
         if kind == "fbnet":
             kw.update(alpha=f.float("alpha", 0.2, gt=0.0), beta=f.float("beta", 0.6, gt=0.0))
         elif kind == "normalized":
-            kw.update(target=f.float("target", required=True, gt=1.0),
-                      beta=f.float("beta", 0.6, gt=0.0))
+            kw.update(target=_target_key(f), beta=f.float("beta", 0.6, gt=0.0))
+            if isinstance(kw["target"], float) and not kw["target"] > 1.0:
+                raise FbnasError(f"{f.at('target')}: must be > 1.0, got {kw['target']}")
         elif kind != "ce":
-            kw.update(target=f.float("target", required=True, gt=0.0),
-                      lam=f.float("lambda", 0.1, min=0.0))
+            kw.update(target=_target_key(f), lam=f.float(
+                "lambda", TARGET_LAMBDA if kind in ("target", "hinge") else 0.1, min=0.0))
         f.done()
         return cls(**kw)
+
+    @property
+    def time_target(self) -> bool:
+        """Whether the target is written as a time (needs a latency table)."""
+        return self.target is not None and parse_target(self.target, "loss.target")[1] in (
+            TIME_UNITS)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved section: `kind` and the keys it reads, defaults filled in."""
@@ -191,16 +277,31 @@ class LossConfig:
                   "lambda": self.lam, "label_smoothing": self.label_smoothing}
         return {"kind": self.kind, **{k: values[k] for k in KIND_KEYS[self.kind]}}
 
-    def build(self) -> CostLoss:
+    def build(self, bounds: tuple[float, float] | None = None) -> CostLoss:
+        """The loss; `bounds` (the space's cheapest and dearest cost under the installed
+        table) resolve an `0.6x` target and set the FBNet formula's scale reference."""
         ls = self.label_smoothing
         if self.kind == "ce":
             return CELoss(ls)
         if self.kind == "fbnet":
-            return FBNetLoss(self.alpha, self.beta, ls)
+            ref = math.sqrt(bounds[0] * bounds[1]) if bounds and bounds[0] > 0 else None
+            return FBNetLoss(self.alpha, self.beta, ls, ref=ref)
+        target = resolve_target(self.target, bounds)
         if self.kind == "normalized":
-            return NormalizedLoss(self.target, self.beta, ls)
-        cls = AdditiveLoss if self.kind == "additive" else AbsTargetLoss
-        return cls(self.target, self.lam, ls)
+            if not target > 1:
+                raise FbnasError(f"loss.target: normalized loss needs a target > 1, got "
+                                 f"{target:.4g}")
+            return NormalizedLoss(target, self.beta, ls)
+        cls = {"additive": AdditiveLoss, "abs_target": AbsTargetLoss, "target": TargetLoss,
+               "hinge": HingeLoss}[self.kind]
+        return cls(target, self.lam, ls)
+
+
+def _target_key(f: Fields) -> float | str:
+    """`loss.target` as written (checked now; resolved against the table by `build`)."""
+    raw = f.raw("target", required=True)
+    parse_target(raw, f.at("target"))
+    return float(raw) if isinstance(raw, int) else raw
 
 
 def build_loss(cfg: LossConfig | Any, where: str = "loss") -> CostLoss:

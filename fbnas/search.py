@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from fbnas.arch import Architecture, sample_hard
+from fbnas.arch import Architecture, arch_from_indices, sample_hard
 from fbnas.checkpoint import rng_state, seed_everything
 from fbnas.config import Config, SearchConfig
 from fbnas.costs import CostSource, shared_costs
@@ -48,6 +48,7 @@ from fbnas.io import write_json_atomic
 from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
 from fbnas.supernet import Supernet
+from fbnas.target import cost_lists, fit_to_target
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,11 @@ class SearchTrainer(EpochRunner):
             ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
             ("run", "checkpoint_every_steps"), ("search", "device"), ("data", "workers"),
             ("data", "root"), ("data", "eval_batch_size"), ("run", "ddp_backend"),
-            ("search", "checkpoint_activations"), ("search", "channels_last")}),
+            ("search", "checkpoint_activations"), ("search", "channels_last"),
+            # the final fit to a target is applied from θ and the table after the last epoch
+            ("search", "fit_target"), ("search", "fit_tolerance")}),
         added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
+               ("search", "warmup_sampling"): "mode",
                ("search", "checkpoint_activations"): False,
                ("search", "precision"): "float32", ("search", "channels_last"): False})
 
@@ -113,8 +117,10 @@ class SearchTrainer(EpochRunner):
         self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
                               checkpoint_activations=s.checkpoint_activations).to(self.device)
         self.prec.model(self.model)
-        self.loss = cfg.loss.build()
-        self.loss.check_range(*self.model.cost_bounds())
+        bounds = self.model.cost_bounds()
+        self.loss = cfg.loss.build(bounds)
+        self.loss.check_range(*bounds)
+        self._warn_target_range(bounds)
         self.tau_schedule = TauSchedule.from_config(s)
         self.w_opt = torch.optim.SGD(self.model.weight_parameters(), lr=s.w_lr,
                                      momentum=s.w_momentum, weight_decay=s.w_weight_decay,
@@ -138,7 +144,20 @@ class SearchTrainer(EpochRunner):
         else:
             self._write_config()
         if self.dist.distributed:
+            if s.warmup_sampling != "mode":
+                raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "
+                                 "under torchrun yet; use mode (the default)")
             self._setup_distributed(fresh=state is None)
+
+    def _warn_target_range(self, bounds: tuple[float, float]) -> None:
+        target = getattr(self.loss, "target", None)
+        lo, hi = bounds
+        if target is not None and not lo <= target <= hi:
+            u = self.costs.unit
+            self.log.warning(f"loss.target: {self.cfg.loss.target} ({target:.1f} {u}) is outside "
+                             f"this space's range {lo:.1f}-{hi:.1f} {u} (cheapest-dearest "
+                             "architecture under the cost table); the search will end near "
+                             f"the {'cheapest' if target < lo else 'dearest'} one")
 
     # ---- resume ---------------------------------------------------------------------------
     def _check_resume(self, state: dict[str, Any]) -> None:
@@ -215,8 +234,51 @@ class SearchTrainer(EpochRunner):
                             f"saving the last good state in {self.run_dir / CHECKPOINT} "
                             "(set search.nan_policy: skip to skip such steps)")
 
+    def _warmup_paths(self) -> list[list[list[int]]] | None:
+        """The single paths a warm-up weight step trains (`search.warmup_sampling`), or None
+        for the search mode's own sampling: `uniform`, one path drawn uniformly per layer;
+        `fair`, K paths (K = the most candidates of any layer) in which each layer's
+        candidates appear once each, in shuffled order."""
+        how = self.cfg.search.warmup_sampling
+        if how == "mode" or self.theta_active():
+            return None
+        sizes = [len(t) for t in self.net.theta]
+        if how == "uniform":
+            return [[[int(torch.randint(n, (1,)))] for n in sizes]]
+        perms = [torch.randperm(n).tolist() for n in sizes]
+        return [[[p[k % len(p)]] for p in perms] for k in range(max(sizes))]
+
+    def _path_weight_step(self, x: torch.Tensor, y: torch.Tensor,
+                          paths: list[list[list[int]]]) -> dict[str, float]:
+        """One weight step on the given single paths, gradients summed over them."""
+        self.w_opt.zero_grad(set_to_none=True)
+        ce_sum, acc_sum, cost_sum = 0.0, 0.0, 0.0
+        for active in paths:
+            m = [nn.functional.one_hot(torch.tensor(a[0]), len(t)).to(t.dtype).to(t.device)
+                 for a, t in zip(active, self.net.theta, strict=True)]
+            with self.prec.autocast():
+                logits, cost = self.model(self.prec.input(x), m=m, active=active, cost_m=m)
+            logits = logits.float()
+            ce = self.loss.ce(logits, y)
+            if not self._check_finite({"ce": ce}):
+                self.w_opt.zero_grad(set_to_none=True)
+                return {}
+            self.prec.scale(ce / len(paths), 0).backward()
+            ce_sum += float(ce.detach())
+            acc_sum += float((logits.detach().argmax(1) == y).float().mean())
+            cost_sum += float(cost)
+        if self.cfg.search.grad_clip:
+            self.prec.unscale_(self.w_opt, 0)
+            nn.utils.clip_grad_norm_(self.model.weight_parameters(), self.cfg.search.grad_clip)
+        self.prec.step(self.w_opt, 0)
+        k = len(paths)
+        return {"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k}
+
     def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         self.model.train()
+        paths = self._warmup_paths()
+        if paths is not None:
+            return self._path_weight_step(x, y, paths)
         with torch.no_grad():  # search.mode decides which paths are sampled and computed
             p = self.model.sample_path(self.tau, self.cfg.search.hard)
         with self.prec.autocast():
@@ -242,6 +304,8 @@ class SearchTrainer(EpochRunner):
         with self.prec.autocast():
             logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
                                       cost_m=p.cost_m)
+        if self.loss.on_expected:  # Σ softmax(θ)·LAT: deterministic, reaches every θ
+            cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
         terms = self.loss(logits.float(), y, cost.float())
         if not self._check_finite({"ce": terms.ce, "cost_term": terms.cost_term,
                                    "total": terms.total}):
@@ -389,8 +453,22 @@ class SearchTrainer(EpochRunner):
         return f"epoch {self.epoch} phase {self.phase} step {self.step}"
 
     def final_arch(self) -> Architecture:
-        a = sample_hard(self.cfg.space, self.model.theta, name=f"{self.cfg.space.name}_search")
-        return Architecture(a.macro, a.ops, a.name, a.space, {"run": str(self.run_dir)})
+        """argmax θ, fitted to the loss's target when there is one (`search.fit_target`)."""
+        name, meta = f"{self.cfg.space.name}_search", {"run": str(self.run_dir)}
+        a = sample_hard(self.cfg.space, self.model.theta, name=name)
+        target = getattr(self.loss, "target", None)
+        if target is None or not self.cfg.search.fit_target:
+            return Architecture(a.macro, a.ops, a.name, a.space, meta)
+        tol = self.cfg.search.fit_tolerance
+        rows = cost_lists(self.costs.rows, self.cfg.space.layer_candidates())
+        fit = fit_to_target(self.net.theta, rows, self.costs.fixed, target, tol)
+        u = self.costs.unit
+        self.log.info(f"fitted to loss.target {self.cfg.loss.target} ({target:.1f} {u}): "
+                      f"{fit.changes} layer(s) changed from argmax θ, predicted {fit.cost:.1f} "
+                      f"{u}" + ("" if fit.hit else f" (outside ±{tol:.0%}: no op change gets "
+                                "closer)"))
+        meta.update(target=float(target), fitted_layers=fit.changes)
+        return arch_from_indices(self.cfg.space, fit.indices, name, **meta)
 
     # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
     def _setup_distributed(self, fresh: bool) -> None:

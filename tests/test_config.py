@@ -60,8 +60,8 @@ def test_unknown_keys_are_errors_naming_the_key():
     ("search.tau0=0", "search.tau0: must be > 0"),
     ("search.tau0=-1", "search.tau0"),
     ("search.warmup_epochs=40", "leaves no θ epochs"),
-    ("loss.alpha=-0.5", "loss.alpha: must be > 0"),
-    ("loss.beta=0", "loss.beta: must be > 0"),
+    ("loss.lambda=-0.5", "loss.lambda: must be >= 0"),  # alpha, beta: tests/test_loss.py
+    ("loss.target=-2ms", "loss.target: must be > 0"),
     ("search.device=tpu", "search.device: must be one of"),
     ("latency.cost=energy", "latency.cost: must be one of"),
     ("search.epochs=two", "search.epochs: expected an integer"),

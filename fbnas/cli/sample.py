@@ -7,11 +7,19 @@ from pathlib import Path
 
 import torch
 
-from fbnas.arch import Architecture, arch_log_prob, child_stats, sample_hard, sample_soft
+from fbnas.arch import (
+    Architecture,
+    arch_from_indices,
+    arch_log_prob,
+    child_stats,
+    sample_hard,
+    sample_soft,
+)
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
+from fbnas.target import cost_lists, fit_to_target
 
 
 def add_parser(sub) -> None:
@@ -52,7 +60,7 @@ def run(args) -> int:
         archs = sorted(seen.values(), key=lambda a: -arch_log_prob(space, theta, a))
         names = [f"soft_{i + 1}" for i in range(len(archs))]
     else:
-        archs, names = [sample_hard(space, theta)], ["hard"]
+        archs, names = [_hard(cfg, theta, table)], ["hard"]
     probs = [torch.softmax(t.float(), -1) for t in theta]
     for a, name in zip(archs, names, strict=True):
         stats = child_stats(a)
@@ -76,6 +84,20 @@ def run(args) -> int:
               f"FLOPs {stats['flops'] / 1e6:.1f} M  [{arch.short_hash}]")
         print(f"  {' '.join(a.ops)}")
     return 0
+
+
+def _hard(cfg, theta, table) -> Architecture:
+    """argmax θ, fitted to the run's loss.target as `fbnas train` fitted arch_hard.yaml."""
+    space = cfg.space
+    a = sample_hard(space, theta)
+    if table is None or cfg.loss.target is None or not cfg.search.fit_target:
+        return a
+    row_maps, fixed = table.costs_for(space)
+    rows = cost_lists(row_maps, space.layer_candidates())
+    bounds = (fixed + sum(min(r) for r in rows), fixed + sum(max(r) for r in rows))
+    target = cfg.loss.build(bounds).target
+    fit = fit_to_target(theta, rows, fixed, target, cfg.search.fit_tolerance)
+    return arch_from_indices(space, fit.indices, a.name)
 
 
 def _load_table(run_dir: Path):

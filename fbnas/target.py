@@ -1,0 +1,109 @@
+"""Fitting the searched architecture to a cost target (after the search, as TF-NAS does).
+
+θ's argmax is one architecture; a search steered towards T ends with softmax(θ) whose
+*expected* cost is near T, while the argmax's cost can sit a few percent (or, with flat θ,
+far) away. `fit_to_target` moves the argmax onto T by the cheapest changes in θ's own terms:
+while the predicted cost misses T by more than `tol`, it changes the one layer's op that
+moves the cost towards T at the smallest loss of log-probability per unit of cost moved,
+preferring a change that lands inside T·(1 ± tol). Each change is one op in one layer; the
+architecture stays the most probable one that θ allows at that cost, to a greedy
+approximation. Where the greedy steps stop short of the band and the space is small enough
+(≤ 200,000 architectures, as the quickstart's 7^6), the most probable architecture inside the
+band is found exhaustively.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Fit:
+    indices: list[int]  # the op index per layer after fitting
+    cost: float  # its predicted cost
+    changes: int  # layers changed from the argmax
+    hit: bool  # within tolerance of the target
+
+
+def cost_lists(rows: Sequence[dict[str, float]], candidates: Sequence[Sequence[str]]
+               ) -> list[list[float]]:
+    """A cost table's rows (op -> cost per layer) in each layer's candidate order."""
+    return [[float(row[op]) for op in cands] for row, cands in zip(rows, candidates, strict=True)]
+
+
+def predicted_cost(rows: Sequence[Sequence[float]], fixed: float, indices: Sequence[int]
+                   ) -> float:
+    return fixed + sum(float(r[i]) for r, i in zip(rows, indices, strict=True))
+
+
+def fit_to_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
+                  target: float, tol: float = 0.03, start: Sequence[int] | None = None) -> Fit:
+    """The argmax of θ (or `start`), changed greedily until its predicted cost Σ rows[l][i_l] +
+    fixed is within a factor 1 ± `tol` of `target` (or no change moves it closer)."""
+    logp = [torch.log_softmax(t.detach().double().cpu(), -1).tolist() for t in theta]
+    idx = list(start) if start is not None else [max(range(len(lp)), key=lp.__getitem__)
+                                                 for lp in logp]
+    first = list(idx)
+    lo, hi = target * (1 - tol), target * (1 + tol)
+    cost = predicted_cost(rows, fixed, idx)
+    for _ in range(sum(len(r) for r in rows)):  # each step moves strictly towards the band
+        if lo <= cost <= hi:
+            break
+        up = cost < lo
+        landing, moving = [], []
+        for layer, (row, lp) in enumerate(zip(rows, logp, strict=True)):
+            cur = idx[layer]
+            for j, c in enumerate(row):
+                delta = float(c) - float(row[cur])
+                if j == cur or (delta <= 0 if up else delta >= 0):
+                    continue
+                new = cost + delta
+                drop = lp[cur] - lp[j]  # log-probability given up
+                if lo <= new <= hi:
+                    landing.append((drop, layer, j, new))
+                elif (new < lo) if up else (new > hi):  # still short of the band
+                    moving.append((drop / abs(delta), layer, j, new))
+        if landing:
+            _, layer, j, cost = min(landing)
+        elif moving:
+            _, layer, j, cost = min(moving)
+        else:  # every move overshoots the band: take the one ending nearest to the target
+            best = None
+            for layer, row in enumerate(rows):
+                for j, c in enumerate(row):
+                    new = cost + float(c) - float(row[idx[layer]])
+                    gap = abs(math.log(new / target)) if new > 0 else math.inf
+                    if j != idx[layer] and (best is None or gap < best[0]):
+                        best = (gap, layer, j, new)
+            if best is None or best[0] >= abs(math.log(cost / target)):
+                break
+            _, layer, j, cost = best
+        idx[layer] = j
+    if not lo <= cost <= hi:  # greedy steps got stuck short of the band
+        best = _likeliest_in_band(logp, rows, fixed, lo, hi)
+        if best is not None:
+            idx, cost = best
+    return Fit(idx, cost, sum(a != b for a, b in zip(idx, first, strict=True)), lo <= cost <= hi)
+
+
+def _likeliest_in_band(logp: list[list[float]], rows: Sequence[Sequence[float]], fixed: float,
+                       lo: float, hi: float, limit: int = 200_000
+                       ) -> tuple[list[int], float] | None:
+    """The most probable architecture whose cost is in [lo, hi], by exhaustive search of a
+    space of at most `limit` architectures (a dynamic program over layers would need the
+    costs on a grid); None when there is none or the space is larger."""
+    if math.prod(len(r) for r in rows) > limit:
+        return None
+    best: tuple[float, list[int], float] | None = None
+    for combo in itertools.product(*(range(len(r)) for r in rows)):
+        cost = predicted_cost(rows, fixed, combo)
+        if lo <= cost <= hi:
+            score = sum(lp[i] for lp, i in zip(logp, combo, strict=True))
+            if best is None or score > best[0]:
+                best = (score, list(combo), cost)
+    return None if best is None else (best[1], best[2])
