@@ -61,7 +61,7 @@ def test_unknown_keys_are_errors_naming_the_key():
     ("search.tau0=-1", "search.tau0"),
     ("search.warmup_epochs=40", "leaves no θ epochs"),
     ("loss.lambda=-0.5", "loss.lambda: must be >= 0"),  # alpha, beta: tests/test_loss.py
-    ("loss.target=-2ms", "loss.target: must be > 0"),
+    ("loss.target=-2ms", "loss.target: cannot read"),
     ("search.device=tpu", "search.device: must be one of"),
     ("latency.cost=energy", "latency.cost: must be one of"),
     ("search.epochs=two", "search.epochs: expected an integer"),
