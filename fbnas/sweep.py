@@ -45,6 +45,7 @@ from fbnas.io import (
     write_text_atomic,
 )
 from fbnas.latency.build import measure_archs
+from fbnas.loss import parse_target
 from fbnas.plots import _plt
 from fbnas.retrain import RESULTS, ChildTrainer
 from fbnas.run import close_logger
@@ -69,11 +70,17 @@ class SweepPoint:
     results: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_values(raw: str, param: str) -> list[float]:
-    vals: list[float] = []
+def parse_values(raw: str, param: str) -> list[float | str]:
+    """The swept values: numbers >= 0, and for --target also times and range positions
+    (`1.2ms`, `900us`, `0.5x`), kept as written."""
+    vals: list[float | str] = []
     for tok in raw.split(","):
         tok = tok.strip()
         if not tok:
+            continue
+        if param == "target" and tok[-1:].isalpha():
+            parse_target(tok, f"--{param}")
+            vals.append(tok)
             continue
         try:
             v = float(tok)
@@ -89,21 +96,25 @@ def parse_values(raw: str, param: str) -> list[float]:
     return vals
 
 
-def _label(param: str, v: float) -> str:
-    return f"{param}{v:g}"
+def _fmt(v: float | str) -> str:
+    return v if isinstance(v, str) else f"{v:g}"
 
 
-def point_config(base: dict, param: str, value: float, search_dir: Path) -> Config:
+def _label(param: str, v: float | str) -> str:
+    return f"{param}{_fmt(v)}"
+
+
+def point_config(base: dict, param: str, value: float | str, search_dir: Path) -> Config:
     """The search config of one sweep point: `loss.<param> = value` (0 weight: kind ce)."""
     d = apply_overrides(base, [f"run.dir={search_dir}"])
     loss = dict(d.get("loss") or {})
-    if param in WEIGHTS and value == 0:
+    if param in WEIGHTS and value == 0 and not isinstance(value, str):
         loss = {"kind": "ce", **({"label_smoothing": loss["label_smoothing"]}
                                  if "label_smoothing" in loss else {})}
     else:
         loss[param] = value
     d["loss"] = loss
-    return config_from_dict(d, f"sweep point {param}={value:g}")
+    return config_from_dict(d, f"sweep point {param}={_fmt(value)}")
 
 
 def reference_archs(cfg: Config, config_path: str | Path | None,
@@ -365,7 +376,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -
     if pts:
         ax.plot(*zip(*pts, strict=True), "o-", color="C3", label=f"searched ({param})")
         for r, (x, y) in zip(se, pts, strict=False):
-            ax.annotate(f"{param}={r['value']:g}", (x, y), textcoords="offset points",
+            ax.annotate(f"{param}={_fmt(r['value'])}", (x, y), textcoords="offset points",
                         xytext=(5, 5), fontsize=8)
     measured = any(r["measured_ms"] is not None for r in rows)
     ax.set_xlabel("latency, ms (" + ("measured end to end" if measured else "table") + ")")

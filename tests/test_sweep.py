@@ -108,3 +108,12 @@ def test_interrupted_sweep_exits_130_with_a_resume_hint(tmp_path, capsys, monkey
     cfg.write_text(yaml.safe_dump(TINY))
     assert main(["sweep", "--config", str(cfg), "--beta", "1", "--out", str(tmp_path / "s")]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
+
+
+def test_sweep_targets_as_times_and_range_positions(tmp_path):
+    assert parse_values("0.3x, 1.2ms,900", "target") == ["0.3x", "1.2ms", 900.0]
+    with pytest.raises(FbnasError, match="--target: cannot read '1.2parsec'"):
+        parse_values("1.2parsec", "target")
+    base = {**TINY, "loss": {"kind": "target", "target": "0.5x"}}
+    c = point_config(base, "target", "0.3x", tmp_path / "s")
+    assert c.loss.to_dict()["target"] == "0.3x" and c.loss.kind == "target"
