@@ -55,7 +55,12 @@ def test_config_defaults_and_round_trip():
     ({"val_fraction": -0.1}, ["data.val_fraction"]),
     ({"val_fraction": "0.1"}, ["data.val_fraction", "expected a number"]),
     ({"batch_size": 0}, ["data.batch_size", ">= 1"]),
-    ({"augment": "yes"}, ["data.augment", "true or false"]),
+    ({"augment": "yes"}, ["data.augment", "light", "'yes'"]),
+    ({"augment": "imagenet"}, ["data.augment", "digits"]),
+    ({"crop_scale": [0.5, 1.0]}, ["data.crop_scale", "digits"]),
+    ({"dataset": "synthetic", "crop_scale": [0.9, 0.5]}, ["data.crop_scale", "lo <= hi"]),
+    ({"dataset": "synthetic", "crop_scale": 0.5}, ["data.crop_scale", "expected a list"]),
+    ({"flip": "sometimes"}, ["data.flip", "true or false"]),
     ({"limit": 0}, ["data.limit"]),
     ({"dataset": "mnist"}, ["data.dataset", "digits", "'mnist'"]),
     ({"dataset": "cifar10"}, ["data.root", "required", "cifar10"]),
@@ -411,3 +416,39 @@ def test_iterate_resumes_inside_an_epoch():
     assert len([y for _, y in b.iterate(b.w_loader)]) == len(full)  # the skip is one-shot
     t = build_train_data(cfg, 8, 1, 10, seed=3)
     assert len(list(t.iterate(t.train_loader, start=2))) == len(t.train_loader) - 2
+
+
+
+@pytest.mark.parametrize("over, want", [
+    ({}, ["RandomResizedCrop(0.08, 1.0)", "RandomHorizontalFlip"]),  # imagefolder: imagenet
+    ({"augment": "light"}, ["RandomResizedCrop(0.8, 1.0)"]),  # no flip: medical, text
+    ({"augment": "imagenet", "flip": False}, ["RandomResizedCrop(0.08, 1.0)"]),
+    ({"augment": "light", "crop_scale": [0.5, 0.9], "flip": True},
+     ["RandomResizedCrop(0.5, 0.9)", "RandomHorizontalFlip"]),
+    ({"augment": "none"}, []), ({"augment": False}, []),
+])
+def test_imagefolder_augmentation_presets(over, want):
+    from torchvision import transforms as T
+
+    from fbnas.data.sources import _crop_flip
+
+    cfg = DataConfig(dataset="imagefolder", root="/nonexistent", **over)
+    got = [f"RandomResizedCrop{tuple(t.scale)}" if isinstance(t, T.RandomResizedCrop)
+           else type(t).__name__ for t in _crop_flip(cfg, (24, 24), T)]
+    assert got == want
+
+
+def test_cifar_default_is_padded_crop_and_flip_and_digits_can_flip():
+    from torchvision import transforms as T
+
+    from fbnas.data.sources import _crop_flip
+
+    cfg = DataConfig(dataset="cifar10", root="/nonexistent")
+    assert [type(t).__name__ for t in _crop_flip(cfg, (32, 32), T)] == [
+        "RandomCrop", "RandomHorizontalFlip"]
+    d = build_search_data(DataConfig(augment="none", flip=True, limit=64), 8, 1, 10, seed=0)
+    ds = d.w_loader.dataset
+    assert ds.flip and not ds.augment
+    torch.manual_seed(0)
+    views = {tuple(ds[0][0].flatten().tolist()) for _ in range(20)}
+    assert len(views) == 2  # the image and its mirror

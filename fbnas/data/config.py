@@ -6,11 +6,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fbnas.errors import FbnasError
-from fbnas.io import read_fields, setting
+from fbnas.io import read_fields, setting, show
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 NEEDS_ROOT = ("cifar10", "cifar100", "imagefolder")
 SPLITS = ("val", "test")
+AUGMENTS = ("default", "none", "light", "imagenet")
 
 
 
@@ -31,7 +32,12 @@ class DataConfig:
     w_fraction: float = setting(0.8, "float")
     # share of the training set held out for model selection
     val_fraction: float = setting(0.1, "float")
-    augment: bool = setting(True, "bool")
+    # training-time augmentation: default (the dataset's own: digits light, cifar crop + flip,
+    # imagefolder imagenet), none, light (small crops, or shifts and turns for digits; no
+    # flip), imagenet (RandomResizedCrop + flip); true = default, false = none
+    augment: bool | str = setting(True, "raw")
+    crop_scale: list | None = setting(None, "list")  # [lo, hi] area share of random crops
+    flip: bool | None = setting(None, "bool")  # horizontal flips (null: the preset's)
     # cap on training samples, taken after a seeded shuffle
     limit: int | None = setting(None, "int", min=1)
     synthetic_size: int = setting(512, "int", min=1)
@@ -54,6 +60,21 @@ class DataConfig:
         if self.limit is not None and (isinstance(self.limit, bool)
                                        or not isinstance(self.limit, int) or self.limit < 1):
             raise FbnasError(f"{w}.limit: must be an integer >= 1 or null, got {self.limit!r}")
+        if self.augment not in (True, False, *AUGMENTS):
+            raise FbnasError(f"{w}.augment: must be one of {', '.join(AUGMENTS)} (or true / "
+                             f"false), got {show(self.augment)}")
+        cs = self.crop_scale
+        if cs is not None and not (
+                len(cs) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                     for v in cs) and 0.0 < cs[0] <= cs[1] <= 1.0):
+            raise FbnasError(f"{w}.crop_scale: expected [lo, hi] with 0 < lo <= hi <= 1, got "
+                             f"{show(cs)}")
+        if cs is not None and self.dataset == "digits":
+            raise FbnasError(f"{w}.crop_scale: digits are shifted and turned, not cropped; "
+                             "crop_scale applies to cifar10, cifar100 and imagefolder")
+        if self.preset == "imagenet" and self.dataset == "digits":
+            raise FbnasError(f"{w}.augment: imagenet (random resized crops) does not fit 8x8 "
+                             "digits; use light or none")
         if not 0.0 < self.w_fraction < 1.0:
             raise FbnasError(f"{w}.w_fraction: must be in (0, 1), got {self.w_fraction}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -62,6 +83,19 @@ class DataConfig:
     @classmethod
     def from_dict(cls, d: Any, where: str = "data") -> DataConfig:
         return read_fields(cls, d, where, where=where)
+
+    @property
+    def preset(self) -> str:
+        """The augmentation preset in force: none, light or imagenet, or `cifar` (random crop
+        with 4 px padding + flip, CIFAR's default)."""
+        a = {True: "default", False: "none"}.get(self.augment, self.augment)
+        if a != "default":
+            return a
+        return {"digits": "light", "imagefolder": "imagenet", "synthetic": "none"}.get(
+            self.dataset, "cifar")
+
+    def flips(self) -> bool:
+        return self.flip if self.flip is not None else self.preset in ("imagenet", "cifar")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -84,8 +84,9 @@ class DigitsDataset(Dataset):
     MAX_SHIFT, MAX_DEG = 2.0, 10.0
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, size: tuple[int, int],
-                 channels: int, augment: bool):
+                 channels: int, augment: bool, flip: bool = False):
         self.images = images  # (N, 8, 8) float in [0, 1]
+        self.flip = flip
         self.labels = labels
         self.size = size
         self.channels = channels
@@ -115,6 +116,8 @@ class DigitsDataset(Dataset):
             px = self.side / 8.0
             x = _affine(x, self._grid, r[0] * self.MAX_DEG, r[1] * self.MAX_SHIFT * px,
                         r[2] * self.MAX_SHIFT * px)
+        if self.flip and bool(torch.rand(()) < 0.5):
+            x = x.flip(-1)
         x = (x[0] - DIGITS_MEAN) / DIGITS_STD
         return x.expand(self.channels, -1, -1).contiguous(), int(self.labels[i])
 
@@ -176,7 +179,8 @@ def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
     xtr, ytr = torch.from_numpy(images[tr]), torch.from_numpy(target[tr])
     xte, yte = torch.from_numpy(images[te]), torch.from_numpy(target[te])
     return Source(
-        train=DigitsDataset(xtr, ytr, size, channels, augment=cfg.augment),
+        train=DigitsDataset(xtr, ytr, size, channels, augment=cfg.preset == "light",
+                            flip=cfg.flips()),
         train_eval=DigitsDataset(xtr, ytr, size, channels, augment=False),
         test=DigitsDataset(xte, yte, size, channels, augment=False),
         num_classes=10,
@@ -235,7 +239,7 @@ def _cifar(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
         raise FbnasError(f"{cfg.where}.root: cannot read or download {cfg.dataset} into "
                          f"{root} ({e})") from None
     resize = [] if size == (32, 32) else [T.Resize(size, antialias=True)]
-    aug = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if cfg.augment else []
+    aug = _crop_flip(cfg, (32, 32), T)
     tail = _rgb_tail(CIFAR_STATS[cfg.dataset], channels, cfg)
     train_tf, eval_tf = T.Compose(aug + resize + tail), T.Compose(resize + tail)
     return Source(_Transformed(train, train_tf), _Transformed(train, eval_tf),
@@ -266,10 +270,27 @@ def _imagefolder(cfg: DataConfig, size: tuple[int, int], channels: int) -> Sourc
     resize = round(min(size) / 0.875)
     tail = _rgb_tail(IMAGENET_STATS, channels, cfg)
     eval_tf = T.Compose([T.Resize(resize, antialias=True), T.CenterCrop(size), *tail])
-    train_tf = (T.Compose([T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(),
-                           *tail]) if cfg.augment else eval_tf)
+    aug = _crop_flip(cfg, size, T)
+    train_tf = T.Compose([*aug, *tail]) if aug else eval_tf
     return Source(_Transformed(train, train_tf), _Transformed(train, eval_tf),
                    _Transformed(val, eval_tf), len(train.classes))
+
+
+CROP_SCALES = {"light": (0.8, 1.0), "imagenet": (0.08, 1.0)}
+
+
+def _crop_flip(cfg: DataConfig, size: tuple[int, int], T) -> list:
+    """The training crop and flip of the preset (`data.augment`), with `data.crop_scale` and
+    `data.flip` overriding its defaults; [] for none."""
+    preset = cfg.preset
+    if preset == "none":
+        return [T.RandomHorizontalFlip()] if cfg.flip else []
+    if preset == "cifar" and cfg.crop_scale is None:
+        crop = [T.RandomCrop(size, padding=4)]
+    else:
+        scale = tuple(cfg.crop_scale or CROP_SCALES.get(preset, CROP_SCALES["light"]))
+        crop = [T.RandomResizedCrop(size, scale=scale, antialias=True)]
+    return crop + ([T.RandomHorizontalFlip()] if cfg.flips() else [])
 
 
 def _hw(input_size: int | Sequence[int]) -> tuple[int, int]:
