@@ -1,0 +1,29 @@
+"""`fbnas fidelity RUN_DIR [-n 10]`: how well the supernet ranks architectures (Kendall τ)."""
+
+from __future__ import annotations
+
+from fbnas.fidelity import Fidelity
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "fidelity", help="rank correlation of supernet accuracy estimates vs stand-alone training",
+        description="For N architectures of a search run's space (its arch_hard.yaml and "
+                    "random ones), estimate validation accuracy on the supernet weights (BN "
+                    "re-estimated, as the search's val_acc) and by retraining each from "
+                    "scratch; print Kendall tau and Spearman between the two and write "
+                    "RUN_DIR/fidelity/fidelity.json. Re-running resumes.")
+    p.add_argument("run_dir", help="a search run directory")
+    p.add_argument("-n", type=int, default=10, help="architectures (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random architectures")
+    p.add_argument("--retrain-epochs", type=int, help="epochs of each retrain")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the run's config (e.g. retrain.lr=0.1)")
+    p.add_argument("--out", help="output folder (default RUN_DIR/fidelity)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    Fidelity(args.run_dir, n=args.n, seed=args.seed, retrain_epochs=args.retrain_epochs,
+             out=args.out, overrides=args.set).run()
+    return 0

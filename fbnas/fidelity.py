@@ -1,0 +1,168 @@
+"""How far to trust the supernet's accuracy estimate: its ranking of architectures against
+training each of them alone (`fbnas fidelity RUN_DIR`).
+
+For N architectures of a search run's space (uniformly random, distinct; the run's own
+arch_hard.yaml first when it is there), the supernet estimate is the accuracy of that single
+path on the validation split with the supernet's weights, after re-estimating its BatchNorm
+statistics on un-augmented weight-split images (exactly what the search logs as `val_acc`).
+The stand-alone accuracy is the validation top-1 of the same architecture retrained from
+scratch with the config's retrain recipe (`--retrain-epochs` to shorten it). Both use the
+search's validation split, which neither the weights nor θ were trained on. The report gives
+Kendall τ and Spearman ρ between the two (scipy.stats), with their p-values.
+
+Re-running the same command resumes: finished retrains are read back, not redone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from scipy import stats
+from torch import nn
+
+from fbnas.arch import Architecture
+from fbnas.checkpoint import load_checkpoint
+from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.data import build_search_data
+from fbnas.errors import FbnasError
+from fbnas.io import ensure_dir, load_json, write_json_atomic
+from fbnas.retrain import RESULTS, ChildTrainer
+from fbnas.run import CHECKPOINT, close_logger
+from fbnas.supernet import Supernet
+from fbnas.sweep import random_archs
+
+
+@dataclass
+class Point:
+    arch: Architecture
+    supernet_acc: float = float("nan")
+    standalone_acc: float = float("nan")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def supernet_accuracy(net: Supernet, arch: Architecture, cfg: Config, data,
+                      device: torch.device) -> float:
+    """Validation accuracy of `arch`'s path on the supernet weights, BN re-estimated."""
+    cands = cfg.space.layer_candidates()
+    idx = [c.index(op) for c, op in zip(cands, arch.ops, strict=True)]
+    m = [nn.functional.one_hot(torch.tensor(i), len(c)).float().to(device)
+         for i, c in zip(idx, cands, strict=True)]
+    active = [[i] for i in idx]
+    limit = cfg.search.bn_calib_samples
+
+    def calib():
+        n = 0
+        for x, _ in data.calib_loader:
+            if n >= limit:
+                return
+            x = x[: limit - n]
+            n += len(x)
+            yield x.to(device)
+
+    with torch.no_grad():
+        if limit:
+            net.recalibrate_bn(calib(), m, active)
+        net.eval()
+        correct = n = 0
+        for x, y in data.val_loader:
+            logits, _ = net(x.to(device), m=m, active=active)
+            correct += int((logits.argmax(1) == y.to(device)).sum())
+            n += len(y)
+    return correct / max(n, 1)
+
+
+class Fidelity:
+    def __init__(self, run_dir: str | Path, n: int = 10, seed: int = 0,
+                 retrain_epochs: int | None = None, out: str | Path | None = None,
+                 overrides: list[str] | None = None, log=print):
+        self.run_dir = Path(run_dir)
+        self.state = load_checkpoint(self.run_dir / CHECKPOINT, kind="search")
+        sets = list(overrides or [])
+        if retrain_epochs is not None:
+            sets += [f"retrain.epochs={retrain_epochs}",
+                     f"retrain.warmup_epochs={min(1, retrain_epochs - 1)}"]
+        self.base = apply_overrides(self.state["config"], sets)
+        self.cfg = config_from_dict(self.base, f"{self.run_dir / CHECKPOINT}: config")
+        if self.cfg.data.val_fraction == 0:
+            raise FbnasError(f"{self.run_dir}: data.val_fraction is 0, so there is no "
+                             "validation split to estimate accuracy on")
+        if n < 3:
+            raise FbnasError(f"fidelity: -n must be >= 3 for a rank correlation, got {n}")
+        self.n, self.seed, self.log = n, seed, log
+        self.out = Path(out) if out else self.run_dir / "fidelity"
+
+    def archs(self) -> list[Architecture]:
+        first: list[Architecture] = []
+        hard = self.run_dir / "arch_hard.yaml"
+        if hard.is_file():
+            first.append(Architecture.load(hard))
+        taken = {a.hash() for a in first}
+        return first + random_archs(self.cfg, self.n - len(first), self.seed, taken)
+
+    def run(self) -> dict[str, Any]:
+        ensure_dir(self.out)
+        device = torch.device("cpu")
+        net = Supernet(self.cfg.space, mode=self.cfg.search.mode)  # costs play no part here
+        net.load_state_dict(self.state["model"])
+        data = build_search_data(self.cfg.data, self.cfg.space.macro.input_size,
+                                 self.cfg.space.macro.in_channels,
+                                 self.cfg.space.macro.num_classes, seed=self.cfg.search.seed)
+        points = [Point(a) for a in self.archs()]
+        for i, p in enumerate(points):
+            p.supernet_acc = supernet_accuracy(net, p.arch, self.cfg, data, device)
+            self.log(f"[{i + 1}/{len(points)}] {p.arch.short_hash} supernet val acc "
+                     f"{p.supernet_acc:.4f}")
+        for i, p in enumerate(points):
+            res = self._retrain(p.arch)
+            p.standalone_acc = float(res["val_top1"])
+            p.extra = {"test_top1": res.get("top1"), "flops": res.get("flops")}
+            self.log(f"[{i + 1}/{len(points)}] {p.arch.short_hash} retrained val top-1 "
+                     f"{p.standalone_acc:.4f}")
+        return self._report(points)
+
+    def _retrain(self, arch: Architecture) -> dict[str, Any]:
+        run = self.out / f"retrain-{arch.short_hash}"
+        if (run / RESULTS).is_file():
+            return load_json(run / RESULTS)
+        cfg = config_from_dict(apply_overrides(self.base, [
+            f"run.dir={run}", "retrain.measure_latency=false", "run.progress=false"]),
+            "fidelity")
+        t = ChildTrainer(cfg, arch, run, resume=(run / CHECKPOINT).is_file())
+        try:
+            return t.fit()
+        finally:
+            close_logger(t.log)
+
+    def _report(self, points: list[Point]) -> dict[str, Any]:
+        a = [p.supernet_acc for p in points]
+        b = [p.standalone_acc for p in points]
+        tau = rho = None
+        if len(set(a)) > 1 and len(set(b)) > 1:  # else the correlations are undefined
+            tau, rho = stats.kendalltau(a, b), stats.spearmanr(a, b)
+
+        def num(r, key):
+            return None if r is None else float(getattr(r, key))
+
+        summary = {
+            "run": str(self.run_dir), "n": len(points), "mode": self.cfg.search.mode,
+            "retrain_epochs": self.cfg.retrain.epochs,
+            "kendall_tau": num(tau, "statistic"), "kendall_p": num(tau, "pvalue"),
+            "spearman": num(rho, "statistic"), "spearman_p": num(rho, "pvalue"),
+            "points": [{"hash": p.arch.hash(), "ops": list(p.arch.ops),
+                        "supernet_val_acc": p.supernet_acc,
+                        "standalone_val_top1": p.standalone_acc, **p.extra} for p in points],
+        }
+        write_json_atomic(self.out / "fidelity.json", summary)
+        head = (f"ranking fidelity of {self.run_dir} ({len(points)} architectures, "
+                f"{self.cfg.search.mode}): ")
+        if tau is None:
+            self.log(head + "Kendall tau and Spearman undefined (every estimate, or every "
+                     f"retrained accuracy, is the same) -> {self.out / 'fidelity.json'}")
+        else:
+            self.log(head + f"Kendall tau {summary['kendall_tau']:.3f} (p "
+                     f"{summary['kendall_p']:.3g}), Spearman {summary['spearman']:.3f} (p "
+                     f"{summary['spearman_p']:.3g}) -> {self.out / 'fidelity.json'}")
+        return summary

@@ -1,0 +1,59 @@
+"""`fbnas fidelity`: supernet estimates against stand-alone retraining, ranked."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from conftest import digits_run_config
+
+from fbnas.arch import Architecture
+from fbnas.cli import main
+
+
+def _search(tmp_path):
+    run = tmp_path / "search"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(digits_run_config(
+        retrain={"epochs": 2, "warmup_epochs": 1, "device": "cpu"},
+        run={"dir": str(run)}, search={"bn_calib_samples": 64})))
+    assert main(["train", "--config", str(cfg)]) == 0
+    return run
+
+
+def test_fidelity_ranks_supernet_estimates_against_retraining(tmp_path, capsys):
+    run = _search(tmp_path)
+    assert main(["fidelity", str(run), "-n", "4", "--seed", "1"]) == 0
+    rep = json.loads((run / "fidelity" / "fidelity.json").read_text())
+    pts = rep["points"]
+    assert rep["n"] == 4 and len({p["hash"] for p in pts}) == 4
+    hard = Architecture.load(run / "arch_hard.yaml")
+    assert pts[0]["ops"] == list(hard.ops)  # the search's own pick comes first
+    for p in pts:
+        assert 0 <= p["supernet_val_acc"] <= 1 and 0 <= p["standalone_val_top1"] <= 1
+    acc_sets = ({p["supernet_val_acc"] for p in pts}, {p["standalone_val_top1"] for p in pts})
+    if all(len(s) > 1 for s in acc_sets):
+        assert -1 <= rep["kendall_tau"] <= 1 and -1 <= rep["spearman"] <= 1
+    else:  # 2 epochs on 200 images can leave every network at the same accuracy
+        assert rep["kendall_tau"] is None and rep["spearman"] is None
+    out = capsys.readouterr().out
+    assert "Kendall tau" in out and "Spearman" in out
+    # a second run reads the retrains back instead of redoing them
+    stamps = {p: p.stat().st_mtime_ns for p in (run / "fidelity").glob("retrain-*/results.json")}
+    assert len(stamps) == 4
+    assert main(["fidelity", str(run), "-n", "4", "--seed", "1"]) == 0
+    assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
+    again = json.loads((run / "fidelity" / "fidelity.json").read_text())
+    same = [(p["supernet_val_acc"], p["standalone_val_top1"]) for p in again["points"]]
+    assert same == [(p["supernet_val_acc"], p["standalone_val_top1"]) for p in pts]
+    assert again["kendall_tau"] == rep["kendall_tau"]
+
+
+def test_fidelity_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["fidelity", str(tmp_path / "nowhere")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    run = _search(tmp_path)
+    capsys.readouterr()  # the search's own log
+    assert main(["fidelity", str(run), "-n", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "-n must be >= 3" in err[0]
