@@ -250,7 +250,9 @@ class SearchTrainer(EpochRunner):
 
     def _path_weight_step(self, x: torch.Tensor, y: torch.Tensor,
                           paths: list[list[list[int]]]) -> dict[str, float]:
-        """One weight step on the given single paths, gradients summed over them."""
+        """One weight step on the given single paths, gradients summed over them (FairNAS: each
+        candidate gets a whole step's update; the shared stem and head get K of them, which
+        search.grad_clip bounds)."""
         self.w_opt.zero_grad(set_to_none=True)
         ce_sum, acc_sum, cost_sum = 0.0, 0.0, 0.0
         for active in paths:
@@ -263,7 +265,7 @@ class SearchTrainer(EpochRunner):
             if not self._check_finite({"ce": ce}):
                 self.w_opt.zero_grad(set_to_none=True)
                 return {}
-            self.prec.scale(ce / len(paths), 0).backward()
+            self.prec.scale(ce, 0).backward()
             ce_sum += float(ce.detach())
             acc_sum += float((logits.detach().argmax(1) == y).float().mean())
             cost_sum += float(cost)
