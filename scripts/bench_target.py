@@ -1,0 +1,111 @@
+"""Does a search hit the latency it was asked for? Mode × target × seed on the quickstart.
+
+For each search mode, each target (positions in the quickstart space's latency range, or
+times) and each seed, runs the quickstart search with `loss.target` set, then times every found
+architecture end to end, together with `--random` uniformly random ones, in one interleaved,
+drift-compensated measurement (batch 1, 1 thread, as the table), in the table's units (its
+reference op's scale, as `fbnas sweep` and `fbnas retrain` report measured latency).
+
+Prints per search the target, the table's prediction of the found architecture, its measured
+latency, the miss (measured / target - 1) and whether it is within 10%; then, per mode and
+target, the spread of measured latency across seeds (max / min - 1, the stability figure);
+then the random architectures' measured range. The table is the quickstart's cached one.
+
+    python scripts/bench_target.py                                  # 3 modes × 3 targets × 3 seeds
+    python scripts/bench_target.py --modes full --targets 0.5x --seeds 0 --epochs 10  # a look
+
+Never run it beside tests or other benchmarks: the timings share the 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fbnas.arch import Architecture  # noqa: E402
+from fbnas.config import load_config  # noqa: E402
+from fbnas.latency.build import measure_archs  # noqa: E402
+from fbnas.loss import resolve_target  # noqa: E402
+from fbnas.run import close_logger  # noqa: E402
+from fbnas.search import SearchTrainer  # noqa: E402
+from fbnas.sweep import random_archs  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--modes", default="full,two_path,single_path")
+    ap.add_argument("--targets", default="0.25x,0.5x,0.75x")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--epochs", type=int, help="search.epochs (default: the config's)")
+    ap.add_argument("--random", type=int, default=5)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args()
+    modes, targets = args.modes.split(","), args.targets.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    found: list[tuple[str, str, int, Architecture, float, float]] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fbnas-bench-target-") as tmp:
+        for mode in modes:
+            for target in targets:
+                for seed in seeds:
+                    sets = [f"run.dir={tmp}/{mode}-{target}-{seed}", f"search.mode={mode}",
+                            f"search.seed={seed}", f"loss.target={target}",
+                            "run.progress=false", "run.tensorboard=false", *args.set]
+                    if args.epochs:
+                        sets.append(f"search.epochs={args.epochs}")
+                    cfg = load_config(args.config, sets)
+                    tr = SearchTrainer(cfg, cfg.run.dir)
+                    try:
+                        res = tr.fit()
+                    finally:
+                        close_logger(tr.log)
+                    arch = Architecture.load(Path(cfg.run.dir) / "arch_hard.yaml")
+                    t_us = resolve_target(target, tr.model.cost_bounds())
+                    found.append((mode, target, seed, arch, t_us, res["predicted_cost"]))
+        search_s = time.perf_counter() - t0
+        timer = cfg.latency.make_timer()
+        rand = random_archs(cfg, args.random, 12345, {f[3].hash() for f in found})
+        named = {}
+        for _, _, _, a, _, _ in found:
+            named.setdefault(a.hash()[:16], Architecture(a.macro, a.ops, a.hash()[:16], a.space))
+        for a in rand:
+            named.setdefault(a.hash()[:16], Architecture(a.macro, a.ops, a.hash()[:16], a.space))
+        m = measure_archs(timer, list(named.values()))
+        # in the table's units: its own reference-op scale, as fbnas sweep and retrain report
+        ref_us = (tr.costs.table.reference or {}).get("scale_us") if tr.costs.table else None
+        scale = ref_us or m.ref_scale_s * 1e6
+        meas = {k: e.summary(scale / 1e6)["median_us"] for k, e in m.entries.items()}
+    print(f"== {len(found)} searches in {search_s:.0f} s; {len(named)} networks timed together "
+          f"({timer.describe()['backend']}, batch 1, {timer.threads} thread)")
+    print(f"{'mode':<12}{'target':>8}{'T us':>8}{'seed':>5}{'pred us':>9}{'meas us':>9}"
+          f"{'miss':>8}  hit±10%  ops")
+    hits = 0
+    for mode, target, seed, a, t_us, pred in found:
+        mu = meas[a.hash()[:16]]
+        miss = mu / t_us - 1
+        hits += abs(miss) <= 0.10
+        print(f"{mode:<12}{target:>8}{t_us:8.0f}{seed:5d}{pred:9.0f}{mu:9.0f}{100 * miss:7.1f}%"
+              f"  {'yes' if abs(miss) <= 0.10 else 'NO ':<7}  {' '.join(a.ops)}")
+    print(f"hit within ±10%: {hits}/{len(found)}")
+    print("stability across seeds (measured max/min − 1, same mode and target):")
+    for mode in modes:
+        for target in targets:
+            v = [meas[a.hash()[:16]] for md, tg, _, a, _, _ in found if md == mode and tg == target]
+            if len(v) > 1:
+                print(f"  {mode:<12}{target:>8}: {100 * (max(v) / min(v) - 1):5.1f}%")
+    rv = sorted(meas[a.hash()[:16]] for a in rand)
+    if rv:
+        print(f"random architectures (n={len(rv)}): measured {rv[0]:.0f}-{rv[-1]:.0f} us, "
+              f"median {statistics.median(rv):.0f} us")
+
+
+if __name__ == "__main__":
+    main()
