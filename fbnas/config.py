@@ -81,7 +81,7 @@ class SearchConfig:
     storing them (less memory, more time; same gradients and BN statistics).
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
     NHWC memory layout for the training steps (fbnas.precision).
-    tau0 … tau_min: the temperature schedule's data (fbnas.search.TauSchedule): exp is
+    tau0 … tau_min: the temperature schedule's data (fbnas.schedules.TauSchedule): exp is
     τ = max(tau_min, τ0·exp(−tau_decay·(epoch − warmup))), linear goes τ0 → tau_min over the
     θ epochs.
     """

@@ -27,6 +27,7 @@ from fbnas.arch import Architecture
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.data import build_search_data
+from fbnas.data.loaders import take_images
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import RESULTS, ChildTrainer
@@ -52,19 +53,9 @@ def supernet_accuracy(net: Supernet, arch: Architecture, cfg: Config, data,
          for i, c in zip(idx, cands, strict=True)]
     active = [[i] for i in idx]
     limit = cfg.search.bn_calib_samples
-
-    def calib():
-        n = 0
-        for x, _ in data.calib_loader:
-            if n >= limit:
-                return
-            x = x[: limit - n]
-            n += len(x)
-            yield x.to(device)
-
     with torch.no_grad():
         if limit:
-            net.recalibrate_bn(calib(), m, active)
+            net.recalibrate_bn(take_images(data.calib_loader, limit, device), m, active)
         net.eval()
         correct = n = 0
         for x, y in data.val_loader:

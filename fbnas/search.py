@@ -20,9 +20,7 @@ the Gumbel noise is the same on every rank, and rank 0 alone writes the run dire
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +30,10 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, arch_from_indices, sample_hard
 from fbnas.checkpoint import rng_state, seed_everything
-from fbnas.config import Config, SearchConfig
+from fbnas.config import Config
 from fbnas.costs import CostSource, shared_costs
 from fbnas.data import build_search_data
+from fbnas.data.loaders import take_images
 from fbnas.distributed import (
     PeriodicAverager,
     SharedSampling,
@@ -47,33 +46,9 @@ from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
 from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
+from fbnas.schedules import TauSchedule, warmup_paths
 from fbnas.supernet import Supernet
-from fbnas.target import cost_lists, fit_to_target
-
-
-@dataclass(frozen=True)
-class TauSchedule:
-    """The Gumbel-softmax temperature per (0-based) epoch: τ0 during the weights-only warm-up,
-    then `exp`: max(τ_min, τ0·exp(−decay·k)), or `linear`: τ0 → τ_min over the θ epochs, with
-    k the epochs since warm-up."""
-
-    tau0: float
-    kind: str
-    decay: float
-    tau_min: float
-    warmup: int
-    epochs: int
-
-    @classmethod
-    def from_config(cls, s: SearchConfig) -> TauSchedule:
-        return cls(s.tau0, s.tau_schedule, s.tau_decay, s.tau_min, s.warmup_epochs, s.epochs)
-
-    def __call__(self, epoch: int) -> float:
-        k = max(0, epoch - self.warmup)
-        if self.kind == "exp":
-            return max(self.tau_min, self.tau0 * math.exp(-self.decay * k))
-        n = max(1, self.epochs - self.warmup - 1)
-        return self.tau0 + (self.tau_min - self.tau0) * min(1.0, k / n)
+from fbnas.target import cost_lists, fit_to_target, range_warning
 
 
 class SearchTrainer(EpochRunner):
@@ -120,7 +95,9 @@ class SearchTrainer(EpochRunner):
         bounds = self.model.cost_bounds()
         self.loss = cfg.loss.build(bounds)
         self.loss.check_range(*bounds)
-        self._warn_target_range(bounds)
+        if (warn := range_warning(self.cfg.loss.target, self.loss, bounds,
+                                  self.costs.unit)) is not None:
+            self.log.warning(warn)
         self.tau_schedule = TauSchedule.from_config(s)
         self.w_opt = torch.optim.SGD(self.model.weight_parameters(), lr=s.w_lr,
                                      momentum=s.w_momentum, weight_decay=s.w_weight_decay,
@@ -148,16 +125,6 @@ class SearchTrainer(EpochRunner):
                 raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "
                                  "under torchrun yet; use mode (the default)")
             self._setup_distributed(fresh=state is None)
-
-    def _warn_target_range(self, bounds: tuple[float, float]) -> None:
-        target = getattr(self.loss, "target", None)
-        lo, hi = bounds
-        if target is not None and not lo <= target <= hi:
-            u = self.costs.unit
-            self.log.warning(f"loss.target: {self.cfg.loss.target} ({target:.1f} {u}) is outside "
-                             f"this space's range {lo:.1f}-{hi:.1f} {u} (cheapest-dearest "
-                             "architecture under the cost table); the search will end near "
-                             f"the {'cheapest' if target < lo else 'dearest'} one")
 
     # ---- resume ---------------------------------------------------------------------------
     def _check_resume(self, state: dict[str, Any]) -> None:
@@ -235,18 +202,10 @@ class SearchTrainer(EpochRunner):
                             "(set search.nan_policy: skip to skip such steps)")
 
     def _warmup_paths(self) -> list[list[list[int]]] | None:
-        """The single paths a warm-up weight step trains (`search.warmup_sampling`), or None
-        for the search mode's own sampling: `uniform`, one path drawn uniformly per layer;
-        `fair`, K paths (K = the most candidates of any layer) in which each layer's
-        candidates appear once each, in shuffled order."""
-        how = self.cfg.search.warmup_sampling
-        if how == "mode" or self.theta_active():
+        """The single paths a warm-up weight step trains, or None (fbnas.schedules)."""
+        if self.theta_active():
             return None
-        sizes = [len(t) for t in self.net.theta]
-        if how == "uniform":
-            return [[[int(torch.randint(n, (1,)))] for n in sizes]]
-        perms = [torch.randperm(n).tolist() for n in sizes]
-        return [[[p[k % len(p)]] for p in perms] for k in range(max(sizes))]
+        return warmup_paths(self.cfg.search.warmup_sampling, [len(t) for t in self.net.theta])
 
     def _path_weight_step(self, x: torch.Tensor, y: torch.Tensor,
                           paths: list[list[list[int]]]) -> dict[str, float]:
@@ -330,18 +289,6 @@ class SearchTrainer(EpochRunner):
         return {"loss": terms.total.item(), "ce": terms.ce.item(),
                 "cost_term": terms.cost_term.item(), "acc": acc.item(), "cost": cost.item()}
 
-    def _calib_batches(self):
-        n = 0
-        limit = self.cfg.search.bn_calib_samples
-        if self.dist.distributed:  # each rank calibrates on its shard; the total is the same
-            limit = -(-limit // self.dist.world_size)
-        for x, _ in self.data.calib_loader:
-            if n >= limit:
-                return
-            x = x[: limit - n]
-            n += len(x)
-            yield x.to(self.device, non_blocking=True)
-
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Accuracy and CE of the argmax architecture on the validation split, after
@@ -352,7 +299,11 @@ class SearchTrainer(EpochRunner):
         if self.data.val_loader is None:  # val_fraction 0: no selection split
             return out
         if self.cfg.search.bn_calib_samples and self.data.calib_loader is not None:
-            used = self.model.recalibrate_bn(self._calib_batches(), m, active)
+            limit = self.cfg.search.bn_calib_samples
+            if self.dist.distributed:  # each rank calibrates on its shard; the same total
+                limit = -(-limit // self.dist.world_size)
+            used = self.model.recalibrate_bn(
+                take_images(self.data.calib_loader, limit, self.device), m, active)
             if self.dist.distributed:  # the ranks' estimates, weighted by their samples
                 sync_bn_stats(self.dist, self.net, weight=used)
         self.model.eval()
@@ -461,14 +412,10 @@ class SearchTrainer(EpochRunner):
         target = getattr(self.loss, "target", None)
         if target is None or not self.cfg.search.fit_target:
             return Architecture(a.macro, a.ops, a.name, a.space, meta)
-        tol = self.cfg.search.fit_tolerance
         rows = cost_lists(self.costs.rows, self.cfg.space.layer_candidates())
-        fit = fit_to_target(self.net.theta, rows, self.costs.fixed, target, tol)
-        u = self.costs.unit
-        self.log.info(f"fitted to loss.target {self.cfg.loss.target} ({target:.1f} {u}): "
-                      f"{fit.changes} layer(s) changed from argmax θ, predicted {fit.cost:.1f} "
-                      f"{u}" + ("" if fit.hit else f" (outside ±{tol:.0%}: no op change gets "
-                                "closer)"))
+        fit = fit_to_target(self.net.theta, rows, self.costs.fixed, target,
+                            self.cfg.search.fit_tolerance)
+        self.log.info(fit.describe(self.cfg.loss.target, target, self.costs.unit))
         meta.update(target=float(target), fitted_layers=fit.changes)
         return arch_from_indices(self.cfg.space, fit.indices, name, **meta)
 

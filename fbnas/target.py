@@ -28,6 +28,25 @@ class Fit:
     cost: float  # its predicted cost
     changes: int  # layers changed from the argmax
     hit: bool  # within tolerance of the target
+    tol: float = 0.03
+
+    def describe(self, spec: object, target: float, unit: str) -> str:
+        """The log line: what was asked, how many layers moved, where it landed."""
+        return (f"fitted to loss.target {spec} ({target:.1f} {unit}): {self.changes} layer(s) "
+                f"changed from argmax θ, predicted {self.cost:.1f} {unit}"
+                + ("" if self.hit else f" (outside ±{self.tol:.0%}: no op change gets closer)"))
+
+
+def range_warning(spec: object, loss: object, bounds: tuple[float, float], unit: str
+                  ) -> str | None:
+    """One line when the loss's resolved target lies outside [cheapest, dearest]."""
+    target = getattr(loss, "target", None)
+    lo, hi = bounds
+    if target is None or lo <= target <= hi:
+        return None
+    return (f"loss.target: {spec} ({target:.1f} {unit}) is outside this space's range "
+            f"{lo:.1f}-{hi:.1f} {unit} (cheapest-dearest architecture under the cost table); "
+            f"the search will end near the {'cheapest' if target < lo else 'dearest'} one")
 
 
 def cost_lists(rows: Sequence[dict[str, float]], candidates: Sequence[Sequence[str]]
@@ -88,7 +107,8 @@ def fit_to_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]]
         best = _likeliest_in_band(logp, rows, fixed, lo, hi)
         if best is not None:
             idx, cost = best
-    return Fit(idx, cost, sum(a != b for a, b in zip(idx, first, strict=True)), lo <= cost <= hi)
+    return Fit(idx, cost, sum(a != b for a, b in zip(idx, first, strict=True)), lo <= cost <= hi,
+               tol)
 
 
 def _likeliest_in_band(logp: list[list[float]], rows: Sequence[Sequence[float]], fixed: float,

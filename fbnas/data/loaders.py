@@ -168,3 +168,15 @@ def build_eval_data(cfg: DataConfig, input_size: int | Sequence[int], in_channel
     return _eval_loader(src.train_eval, val, cfg, rank, world, pin_memory)
 
 
+
+
+def take_images(loader: DataLoader, limit: int, device: torch.device) -> Iterator[torch.Tensor]:
+    """The first `limit` images of `loader` (labels dropped), batch by batch, on `device`: the
+    BatchNorm re-estimation batches of validation and `fbnas fidelity`."""
+    n = 0
+    for x, _ in loader:
+        if n >= limit:
+            return
+        x = x[: limit - n]
+        n += len(x)
+        yield x.to(device, non_blocking=True)
