@@ -25,11 +25,8 @@ class ResumePolicy:
     def check(self, saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
         check_kept_settings(saved, now, self.compared, self.resumable, self.added, where)
         for section, key in self.also_kept:
-            old = saved.get(section, {}).get(key, self.added.get((section, key)))
-            if old != now.get(section, {}).get(key):
-                raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, now "
-                                 f"{now.get(section, {}).get(key)!r}; a resumed run must keep "
-                                 "its settings (start a new run to change them)")
+            _keep(where, section, key, saved.get(section, {}).get(key, self.added.get(
+                (section, key))), now.get(section, {}).get(key))
 
 
 def check_kept_settings(saved: dict[str, Any], now: dict[str, Any], sections: Sequence[str],
@@ -41,8 +38,11 @@ def check_kept_settings(saved: dict[str, Any], now: dict[str, Any], sections: Se
     for section in sections:
         a, b = saved.get(section, {}), now.get(section, {})
         for key in sorted(set(a) | set(b)):
-            old = a.get(key, added.get((section, key)))
-            if (section, key) not in resumable and old != b.get(key):
-                raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, "
-                                 f"now {b.get(key)!r}; a resumed run must keep its settings "
-                                 "(start a new run to change them)")
+            if (section, key) not in resumable:
+                _keep(where, section, key, a.get(key, added.get((section, key))), b.get(key))
+
+
+def _keep(where: Path, section: str, key: str, old: Any, new: Any) -> None:
+    if old != new:
+        raise FbnasError(f"{where}: {section}.{key} was {old!r} in this run, now {new!r}; a "
+                         "resumed run must keep its settings (start a new run to change them)")
