@@ -55,6 +55,11 @@ def cost_lists(rows: Sequence[dict[str, float]], candidates: Sequence[Sequence[s
     return [[float(row[op]) for op in cands] for row, cands in zip(rows, candidates, strict=True)]
 
 
+def cost_range(rows: Sequence[Sequence[float]], fixed: float) -> tuple[float, float]:
+    """The cheapest and dearest architecture's cost: what a relative (`0.6x`) target spans."""
+    return fixed + sum(min(r) for r in rows), fixed + sum(max(r) for r in rows)
+
+
 def predicted_cost(rows: Sequence[Sequence[float]], fixed: float, indices: Sequence[int]
                    ) -> float:
     return fixed + sum(float(r[i]) for r, i in zip(rows, indices, strict=True))

@@ -211,3 +211,18 @@ def test_fair_warmup_trains_every_candidate_once_per_step(tmp_path):
         assert t._warmup_paths() is None
     finally:
         close_logger(t.log)
+
+
+def test_sample_hard_fits_as_the_search_did(tmp_path):
+    t = _trainer(tmp_path, loss={"kind": "target", "target": "0.3x", "lambda": 3.0},
+                 search={"epochs": 2, "warmup_epochs": 1, "theta_lr": 0.5})
+    try:
+        t.fit()
+    finally:
+        close_logger(t.log)
+    run = tmp_path / "run"
+    assert main(["sample", str(run), "--hard", "--out", str(tmp_path / "s")]) == 0
+    searched = yaml.safe_load((run / "arch_hard.yaml").read_text())
+    sampled = yaml.safe_load((tmp_path / "s" / "arch_hard.yaml").read_text())
+    assert searched["meta"]["fitted_layers"] > 0  # the plain argmax would differ
+    assert sampled["ops"] == searched["ops"]

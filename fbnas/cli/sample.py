@@ -19,7 +19,7 @@ from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
-from fbnas.target import cost_lists, fit_to_target
+from fbnas.target import cost_lists, cost_range, fit_to_target
 
 
 def add_parser(sub) -> None:
@@ -94,8 +94,7 @@ def _hard(cfg, theta, table) -> Architecture:
         return a
     row_maps, fixed = table.costs_for(space)
     rows = cost_lists(row_maps, space.layer_candidates())
-    bounds = (fixed + sum(min(r) for r in rows), fixed + sum(max(r) for r in rows))
-    target = cfg.loss.build(bounds).target
+    target = cfg.loss.build(cost_range(rows, fixed)).target
     fit = fit_to_target(theta, rows, fixed, target, cfg.search.fit_tolerance)
     return arch_from_indices(space, fit.indices, a.name)
 
