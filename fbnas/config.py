@@ -27,6 +27,7 @@ from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, read_fields, setting
 from fbnas.latency import make_timer
+from fbnas.latency.allocator import resolve as resolve_allocator
 from fbnas.latency.timers import Timer
 from fbnas.loss import LossConfig
 from fbnas.search_space import SearchSpace
@@ -57,16 +58,25 @@ class LatencyConfig:
     batch: int = setting(1, "int", min=1)
     dtype: str = setting("float32", "str", choices=("float32", "float16", "bfloat16"))
     channels_last: bool = setting(False, "bool")
+    # cpu: the memory allocator timed under (fbnas.latency.allocator; None: retain on cpu)
+    allocator: str | None = setting(None, "str")
     cache_dir: str = setting("~/.cache/fbnas/tables", "str")
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "latency") -> LatencyConfig:
-        return read_fields(cls, d, where)
+        cfg = read_fields(cls, d, where)
+        if cfg.allocator is not None:
+            if cfg.device not in ("cpu", "fake") and cfg.allocator != "system":
+                raise FbnasError(f"{where}: allocator: {cfg.allocator!r} applies to device cpu "
+                                 f"only; {cfg.device} timings use 'system'")
+            resolve_allocator(cfg.allocator, f"{where}: allocator")
+        return cfg
 
     def make_timer(self) -> Timer:
-        """The timer these settings describe (device, threads, batch, dtype, layout)."""
+        """The timer these settings describe (device, threads, batch, dtype, layout,
+        allocator)."""
         return make_timer(self.device, threads=self.threads, batch=self.batch, dtype=self.dtype,
-                          channels_last=self.channels_last)
+                          channels_last=self.channels_last, allocator=self.allocator)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ the same timer settings and drift compensation as the table's entries.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from fbnas.config import Config, LatencyConfig
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
-from fbnas.latency.measure import Protocol, measure
+from fbnas.latency.measure import Protocol
+from fbnas.timed_models import measure_modules
 
 UNITS = {"latency": "us", "flops": "FLOPs", "params": "params"}
 
@@ -73,7 +75,8 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
         if table.cost != lat.cost:
             raise FbnasError(f"{lat.table}: is a {table.cost} table but latency.cost is "
                              f"{lat.cost!r}")
-        table.check_run(batch=lat.batch, dtype=lat.dtype)
+        table.check_run(batch=lat.batch, dtype=lat.dtype,
+                        allocator=lat.make_timer().allocator if lat.allocator else None)
         desc = f"{lat.cost} table {lat.table}"
     elif lat.cost in ("flops", "params"):
         table = build_cost_table(space, lat.cost)
@@ -180,11 +183,15 @@ def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyCon
     drift-compensated like the table's entries (same reference op, and the table's reference
     scale when there is one, so the two are in the same units)."""
     timer = lat.make_timer()
+    if lat.allocator is None and table is not None and table.cost == "latency" and \
+            table.meta.get("backend") == timer.backend:
+        # unless the config names one, time under the allocator the table was measured with
+        timer = dataclasses.replace(lat, allocator=table.meta.get("allocator", "system")
+                                    ).make_timer()
     proto = protocol or Protocol()
     net = copy.deepcopy(model).cpu()
-    runs = {"child": timer.prepare(net, (arch.macro.in_channels, *arch.macro.input_size),
-                                   "child")}
-    m = measure(timer, runs, proto)
+    m = measure_modules(timer, {"child": (net, (arch.macro.in_channels,
+                                                *arch.macro.input_size))}, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
     scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
     s = m.entries["child"].summary(scale_us / 1e6)

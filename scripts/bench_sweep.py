@@ -6,8 +6,14 @@ many random architectures some searched one dominates (at least as fast and as a
 noise), and each searched point's measured latency and test top-1 relative to the all-ir_k5_e6
 reference (ratios of figures measured side by side in one interleaved run).
 
-    python scripts/bench_sweep.py                      # ~ 30 minutes on 2 cores
+    python scripts/bench_sweep.py                      # ~ 10 minutes per seed on 2 cores
+    python scripts/bench_sweep.py --seeds 0,1,2        # one sweep per search seed, then a summary
+    python scripts/bench_sweep.py --param beta --values 0,4   # the FBNet loss instead
     python scripts/bench_sweep.py --summarize runs/quickstart-sweep   # an existing sweep
+
+With several seeds, each seed N is a separate sweep in OUT/seed-N (search.seed = N and random
+architectures drawn with seed N), sharing one latency table; the last lines give, per seed, how
+many random networks a searched one dominates.
 """
 
 from __future__ import annotations
@@ -50,7 +56,10 @@ def summarize(out: Path, wall: float | None = None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="sweep folder (default: a temp dir)")
-    ap.add_argument("--beta", default="0,2,4,8")
+    ap.add_argument("--param", default="target", choices=("target", "beta", "lambda", "alpha"))
+    ap.add_argument("--values", default="0.3x,0.5x,0.8x")
+    ap.add_argument("--seeds", default="0", help="search seeds, one sweep each")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--random", type=int, default=5)
     ap.add_argument("--retrain-epochs", type=int, default=15)
     ap.add_argument("--summarize", metavar="SWEEP_DIR", help="only print an existing sweep")
@@ -59,14 +68,25 @@ def main() -> None:
         summarize(Path(args.summarize))
         return
     out = Path(args.out or tempfile.mkdtemp(prefix="fbnas_sweep_"))
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fbnas", "sweep", "--config",
-                    str(ROOT / "configs/quickstart.yaml"), "--beta", args.beta, "--random",
-                    str(args.random), "--retrain-epochs", str(args.retrain_epochs),
-                    "--out", str(out), "--set", f"latency.cache_dir={out / 'table_cache'}",
-                    "--set", "run.progress=false"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
-    summarize(out, time.perf_counter() - t)
+    seeds = [int(v) for v in args.seeds.split(",")]
+    counts = []
+    for seed in seeds:
+        run_out = out / f"seed-{seed}" if len(seeds) > 1 else out
+        extra = [a for kv in args.set for a in ("--set", kv)]
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "fbnas", "sweep", "--config",
+                        str(ROOT / "configs/quickstart.yaml"), f"--{args.param}", args.values,
+                        "--random", str(args.random), "--retrain-epochs",
+                        str(args.retrain_epochs), "--seed", str(seed), "--out", str(run_out),
+                        "--set", f"latency.cache_dir={out / 'table_cache'}",
+                        "--set", "run.progress=false", "--set", f"search.seed={seed}", *extra],
+                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        summarize(run_out, time.perf_counter() - t)
+        s = json.loads((run_out / "sweep.json").read_text())
+        counts.append((seed, s["random_dominated"], s["random"]))
+    if len(seeds) > 1:
+        print("== random networks dominated by a searched one, per seed: "
+              + ", ".join(f"seed {sd}: {d}/{n}" for sd, d, n in counts))
 
 
 if __name__ == "__main__":

@@ -11,15 +11,10 @@
 from __future__ import annotations
 
 import sys
-import zipfile
 from pathlib import Path
 
-import torch
-
-from fbnas.arch import Architecture, build_child
+from fbnas.arch import Architecture
 from fbnas.errors import FbnasError
-from fbnas.evaluate import load_child
-from fbnas.export import exported_metadata, load_exported
 from fbnas.io import Fields, load_yaml, write_json_atomic
 from fbnas.latency import (
     LatencyTable,
@@ -33,10 +28,12 @@ from fbnas.latency import (
     stem_signature,
     validate,
 )
+from fbnas.latency.allocator import ALLOCATORS
 from fbnas.latency.build import check_extend
-from fbnas.latency.measure import Protocol, measure
+from fbnas.latency.measure import Protocol
 from fbnas.latency.validate import plot_report, public_report, summary_lines
 from fbnas.search_space import load_space
+from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
 
 
 def _timer_args(p, with_threads: bool = True) -> None:
@@ -50,6 +47,10 @@ def _timer_args(p, with_threads: bool = True) -> None:
     g.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="dtype (default float32)")
     g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    g.add_argument("--allocator", default=None, metavar="NAME|PATH",
+                   help=f"cpu: memory allocator to time under ({', '.join(ALLOCATORS)}, or "
+                        "a jemalloc/tcmalloc library path; default retain, or the table's; "
+                        "see docs/latency.md)")
     g.add_argument("--clock", choices=("thread", "wall"), default=None,
                    help="cpu: thread CPU time (default with 1 thread; leaves out time other "
                         "processes took) or wall time (default with several threads)")
@@ -90,7 +91,8 @@ def config_settings(path: str | None) -> dict:
     f = Fields(data["latency"], f"{path}: latency")
     out = {"threads": f.int("threads", None, min=1), "batch": f.int("batch", None, min=1),
            "dtype": f.str("dtype", None, choices=("float32", "float16", "bfloat16")),
-           "channels_last": f.bool("channels_last", None)}
+           "channels_last": f.bool("channels_last", None),
+           "allocator": f.str("allocator", None)}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -104,13 +106,16 @@ def _timer(args, table=None, config: str | None = None):
         base.update(threads=meta.get("threads"), batch=meta.get("batch"),
                     dtype=meta.get("dtype"),
                     channels_last=meta.get("memory_format") == "channels_last")
+        if meta.get("backend") == args.device:
+            base["allocator"] = meta.get("allocator", "system")
     threads = getattr(args, "threads", None)
     extra = {"clock": args.clock} if args.device == "cpu" and args.clock else {}
     return make_timer(args.device, **extra,
                       threads=threads if threads is not None else base.get("threads"),
                       batch=args.batch if args.batch is not None else base.get("batch", 1),
                       dtype=args.dtype or base.get("dtype", "float32"),
-                      channels_last=args.channels_last or bool(base.get("channels_last")))
+                      channels_last=args.channels_last or bool(base.get("channels_last")),
+                      allocator=args.allocator or base.get("allocator"))
 
 
 def _log(msg: str) -> None:
@@ -252,45 +257,17 @@ def run_predict(args) -> int:
 
 
 # ---- measure ---------------------------------------------------------------------------------
-def _measure_items(args, timer):
-    """(label, path, architecture, runnable) for each --arch file (a fresh child), --model
-    file (a retrain checkpoint's trained child, or an exported TorchScript model)."""
-
-
-    items = []
-    for i, path in enumerate(args.arch or []):
-        a = Architecture.load(path)
-        torch.manual_seed(0)
-        net = build_child(a)
-        items.append((f"{i}:{a.name}", path, a, net))
-    for j, path in enumerate(args.model or [], start=len(items)):
-        p = Path(path)
-        if p.suffix == ".onnx":
-            raise FbnasError(f"{p}: ONNX models are timed by onnxruntime's own tools; give the "
-                             "TorchScript export or the retrain checkpoint")
-        if p.is_dir() or p.suffix in (".pt", ".pth") and _is_checkpoint(p):
-
-            a, net, _ = load_child(p)
-        else:
-
-            meta = exported_metadata(p, "torchscript")
-            a = Architecture.from_dict(meta["arch"], f"{p}: embedded architecture")
-            net = load_exported(p, "torchscript")
-        items.append((f"{j}:{a.name}", path, a, net))
-    if not items:
+def _specs(args) -> list[ModelSpec]:
+    """One spec per --arch file (a fresh child) and --model file (a retrain checkpoint or run
+    directory, an fbnas export, any TorchScript file or .pt2 program)."""
+    shape = parse_input_shape(args.input_shape)
+    specs = [ModelSpec(f"{i}:{Path(path).stem}", "arch", path)
+             for i, path in enumerate(args.arch or [])]
+    specs += [ModelSpec(f"{j}:{Path(path).stem}", "model", path, shape)
+              for j, path in enumerate(args.model or [], start=len(specs))]
+    if not specs:
         raise FbnasError("latency measure: give --arch ARCH.yaml and/or --model FILE")
-    runs = {label: timer.prepare(net, (a.macro.in_channels, *a.macro.input_size), label)
-            for label, _, a, net in items}
-    return items, runs
-
-
-def _is_checkpoint(p: Path) -> bool:
-
-    try:
-        with zipfile.ZipFile(p) as z:
-            return not any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return True  # let the checkpoint loader say what is wrong with it
+    return specs
 
 
 def run_measure(args) -> int:
@@ -298,25 +275,33 @@ def run_measure(args) -> int:
     table = LatencyTable.load(args.table) if args.table else None
     timer = _timer(args, table)
     if table is not None:
-        table.check_run(batch=timer.batch, dtype=timer.dtype, backend=timer.backend)
-    items, runs = _measure_items(args, timer)
+        table.check_run(batch=timer.batch, dtype=timer.dtype, backend=timer.backend,
+                        allocator=timer.allocator)
+    specs = _specs(args)
     proto = _protocol(args, None)
-    m = measure(timer, runs, proto)
+    items, m = measure_specs(timer, specs, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
     scale = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
     results = []
-    for label, path, a, _ in items:
-        st = m.entries[label]
+    for it in items:
+        st = m.entries[it["label"]]
         s = st.summary(scale / 1e6)
-        line = (f"{label.split(':', 1)[1]} {path}: median {s['median_us'] / 1e3:.3f} ms, "
-                f"min {s['min_us'] / 1e3:.3f} ms, IQR {100 * s['rel_iqr']:.1f}% "
-                f"({s['n']} samples x {st.number} calls; {timer.backend}, "
-                f"{timer.threads} thread(s), batch {timer.batch})")
-        res = {"arch" if path in (args.arch or []) else "model": path, "hash": a.hash(), **s}
-        if table is not None:
-            pred = table.predict(a, "raw")
-            line += f"; table {pred / 1e3:.3f} ms (x{pred / s['median_us']:.2f})"
-            res["predicted_us"] = pred
+        line = (f"{it['label'].split(':', 1)[1]} {it['path']}: median "
+                f"{s['median_us'] / 1e3:.3f} ms, min {s['min_us'] / 1e3:.3f} ms, IQR "
+                f"{100 * s['rel_iqr']:.1f}% ({s['n']} samples x {st.number} calls; "
+                f"{timer.backend}, {timer.threads} thread(s), batch {timer.batch}, "
+                f"{timer.allocator} allocator)")
+        res = {it["kind"]: it["path"], "hash": it["hash"], "input_shape": it["input_shape"],
+               **s}
+        if table is not None and it["arch"] is not None:
+            a = Architecture.from_dict(it["arch"], it["path"])
+            try:
+                pred = table.predict(a, "raw")
+            except FbnasError:
+                pred = None  # not this table's space
+            if pred is not None:
+                line += f"; table {pred / 1e3:.3f} ms (x{pred / s['median_us']:.2f})"
+                res["predicted_us"] = pred
         print(line)
         results.append(res)
     if args.json:
@@ -390,8 +375,11 @@ def add_parser(sub) -> None:
     m = ls.add_parser("measure", help="time child networks end to end with the table's timer")
     m.add_argument("--arch", nargs="+", help="architecture YAML file(s) (a fresh child each)")
     m.add_argument("--model", nargs="+", metavar="FILE",
-                   help="trained model(s): a retrain checkpoint or run directory, or a "
-                        "TorchScript file from `fbnas export`")
+                   help="model(s): a retrain checkpoint or run directory, an `fbnas export` "
+                        "file, or any TorchScript file or torch.export program (.pt2)")
+    m.add_argument("--input-shape", metavar="C,H,W",
+                   help="input shape of --model files that do not carry one (a plain "
+                        "TorchScript file; a .pt2 with a dynamic shape)")
     m.add_argument("--table", help="also print this table's prediction (and take its setting)")
     m.add_argument("--json", help="write the results as JSON here")
     _timer_args(m)

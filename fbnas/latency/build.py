@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from fbnas.arch import Architecture, arch_from_indices, build_child, count_params
 from fbnas.errors import FbnasError
+from fbnas.latency.allocator import under_allocator
 from fbnas.latency.measure import REFERENCE, Measurement, Protocol, measure, reference_scale
 from fbnas.latency.signature import Signature, arch_signatures, layer_signatures, space_signatures
 from fbnas.latency.table import LatencyTable
@@ -92,9 +93,10 @@ def check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
         raise FbnasError(f"{where}: is a {table.cost} table, not a latency table")
     want = timer.describe()
     for key in ("backend", "threads", "batch", "dtype", "memory_format", "device_name",
-                "clock"):
-        if table.meta.get(key) != want.get(key):
-            raise FbnasError(f"{where}: meta.{key} is {table.meta.get(key)!r} but this build "
+                "clock", "allocator"):
+        have = table.meta.get(key, "system" if key == "allocator" else None)
+        if have != want.get(key):
+            raise FbnasError(f"{where}: meta.{key} is {have!r} but this build "
                              f"measures with {want.get(key)!r}; extend a table only with the "
                              "setting it was made with (or write a new --out)")
 
@@ -152,6 +154,7 @@ def prepare_archs(timer: Timer, archs: Sequence[Architecture]) -> dict[str, Runn
     return runs
 
 
+@under_allocator
 def measure_archs(timer: Timer, archs: Sequence[Architecture], protocol: Protocol | None = None,
                   reference: Runnable | None = None, progress=None) -> Measurement:
     """End-to-end drift-compensated timing of child networks (keys: architecture names)."""
@@ -161,6 +164,7 @@ def measure_archs(timer: Timer, archs: Sequence[Architecture], protocol: Protoco
 
 
 # ---- latency tables --------------------------------------------------------------------------
+@under_allocator
 def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = None,
                 table: LatencyTable | None = None, out: str | Path | None = None,
                 chunk: int = 32, context_probes: int = 12, progress: bool = False,

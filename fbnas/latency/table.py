@@ -150,18 +150,20 @@ class LatencyTable:
                              f"{self.build_command(config)}")
 
     def check_run(self, batch: int | None = None, dtype: str | None = None,
-                  memory_format: str | None = None, backend: str | None = None) -> None:
-        """Refuse a latency table measured for another batch size, dtype, memory format or
-        backend than the run asks for (FLOPs and params tables fit every run)."""
+                  memory_format: str | None = None, backend: str | None = None,
+                  allocator: str | None = None) -> None:
+        """Refuse a latency table measured for another batch size, dtype, memory format,
+        backend or memory allocator than the run asks for (FLOPs and params tables fit every
+        run; a table older than the allocator setting was measured under `system`)."""
         if self.cost != "latency":
             return
         asked = {"batch": batch, "dtype": dtype, "memory_format": memory_format,
-                 "backend": backend}
+                 "backend": backend, "allocator": allocator}
         for key, want in asked.items():
-            have = self.meta.get(key)
+            have = self.meta.get(key, "system" if key == "allocator" else None)
             if want is not None and have != want:
                 flag = {"batch": f"--batch {want}", "dtype": f"--dtype {want}",
-                        "backend": f"--device {want}",
+                        "backend": f"--device {want}", "allocator": f"--allocator {want}",
                         "memory_format": ("--channels-last" if want == "channels_last" else
                                           "without --channels-last")}[key]
                 raise FbnasError(

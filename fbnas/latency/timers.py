@@ -5,7 +5,9 @@ dtype and memory format, with a fixed random input of the table's batch size) an
 `number` consecutive forward passes of it under `torch.inference_mode()`, returning seconds
 per call. Whatever the backend, the clock is read only after the device has finished:
 
-- cpu:  `time.perf_counter_ns`, a fixed and recorded thread count (default 1);
+- cpu:  `time.perf_counter_ns`, a fixed and recorded thread count (default 1), and a fixed and
+        recorded memory allocator (`fbnas.latency.allocator`; default `retain`, timed in a
+        worker process started with it);
 - cuda: CUDA events recorded around the loop, read after `Event.synchronize()`; warm-up runs
         absorb cuDNN autotuning (`cudnn.benchmark` is switched on and recorded);
 - xla:  `xm.mark_step()` after each call and `xm.wait_device_ops()` before reading the clock;
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 
 from fbnas.errors import FbnasError
+from fbnas.latency import allocator as alloc
 
 DEVICES = ("cpu", "cuda", "xla", "fake")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -65,8 +68,13 @@ class Timer:
 
     backend = "base"
 
+    # The host allocator shapes CPU timings only (docs/latency.md); device backends keep the
+    # system one, and refuse another.
+    allocator_default = alloc.SYSTEM
+    allocator_choice = False
+
     def __init__(self, threads: int = 1, batch: int = 1, dtype: str = "float32",
-                 channels_last: bool = False):
+                 channels_last: bool = False, allocator: str | None = None):
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise FbnasError(f"timer: threads must be a positive integer, got {threads!r}")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -75,6 +83,11 @@ class Timer:
             raise FbnasError(f"timer: dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
         self.threads, self.batch, self.dtype = threads, batch, dtype
         self.channels_last = bool(channels_last)
+        if allocator not in (None, alloc.SYSTEM) and not self.allocator_choice:
+            raise FbnasError(f"timer: allocator {allocator!r} applies to the cpu backend; "
+                             f"{self.backend} timings use allocator 'system'")
+        self.allocator, self.allocator_library = alloc.resolve(
+            self.allocator_default if allocator is None else allocator, "timer: allocator")
         self._saved_threads: int | None = None
         self._depth = 0
 
@@ -112,6 +125,7 @@ class Timer:
             "dtype": self.dtype,
             "memory_format": "channels_last" if self.channels_last else "contiguous",
             "mode": "eval+inference_mode",
+            **alloc.describe(self.allocator, self.allocator_library),
         }
 
     def device_name(self) -> str:
@@ -176,6 +190,8 @@ class CpuTimer(Timer):
     """
 
     backend = "cpu"
+    allocator_default = alloc.DEFAULT
+    allocator_choice = True
 
     def __init__(self, *args, clock: str | None = None, **kw):
         super().__init__(*args, **kw)
@@ -333,6 +349,7 @@ class FakeTimer(Timer):
     throughput, times seeded noise and a slow 'machine speed' drift. For tests only."""
 
     backend = "fake"
+    allocator_choice = True  # tests run it in a worker; in process by default
 
     def __init__(self, *args, noise: float = 0.0, drift: float = 0.0, seed: int = 0,
                  flops_per_s: float = 2e9, overhead_s: float = 4e-6, **kw):
@@ -400,11 +417,13 @@ def conv_linear_flops(module: nn.Module, input_chw: tuple[int, int, int],
 
 
 def make_timer(device: str = "cpu", threads: int | None = None, batch: int = 1,
-               dtype: str = "float32", channels_last: bool = False, **kw) -> Timer:
+               dtype: str = "float32", channels_last: bool = False,
+               allocator: str | None = None, **kw) -> Timer:
     """A timer for `device` ('cpu', 'cuda', 'xla' or 'fake'). `threads` defaults to 1 on CPU
-    (and is recorded either way); extra keywords go to the backend (fake: noise, drift, seed)."""
+    (and is recorded either way); `allocator` (cpu: default `retain`, see
+    `fbnas.latency.allocator`); extra keywords go to the backend (fake: noise, drift, seed)."""
     if device not in DEVICES:
         raise FbnasError(f"timer: device must be one of {', '.join(DEVICES)}; got {device!r}")
     cls = {"cpu": CpuTimer, "cuda": CudaTimer, "xla": XlaTimer, "fake": FakeTimer}[device]
     return cls(threads=1 if threads is None else threads, batch=batch, dtype=dtype,
-               channels_last=channels_last, **kw)
+               channels_last=channels_last, allocator=allocator, **kw)

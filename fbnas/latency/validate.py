@@ -28,6 +28,7 @@ from scipy import stats as sps
 from fbnas.arch import Architecture
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write
+from fbnas.latency.allocator import under_allocator
 from fbnas.latency.build import (
     build_cost_table,
     measure_archs,
@@ -141,6 +142,7 @@ def cross_validate(X: np.ndarray, pred: np.ndarray, meas: np.ndarray, k: int = 5
 
 
 # ---- validation ------------------------------------------------------------------------------
+@under_allocator
 def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
              seed: int = 0, protocol: Protocol | None = None, repeats: int = 2,
              fit_model: bool = False, folds: int = 5, archs: Sequence[Architecture] | None = None,
@@ -155,7 +157,8 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
         raise FbnasError(f"{table.path or 'table'}: validate needs a latency table, this one "
                          f"holds {table.cost}")
     table.check_run(batch=timer.batch, dtype=timer.dtype, backend=timer.backend,
-                    memory_format="channels_last" if timer.channels_last else "contiguous")
+                    memory_format="channels_last" if timer.channels_last else "contiguous",
+                    allocator=timer.allocator)
     rows, _ = table.costs_for(space, "raw")
     if archs is None:
         if n < 5:

@@ -1,0 +1,153 @@
+"""Networks to time end to end, from files: fbnas architectures, retrain checkpoints, fbnas
+exports, and any TorchScript file or `torch.export` program (`.pt2`), so baselines and searched
+networks are timed side by side in one interleaved measurement (`fbnas latency measure`).
+
+A `ModelSpec` names what to load; `load_model` turns it into (architecture or None, module,
+input shape) in whichever process times it (a TorchScript module cannot be sent to another process, so a worker
+under another allocator loads its own copy). `measure_specs` times them all together.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fbnas.arch import Architecture, build_child
+from fbnas.errors import FbnasError
+from fbnas.evaluate import load_child
+from fbnas.export import exported_metadata, load_exported
+from fbnas.latency.allocator import under_allocator
+from fbnas.latency.measure import Measurement, Protocol, measure
+from fbnas.latency.timers import Timer
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One network to time: `kind` is arch (a YAML file, a fresh child) or model (a file)."""
+
+    label: str
+    kind: str
+    path: str
+    input_shape: tuple[int, int, int] | None = None  # C,H,W for files that carry none
+
+
+def parse_input_shape(raw: str | None, where: str = "--input-shape"
+                      ) -> tuple[int, int, int] | None:
+    """'3,224,224' (or 3x224x224) -> (3, 224, 224); one-line error otherwise."""
+    if raw is None:
+        return None
+    parts = str(raw).replace("x", ",").replace(" ", "").split(",")
+    try:
+        dims = tuple(int(v) for v in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1:
+        raise FbnasError(f"{where}: expected C,H,W as three positive integers "
+                         f"(e.g. 3,224,224), got {raw!r}")
+    return dims  # type: ignore[return-value]
+
+
+def _is_checkpoint(p: Path) -> bool:
+    try:
+        with zipfile.ZipFile(p) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return True  # let the checkpoint loader say what is wrong with it
+    return not any(n.endswith("constants.pkl") or "/code/" in n for n in names)
+
+
+def _pt2_shape(program, p: Path) -> tuple[int, ...]:
+    """The (static) input shape a torch.export program was traced with."""
+    spec = program.graph_signature
+    names = set(spec.user_inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in names:
+            val = node.meta.get("val")
+            if val is not None and hasattr(val, "shape"):
+                try:
+                    return tuple(int(d) for d in val.shape)
+                except TypeError:  # a symbolic (dynamic) dimension
+                    return ()
+    raise FbnasError(f"{p}: the program has no tensor input to time")
+
+
+def load_model(spec: ModelSpec, batch: int
+               ) -> tuple[Architecture | None, nn.Module, tuple[int, int, int]]:
+    """(architecture if the file carries one, the module, C,H,W) for one spec."""
+    p = Path(spec.path)
+    if spec.kind == "arch":
+        a = Architecture.load(p)
+        torch.manual_seed(0)
+        return a, build_child(a), (a.macro.in_channels, *a.macro.input_size)
+    if p.suffix == ".onnx":
+        raise FbnasError(f"{p}: ONNX models are timed by onnxruntime's own tools; give the "
+                         "TorchScript or .pt2 export, or the retrain checkpoint")
+    if p.suffix == ".pt2":
+        if not p.is_file():
+            raise FbnasError(f"{p}: no such file")
+        try:
+            program = torch.export.load(str(p))
+        except Exception as e:  # noqa: BLE001 - any failure to read is the file's
+            raise FbnasError(f"{p}: cannot load as a torch.export program "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                             ) from None
+        shape = _pt2_shape(program, p)
+        chw = spec.input_shape
+        if len(shape) == 4:
+            if chw is not None and tuple(chw) != shape[1:]:
+                raise FbnasError(f"{p}: exported for input {shape[1:]}, not --input-shape "
+                                 f"{','.join(map(str, chw))}")
+            if shape[0] != batch:
+                raise FbnasError(f"{p}: exported for batch {shape[0]}, but the timer's batch "
+                                 f"is {batch}; export it for that batch or pass --batch "
+                                 f"{shape[0]}")
+            chw = shape[1:]
+        if chw is None:
+            raise FbnasError(f"{p}: its input shape is dynamic; give --input-shape C,H,W")
+        net = program.module()
+        # A program runs the graph it was traced with, whatever its train/eval flag; torch
+        # makes its train and eval methods raise, and the timer sets eval mode: drop them.
+        for name in ("train", "eval"):
+            net.__dict__.pop(name, None)
+        return None, net, chw
+    if p.is_dir() or p.suffix in (".pt", ".pth") and _is_checkpoint(p):
+        a, net, _ = load_child(p)
+        return a, net, (a.macro.in_channels, *a.macro.input_size)
+    net = load_exported(p, "torchscript")
+    try:
+        meta = exported_metadata(p, "torchscript")
+    except FbnasError:  # a TorchScript file fbnas did not write: time it as it is
+        if spec.input_shape is None:
+            raise FbnasError(f"{p}: a TorchScript model without an fbnas architecture inside; "
+                             "give its input shape with --input-shape C,H,W") from None
+        return None, net, spec.input_shape
+    a = Architecture.from_dict(meta["arch"], f"{p}: embedded architecture")
+    return a, net, (a.macro.in_channels, *a.macro.input_size)
+
+
+@under_allocator
+def measure_specs(timer: Timer, specs: list[ModelSpec], protocol: Protocol | None = None
+                  ) -> tuple[list[dict], Measurement]:
+    """Load every spec and time them all in one interleaved, drift-compensated measurement.
+    Returns per spec {label, kind, path, hash (None for a plain model), input_shape} and the
+    measurement (keyed by label)."""
+    info, runs = [], {}
+    for s in specs:
+        a, net, chw = load_model(s, timer.batch)
+        runs[s.label] = timer.prepare(net, chw, s.label)
+        info.append({"label": s.label, "kind": s.kind, "path": s.path,
+                     "hash": a.hash() if a is not None else None,
+                     "arch": a.to_dict() if a is not None else None, "input_shape": list(chw)})
+    return info, measure(timer, runs, protocol)
+
+
+@under_allocator
+def measure_modules(timer: Timer, modules: dict[str, tuple[nn.Module, tuple[int, int, int]]],
+                    protocol: Protocol | None = None) -> Measurement:
+    """Time in-memory modules (label -> (module, C,H,W)) in one interleaved measurement."""
+    runs = {k: timer.prepare(m, chw, k) for k, (m, chw) in modules.items()}
+    return measure(timer, runs, protocol)
