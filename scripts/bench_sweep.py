@@ -33,8 +33,8 @@ def summarize(out: Path, wall: float | None = None) -> None:
     s = json.loads((out / "sweep.json").read_text())
     pts = s["points"]
     ref = next((p for p in pts if p["label"] == "ref-all_k5_e6"), None)
-    print(f"== fbnas sweep {s['config']}: {s['param']} = "
-          f"{', '.join(f'{v:g}' for v in s['values'])}; {s['test_images']} test images")
+    vals = ", ".join(format(v, "g") if isinstance(v, float) else str(v) for v in s["values"])
+    print(f"== fbnas sweep {s['config']}: {s['param']} = {vals}; {s['test_images']} test images")
     print(f"{'point':<16}{'kind':<10}{'pred ms':>8}{'meas ms':>8}{'IQR':>6}{'top-1':>8}"
           f"{'x lat':>7}{'d top-1':>8}")
     for p in pts:
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--values", default="0.3x,0.5x,0.8x")
     ap.add_argument("--seeds", default="0", help="search seeds, one sweep each")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--also", help="seeds already swept in OUT/seed-N to count in the summary")
     ap.add_argument("--random", type=int, default=5)
     ap.add_argument("--retrain-epochs", type=int, default=15)
     ap.add_argument("--summarize", metavar="SWEEP_DIR", help="only print an existing sweep")
@@ -84,6 +85,10 @@ def main() -> None:
         summarize(run_out, time.perf_counter() - t)
         s = json.loads((run_out / "sweep.json").read_text())
         counts.append((seed, s["random_dominated"], s["random"]))
+    for seed in [int(v) for v in args.also.split(",")] if args.also else []:
+        s = json.loads((out / f"seed-{seed}" / "sweep.json").read_text())
+        counts.append((seed, s["random_dominated"], s["random"]))
+        seeds.append(seed)
     if len(seeds) > 1:
         print("== random networks dominated by a searched one, per seed: "
               + ", ".join(f"seed {sd}: {d}/{n}" for sd, d, n in counts))

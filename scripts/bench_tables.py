@@ -1,0 +1,171 @@
+"""Latency tables for every shipped space, validated, under each memory allocator.
+
+For each space (quickstart, fbnet_cifar10, fbnet_imagenet), each allocator (`--allocators`,
+e.g. system,retain to compare) and each of `--builds` fresh builds: build the table (timed),
+then validate it on `-n` spanning networks end to end for each validation seed (2 passes,
+fitted per-(layer, op) corrections). Prints one line per (space, allocator, build, seed): build
+seconds, table Spearman / Kendall beside the FLOPs proxy's Spearman, the uncalibrated median
+predicted/measured, MAPE and share within ±10%, the calibrated held-out share within ±10%,
+and the largest fitted correction as a share of its entry's value; then the entries with the
+largest corrections (worst first). With `--baselines` (ImageNet space), FBNet-A/B/C and
+torchvision's MobileNetV2 (built locally, no weights, saved as a .pt2 program) are timed in one
+interleaved measurement with their table predictions.
+
+    python scripts/bench_tables.py                                   # every space, retain
+    python scripts/bench_tables.py --spaces fbnet_imagenet --allocators system,retain --baselines
+    python scripts/bench_tables.py --device cuda                     # on a GPU machine
+
+Never run it beside tests or other benchmarks: the timings share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fbnas.arch import Architecture  # noqa: E402
+from fbnas.latency import build_table, make_timer, validate  # noqa: E402
+from fbnas.latency.measure import Protocol  # noqa: E402
+from fbnas.search_space import load_space  # noqa: E402
+from fbnas.timed_models import ModelSpec, measure_specs  # noqa: E402
+
+CONFIGS = {"quickstart": "configs/quickstart.yaml", "fbnet_cifar10": "configs/fbnet_cifar10.yaml",
+           "fbnet_imagenet": "configs/fbnet_imagenet.yaml"}
+
+
+def corrections(report: dict, space, table) -> list[tuple[float, str]]:
+    """(|fitted correction| / the entry's calibrated value, 'layer L op') per (layer, op)."""
+    fit = report["fitted_model"]["_fit"]
+    rows, _ = table.costs_for(space, "raw")
+    out, col = [], 0
+    for li, ops in enumerate(space.layer_candidates()):
+        for op in ops:
+            v = fit["a"] * rows[li][op]
+            out.append((abs(float(fit["delta"][col])) / v if v > 0 else 0.0,
+                        f"layer {li} {op} ({rows[li][op]:.0f} us)"))
+            col += 1
+    return sorted(out, reverse=True)
+
+
+def block_effect(allocators: list[str]) -> None:
+    """The issue's experiment: ir_k5_e6 and ir_k5_e3 (c16-16, s1, 112x112) alone, and e6 per
+    block in a chain of 4, under each allocator (thread CPU time, drift-compensated)."""
+    from torch import nn
+
+    from fbnas.latency.signature import block_signature
+    from fbnas.timed_models import measure_modules
+
+    e6, e3 = (block_signature(op, 16, 16, 1, 112, 112) for op in ("ir_k5_e6", "ir_k5_e3"))
+    torch.manual_seed(0)
+    mods = {"e6 alone": (e6.build(), e6.input_shape), "e3 alone": (e3.build(), e3.input_shape),
+            "e6 chain of 4": (nn.Sequential(*[e6.build() for _ in range(4)]), e6.input_shape)}
+    print("== one block at 112x112, batch 1, 1 thread (ms; chain: per block)")
+    for alloc in allocators:
+        m = measure_modules(make_timer("cpu", allocator=alloc), mods, Protocol(rounds=15))
+        ms = {k: m.entries[k].summary(m.ref_scale_s)["median_us"] / 1e3 for k in mods}
+        chain = ms["e6 chain of 4"] / 4
+        print(f"{alloc:<8} e6 alone {ms['e6 alone']:6.2f}  e6 in chain {chain:6.2f}  e3 alone "
+              f"{ms['e3 alone']:6.2f}  (alone / in chain {ms['e6 alone'] / chain:.2f})",
+              flush=True)
+
+
+def baselines(timer, table, out: Path) -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    mb = torchvision.models.mobilenet_v2(weights=None).eval()
+    pt2 = out / "mobilenet_v2.pt2"
+    torch.export.save(torch.export.export(mb, (torch.randn(1, 3, 224, 224),)), str(pt2))
+    specs = [ModelSpec(f"{i}:fbnet_{n}", "arch", str(ROOT / f"configs/archs/fbnet_{n}.yaml"))
+             for i, n in enumerate("abc")] + [ModelSpec("3:mobilenet_v2", "model", str(pt2))]
+    info, m = measure_specs(timer, specs, Protocol(rounds=15))
+    scale = table.reference["scale_us"]
+    print(f"{'network':<16}{'measured ms':>12}{'IQR':>7}{'table ms':>10}{'pred/meas':>10}")
+    for it in info:
+        s = m.entries[it["label"]].summary(scale / 1e6)
+        pred = (table.predict(Architecture.from_dict(it["arch"], it["path"]), "raw")
+                if it["arch"] else None)
+        print(f"{it['label'].split(':')[1]:<16}{s['median_us'] / 1e3:12.2f}"
+              f"{100 * s['rel_iqr']:6.1f}%"
+              + (f"{pred / 1e3:10.2f}{pred / s['median_us']:10.3f}" if pred else
+                 f"{'-':>10}{'-':>10}"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spaces", default=",".join(CONFIGS))
+    ap.add_argument("--allocators", default="retain")
+    ap.add_argument("--builds", type=int, default=2)
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("-n", type=int, default=30)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--baselines", action="store_true")
+    ap.add_argument("--blocks", action="store_true",
+                    help="first time one big block alone and in a chain under each allocator")
+    ap.add_argument("--worst", type=int, default=5, help="largest corrections to list")
+    args = ap.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="fbnas_tables_"))
+    print(f"load average {os.getloadavg()[0]:.2f}; device {args.device}; torch {torch.__version__}")
+    if args.device == "cpu" and args.blocks:
+        block_effect(args.allocators.split(","))
+    summary: dict[tuple, list] = {}
+    for name in args.spaces.split(","):
+        space = load_space(ROOT / CONFIGS[name])
+        for alloc in args.allocators.split(","):
+            kw = {"allocator": alloc} if args.device == "cpu" else {}
+            for b in range(args.builds):
+                timer = make_timer(args.device, **kw)
+                t0 = time.perf_counter()
+                table = build_table(space, timer, Protocol(seed=b), out=out / f"{name}-{b}.json")
+                built = time.perf_counter() - t0
+                for seed in [int(s) for s in args.seeds.split(",")]:
+                    rep = validate(space, table, make_timer(args.device, **kw), n=args.n,
+                                   seed=seed, repeats=2, fit_model=True)
+                    t, f, c = rep["table"], rep["flops_proxy"], rep["calibration"]["held_out"]
+                    worst = corrections(rep, space, table)
+                    line = (f"{name:<15}{alloc:<8} build {b} ({built:4.0f} s) seed {seed}: "
+                            f"table S {t['spearman']:.3f} K {t['kendall']:.3f} | FLOPs S "
+                            f"{f['spearman']:.3f} | pred/meas {t['median_ratio']:.3f} MAPE "
+                            f"{100 * t['mape']:4.1f}% ±10% {100 * t['within_10pct']:3.0f}% | "
+                            f"calibrated ±10% {100 * c['within_10pct']:3.0f}% | "
+                            f"repeat S {rep['repeat']['spearman']:.3f} | max correction "
+                            f"{100 * worst[0][0]:.0f}%")
+                    print(line, flush=True)
+                    print("    largest corrections: " + "; ".join(
+                        f"{w}: {100 * r:.0f}%" for r, w in worst[:args.worst]), flush=True)
+                    summary.setdefault((name, alloc), []).append(
+                        (t["spearman"], f["spearman"], t["median_ratio"], t["within_10pct"],
+                         c["within_10pct"], worst[0][0], built))
+                if args.baselines and name == "fbnet_imagenet" and b == 0:
+                    baselines(make_timer(args.device, **kw), table, out)
+    print("== medians over builds and seeds [min-max]")
+    for (name, alloc), rows in summary.items():
+        cols = list(zip(*rows, strict=True))
+
+        def fmt(i, pct=False, cols=cols):
+            k = 100 if pct else 1
+            v = [k * x for x in cols[i]]
+            return f"{statistics.median(v):.3g} [{min(v):.3g}-{max(v):.3g}]"
+        print(f"{name:<15}{alloc:<8} table S {fmt(0)}  FLOPs S {fmt(1)}  pred/meas {fmt(2)}  "
+              f"±10% {fmt(3, True)}%  calibrated ±10% {fmt(4, True)}%  max corr "
+              f"{fmt(5, True)}%  build {fmt(6)} s")
+    for f in out.iterdir():
+        f.unlink()
+    out.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())
