@@ -178,3 +178,29 @@ def test_cli_measure_times_a_pt2_and_torchscript_beside_an_arch(tmp_path, capsys
                          text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert "--input-shape: expected C,H,W" in bad.stderr
+
+
+def test_cli_refuses_an_unknown_or_absent_allocator_and_writes_nothing(tmp_path, capsys,
+                                                                         monkeypatch):
+    import yaml
+
+    from fbnas.cli import main
+
+    cfg = tmp_path / "space.yaml"
+    cfg.write_text(yaml.safe_dump({"space": latency_space()}))
+    out = tmp_path / "t.json"
+    base = ["latency", "build", "--config", str(cfg), "--out", str(out), "--quiet"]
+    assert main([*base, "--allocator", "hoard"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown allocator 'hoard'" in err
+    monkeypatch.setattr(alloc, "find_library", lambda kind: None)
+    assert main([*base, "--allocator", "tcmalloc"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "tcmalloc is not installed" in err
+    assert not out.exists()
+    # a table built under one allocator is refused for validation under another
+    assert main([*base, "--device", "fake", "--probes", "0", "--rounds", "3"]) == 0
+    assert LatencyTable.load(out).meta["allocator"] == "system"
+    assert main(["latency", "validate", "--config", str(cfg), "--table", str(out), "-n", "5",
+                 "--device", "fake", "--allocator", "retain", "--rounds", "3"]) == 2
+    assert "meta.allocator is 'system' but this run asks for 'retain'" in capsys.readouterr().err
