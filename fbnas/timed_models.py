@@ -3,8 +3,9 @@ exports, and any TorchScript file or `torch.export` program (`.pt2`), so baselin
 networks are timed side by side in one interleaved measurement (`fbnas latency measure`).
 
 A `ModelSpec` names what to load; `load_model` turns it into (architecture or None, module,
-input shape) in whichever process times it (a TorchScript module cannot be sent to another process, so a worker
-under another allocator loads its own copy). `measure_specs` times them all together.
+input shape) in whichever process times it (a TorchScript module cannot be sent to another
+process, so a worker under another allocator loads its own copy). `measure_specs` times them
+all together.
 """
 
 from __future__ import annotations

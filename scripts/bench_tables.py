@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fbnas.arch import Architecture  # noqa: E402
+from fbnas.errors import FbnasError  # noqa: E402
 from fbnas.latency import build_table, make_timer, validate  # noqa: E402
 from fbnas.latency.measure import Protocol  # noqa: E402
 from fbnas.search_space import load_space  # noqa: E402
@@ -45,24 +46,28 @@ CONFIGS = {"quickstart": "configs/quickstart.yaml", "fbnet_cifar10": "configs/fb
 
 
 def corrections(report: dict, space, table) -> list[tuple[float, str]]:
-    """(|fitted correction| / the entry's calibrated value, 'layer L op') per (layer, op)."""
+    """(|fitted correction| / the entry's calibrated value, 'layer L op') per (layer, op).
+    The value is floored at 1% of the median network (a 1 µs `skip` entry would make any
+    correction look huge; one-hot columns also trade a constant with the intercept)."""
     fit = report["fitted_model"]["_fit"]
     rows, _ = table.costs_for(space, "raw")
+    floor = 0.01 * float(np.median([a["measured_us"] for a in report["archs"]]))
     out, col = [], 0
     for li, ops in enumerate(space.layer_candidates()):
         for op in ops:
-            v = fit["a"] * rows[li][op]
-            out.append((abs(float(fit["delta"][col])) / v if v > 0 else 0.0,
+            v = max(fit["a"] * rows[li][op], floor)
+            out.append((abs(float(fit["delta"][col])) / v,
                         f"layer {li} {op} ({rows[li][op]:.0f} us)"))
             col += 1
     return sorted(out, reverse=True)
 
 
 def block_effect(allocators: list[str]) -> None:
-    """The issue's experiment: ir_k5_e6 and ir_k5_e3 (c16-16, s1, 112x112) alone, and e6 per
+    """ir_k5_e6 and ir_k5_e3 (c16-16, s1, 112x112) alone, and e6 per
     block in a chain of 4, under each allocator (thread CPU time, drift-compensated)."""
     from torch import nn
 
+    from fbnas.latency.allocator import call_in_worker
     from fbnas.latency.signature import block_signature
     from fbnas.timed_models import measure_modules
 
@@ -72,7 +77,10 @@ def block_effect(allocators: list[str]) -> None:
             "e6 chain of 4": (nn.Sequential(*[e6.build() for _ in range(4)]), e6.input_shape)}
     print("== one block at 112x112, batch 1, 1 thread (ms; chain: per block)")
     for alloc in allocators:
-        m = measure_modules(make_timer("cpu", allocator=alloc), mods, Protocol(rounds=15))
+        # each in a fresh worker, `system` too: this process's allocator state is its history
+        timer = make_timer("cpu", allocator=alloc)
+        m = call_in_worker(alloc, timer.allocator_library, measure_modules,
+                           (timer, mods, Protocol(rounds=15)), {})
         ms = {k: m.entries[k].summary(m.ref_scale_s)["median_us"] / 1e3 for k in mods}
         chain = ms["e6 chain of 4"] / 4
         print(f"{alloc:<8} e6 alone {ms['e6 alone']:6.2f}  e6 in chain {chain:6.2f}  e3 alone "
@@ -94,8 +102,11 @@ def baselines(timer, table, out: Path) -> None:
     print(f"{'network':<16}{'measured ms':>12}{'IQR':>7}{'table ms':>10}{'pred/meas':>10}")
     for it in info:
         s = m.entries[it["label"]].summary(scale / 1e6)
-        pred = (table.predict(Architecture.from_dict(it["arch"], it["path"]), "raw")
-                if it["arch"] else None)
+        try:
+            pred = (table.predict(Architecture.from_dict(it["arch"], it["path"]), "raw")
+                    if it["arch"] else None)
+        except FbnasError:  # its own head or stem: not entries of this space's table
+            pred = None
         print(f"{it['label'].split(':')[1]:<16}{s['median_us'] / 1e3:12.2f}"
               f"{100 * s['rel_iqr']:6.1f}%"
               + (f"{pred / 1e3:10.2f}{pred / s['median_us']:10.3f}" if pred else
@@ -109,6 +120,8 @@ def main() -> int:
     ap.add_argument("--builds", type=int, default=2)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("-n", type=int, default=30)
+    ap.add_argument("--val-rounds", type=int, default=15,
+                    help="rounds per validation pass (as `fbnas latency validate`)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--baselines", action="store_true")
     ap.add_argument("--blocks", action="store_true",
@@ -131,7 +144,8 @@ def main() -> int:
                 built = time.perf_counter() - t0
                 for seed in [int(s) for s in args.seeds.split(",")]:
                     rep = validate(space, table, make_timer(args.device, **kw), n=args.n,
-                                   seed=seed, repeats=2, fit_model=True)
+                                   seed=seed, repeats=2, fit_model=True,
+                                   protocol=Protocol(rounds=args.val_rounds))
                     t, f, c = rep["table"], rep["flops_proxy"], rep["calibration"]["held_out"]
                     worst = corrections(rep, space, table)
                     line = (f"{name:<15}{alloc:<8} build {b} ({built:4.0f} s) seed {seed}: "

@@ -189,9 +189,10 @@ def call_in_worker(name: str, library: str | None, fn: Callable, args: tuple, kw
 def under_allocator(fn: Callable) -> Callable:
     """Run `fn` where its timer's allocator holds: here for `system` (or inside a worker for
     it), else in a worker process (see `call_in_worker`). The timer is the first argument with
-    an `allocator` attribute. Arguments are sent to the worker, so must be serialisable; prepared runnables are passed as None (the
-    worker prepares its own reference op), a `log` keyword is forwarded from the worker line
-    by line, and a `progress` callback is not (a progress bar in the worker writes to stderr).
+    an `allocator` attribute. Arguments are sent to the worker, so must be serialisable;
+    prepared runnables are passed as None (the worker prepares its own reference op), a `log`
+    keyword is forwarded from the worker line by line, and a `progress` callback is not (a
+    progress bar in the worker writes to stderr).
     What `fn` changes in its arguments stays in the worker: use its return value."""
 
     @functools.wraps(fn)
