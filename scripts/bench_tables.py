@@ -160,7 +160,7 @@ def main() -> int:
                         f"{w}: {100 * r:.0f}%" for r, w in worst[:args.worst]), flush=True)
                     summary.setdefault((name, alloc), []).append(
                         (t["spearman"], f["spearman"], t["median_ratio"], t["within_10pct"],
-                         c["within_10pct"], worst[0][0], built))
+                         c["within_10pct"], worst[0][0], built, t["mape"]))
                 if args.baselines and name == "fbnet_imagenet" and b == 0:
                     baselines(make_timer(args.device, **kw), table, out)
     print("== medians over builds and seeds [min-max]")
@@ -172,8 +172,8 @@ def main() -> int:
             v = [k * x for x in cols[i]]
             return f"{statistics.median(v):.3g} [{min(v):.3g}-{max(v):.3g}]"
         print(f"{name:<15}{alloc:<8} table S {fmt(0)}  FLOPs S {fmt(1)}  pred/meas {fmt(2)}  "
-              f"±10% {fmt(3, True)}%  calibrated ±10% {fmt(4, True)}%  max corr "
-              f"{fmt(5, True)}%  build {fmt(6)} s")
+              f"MAPE {fmt(7, True)}%  ±10% {fmt(3, True)}%  calibrated ±10% {fmt(4, True)}%  "
+              f"max corr {fmt(5, True)}%  build {fmt(6)} s")
     for f in out.iterdir():
         f.unlink()
     out.rmdir()
