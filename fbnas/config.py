@@ -28,7 +28,8 @@ from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, read_fields, setting
 from fbnas.latency import make_timer
 from fbnas.latency.allocator import resolve as resolve_allocator
-from fbnas.latency.timers import Timer
+from fbnas.latency.timers import DEVICES as TIMER_DEVICES
+from fbnas.latency.timers import HOST_DEVICES, Timer
 from fbnas.loss import LossConfig
 from fbnas.search_space import SearchSpace
 
@@ -53,7 +54,8 @@ class LatencyConfig:
 
     cost: str = setting("latency", "str", choices=COSTS)
     table: str | None = setting(None, "str")
-    device: str = setting("cpu", "str", choices=("cpu", "cuda", "xla", "fake"))
+    # executorch / ort: the exported runtimes of fbnas.latency.runtimes (docs/latency.md)
+    device: str = setting("cpu", "str", choices=TIMER_DEVICES)
     threads: int = setting(1, "int", min=1)
     batch: int = setting(1, "int", min=1)
     dtype: str = setting("float32", "str", choices=("float32", "float16", "bfloat16"))
@@ -66,7 +68,7 @@ class LatencyConfig:
     def from_dict(cls, d: Any, where: str = "latency") -> LatencyConfig:
         cfg = read_fields(cls, d, where)
         if cfg.allocator is not None:
-            if cfg.device not in ("cpu", "fake") and cfg.allocator != "system":
+            if cfg.device not in HOST_DEVICES and cfg.allocator != "system":
                 raise FbnasError(f"{where}: allocator: {cfg.allocator!r} applies to device cpu "
                                  f"only; {cfg.device} timings use 'system'")
             resolve_allocator(cfg.allocator, f"{where}: allocator")

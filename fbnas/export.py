@@ -20,6 +20,7 @@ if any, is left alone.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -38,10 +39,10 @@ from fbnas.arch import Architecture
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write
 
-FORMATS = ("torchscript", "onnx")
-SUFFIX = {"torchscript": ".ts", "onnx": ".onnx"}
+FORMATS = ("torchscript", "onnx", "pt2", "pte")
+SUFFIX = {"torchscript": ".ts", "onnx": ".onnx", "pt2": ".pt2", "pte": ".pte"}
 _SUFFIX_FORMAT = {".ts": "torchscript", ".pt": "torchscript", ".pth": "torchscript",
-                  ".torchscript": "torchscript", ".onnx": "onnx"}
+                  ".torchscript": "torchscript", ".onnx": "onnx", ".pt2": "pt2", ".pte": "pte"}
 
 # (rtol, atol) for |exported - eager| <= atol + rtol * |eager|, elementwise on the logits
 # (numpy.allclose). From scripts/bench_export.py (5 random quickstart children, random weights
@@ -54,6 +55,8 @@ _SUFFIX_FORMAT = {".ts": "torchscript", ".pt": "torchscript", ".pth": "torchscri
 TOLERANCE: dict[str, tuple[float, float]] = {
     "torchscript": (1e-5, 1e-5),
     "onnx": (1e-4, 1e-4),
+    "pt2": (1e-5, 1e-5),  # the same ATen kernels as eager
+    "pte": (1e-4, 1e-4),  # XNNPACK's kernels, BN folded: like onnxruntime
 }
 VERIFY_SEED = 0          # the verification inputs are N(0, 1) from this seed, not the global RNG
 VERIFY_EXTRA_BATCH = 3   # verify also at batch + this, to exercise a dynamic batch axis
@@ -91,7 +94,12 @@ def default_out(checkpoint: str | os.PathLike, fmt: str) -> Path:
 
 def require_extras(fmt: str, verify: bool = True) -> None:
     """Raise FbnasError naming the extra to install when `fmt` (export, and checking when
-    `verify`) needs a package that is missing. TorchScript needs only torch."""
+    `verify`) needs a package that is missing. TorchScript and pt2 need only torch."""
+    if check_format(fmt) == "pte":
+        if importlib.util.find_spec("executorch") is None:
+            raise FbnasError("pte export needs executorch, not installed: "
+                             "pip install 'fbnas[runtimes]'")
+        return
     if check_format(fmt) != "onnx":
         return
     needed = ["onnx", "onnxscript"] + (["onnxruntime"] if verify else [])
@@ -133,7 +141,9 @@ def export_child(model: nn.Module, arch: Architecture, fmt: str, out_path: str |
     example = _random_inputs(arch, batch, VERIFY_SEED + 1).to(device)
     record: dict[str, Any] = {
         "format": fmt, "path": str(out), "batch": batch,
-        "dynamic_batch": bool(dynamic_batch) if fmt == "onnx" else True,
+        # TorchScript is batch-agnostic; an ExecuTorch program has fixed shapes
+        "dynamic_batch": (bool(dynamic_batch) if fmt in ("onnx", "pt2")
+                          else fmt == "torchscript"),
         "arch_hash": arch.hash(), "arch_name": arch.name, "fbnas_version": __version__,
         "torch_version": torch.__version__,
     }
@@ -143,13 +153,17 @@ def export_child(model: nn.Module, arch: Architecture, fmt: str, out_path: str |
     try:
         if fmt == "torchscript":
             write = _torchscript(model, example, arch, record)
+        elif fmt == "pt2":
+            write = _pt2(model, example, arch, record, record["dynamic_batch"])
+        elif fmt == "pte":
+            write = _pte(model, example, arch, record)
         else:
             write = _onnx(model, example, arch, record, dynamic_batch, opset)
         atomic_write(tmp if verify else out, write, mode="wb")
         record["check"] = None
         if verify:
             inputs = [_random_inputs(arch, batch, VERIFY_SEED)]
-            if dynamic_batch:
+            if record["dynamic_batch"]:
                 inputs.append(_random_inputs(arch, batch + VERIFY_EXTRA_BATCH, VERIFY_SEED + 2))
             check = check_equivalence(model, tmp, fmt, inputs)
             record["check"] = check
@@ -184,6 +198,43 @@ def _torchscript(model: nn.Module, example: torch.Tensor, arch: Architecture,
         with _quiet():
             torch.jit.save(module, buf, _extra_files=extra)
         f.write(buf.getbuffer())
+
+    return write
+
+
+def _pt2(model: nn.Module, example: torch.Tensor, arch: Architecture, record: dict[str, Any],
+         dynamic_batch: bool):
+    """torch.export program (`torch.export.save`), the architecture and record as extra files."""
+    dyn = ({"x": {0: torch.export.Dim("batch", min=1, max=4096)}} if dynamic_batch else None)
+    if dynamic_batch and example.shape[0] == 1:  # torch.export specialises a size-1 dimension
+        example = example.expand(2, *example.shape[1:]).contiguous()
+    try:
+        with torch.no_grad():
+            program = torch.export.export(model, (example,), dynamic_shapes=dyn)
+    except Exception as e:
+        raise FbnasError(f"torch.export failed ({_first_line(e)})") from None
+    record["method"] = "torch.export.export"
+    extra = {TS_ARCH_FILE: _arch_yaml(arch), TS_RECORD_FILE: json.dumps(record, indent=1)}
+
+    def write(f) -> None:
+        buf = io.BytesIO()
+        torch.export.save(program, buf, extra_files=extra)
+        f.write(buf.getbuffer())
+
+    return write
+
+
+def _pte(model: nn.Module, example: torch.Tensor, arch: Architecture, record: dict[str, Any]):
+    """ExecuTorch program lowered to XNNPACK; the architecture rides in a `.json` beside it
+    (a .pte has no place for it)."""
+    from fbnas.latency.runtimes import lower_executorch
+
+    buf, info = lower_executorch(model, example, where=record["path"])
+    record["method"] = "to_edge_transform_and_lower(XnnpackPartitioner)"
+    record["delegated"] = info["delegated"]
+
+    def write(f) -> None:
+        f.write(buf)
 
     return write
 
@@ -275,6 +326,26 @@ class OnnxModule:
         return self
 
 
+class PteModule:
+    """An ExecuTorch program (`executorch.runtime`) called like a module."""
+
+    def __init__(self, path: str | os.PathLike):
+        from executorch.runtime import Runtime
+
+        self.path = str(path)
+        self.program = Runtime.get().load_program(Path(path).read_bytes())
+        self.method = self.program.load_method("forward")  # keeps pointing into the program
+
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.method.metadata.input_tensor_meta(0).sizes())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.execute([x.contiguous()])[0]
+
+    def eval(self) -> PteModule:
+        return self
+
+
 def load_exported(path: str | os.PathLike, fmt: str | None = None):
     """A callable taking an NCHW float tensor and returning logits: the TorchScript module
     (eval mode, CPU) or an OnnxModule; the format comes from the suffix unless given."""
@@ -284,10 +355,16 @@ def load_exported(path: str | os.PathLike, fmt: str | None = None):
         raise FbnasError(f"{p}: no such file")
     if fmt == "onnx":
         require_extras("onnx", verify=True)
+    if fmt == "pte":
+        require_extras("pte")
     try:
         if fmt == "torchscript":
             with _quiet():
                 return torch.jit.load(str(p), map_location="cpu").eval()
+        if fmt == "pt2":
+            return torch.export.load(str(p)).module()
+        if fmt == "pte":
+            return PteModule(p)
         return OnnxModule(p)
     except Exception as e:
         raise FbnasError(f"{p}: cannot load as {fmt} ({_first_line(e)})") from None
@@ -300,11 +377,17 @@ def exported_metadata(path: str | os.PathLike, fmt: str | None = None) -> dict[s
     fmt = check_format(fmt) if fmt else format_of(p)
     if not p.is_file():
         raise FbnasError(f"{p}: no such file")
+    if fmt == "pte":
+        raise FbnasError(f"{p}: a .pte program holds no fbnas metadata; the architecture is "
+                         "the one its export printed (time it with --input-shape)")
     try:
-        if fmt == "torchscript":
+        if fmt in ("torchscript", "pt2"):
             extra = {TS_ARCH_FILE: "", TS_RECORD_FILE: ""}
-            with _quiet():
-                torch.jit.load(str(p), map_location="cpu", _extra_files=extra)
+            if fmt == "pt2":
+                torch.export.load(str(p), extra_files=extra)
+            else:
+                with _quiet():
+                    torch.jit.load(str(p), map_location="cpu", _extra_files=extra)
             arch = yaml.safe_load(extra[TS_ARCH_FILE]) if extra[TS_ARCH_FILE] else None
             record = json.loads(extra[TS_RECORD_FILE]) if extra[TS_RECORD_FILE] else None
             if not isinstance(arch, dict):

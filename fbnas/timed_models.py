@@ -10,6 +10,7 @@ all together.
 
 from __future__ import annotations
 
+import contextlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from torch import nn
 from fbnas.arch import Architecture, build_child
 from fbnas.errors import FbnasError
 from fbnas.evaluate import load_child
-from fbnas.export import exported_metadata, load_exported
+from fbnas.export import PteModule, exported_metadata, load_exported, require_extras
 from fbnas.latency.allocator import under_allocator
 from fbnas.latency.measure import Measurement, Protocol, measure
 from fbnas.latency.timers import Timer
@@ -69,16 +70,57 @@ def _pt2_shape(program, p: Path) -> tuple[int, ...]:
         if node.op == "placeholder" and node.name in names:
             val = node.meta.get("val")
             if val is not None and hasattr(val, "shape"):
-                try:
-                    return tuple(int(d) for d in val.shape)
-                except TypeError:  # a symbolic (dynamic) dimension
-                    return ()
+                # -1 for a symbolic (dynamic) dimension, such as fbnas export's batch axis
+                return tuple(-1 if isinstance(d, torch.SymInt) else int(d) for d in val.shape)
     raise FbnasError(f"{p}: the program has no tensor input to time")
 
 
-def load_model(spec: ModelSpec, batch: int
+def _static_shape(shape: tuple[int, ...], chw: tuple[int, int, int] | None, batch: int,
+                  p: Path) -> tuple[int, int, int]:
+    """C,H,W to time a program with: its traced input shape (checked against --input-shape
+    and the timer's batch) or, for a dynamic one, `chw`."""
+    if len(shape) == 4 and min(shape[1:]) > 0:
+        if chw is not None and tuple(chw) != shape[1:]:
+            raise FbnasError(f"{p}: exported for input {shape[1:]}, not --input-shape "
+                             f"{','.join(map(str, chw))}")
+        if shape[0] not in (batch, -1):
+            raise FbnasError(f"{p}: exported for batch {shape[0]}, but the timer's batch "
+                             f"is {batch}; export it for that batch or pass --batch "
+                             f"{shape[0]}")
+        return shape[1:]  # type: ignore[return-value]
+    if chw is None:
+        raise FbnasError(f"{p}: its input shape is dynamic; give --input-shape C,H,W")
+    return tuple(chw)  # type: ignore[return-value]
+
+
+class PteNet(nn.Module):
+    """An ExecuTorch program as a module the timers can prepare (no parameters to move)."""
+
+    def __init__(self, path: Path, threads: int = 1):
+        super().__init__()
+        if not path.is_file():
+            raise FbnasError(f"{path}: no such file")
+        require_extras("pte")
+        from executorch.extension.pybindings import portable_lib
+
+        if portable_lib._threadpool_get_thread_count() != threads:
+            portable_lib._unsafe_reset_threadpool(threads)  # before loading (see runtimes)
+        try:
+            self._pte = PteModule(path)
+            self.input_shape = self._pte.input_shape()
+        except Exception as e:  # noqa: BLE001 - any failure to read is the file's
+            raise FbnasError(f"{path}: cannot load as an ExecuTorch program "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                             ) from None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._pte(x)
+
+
+def load_model(spec: ModelSpec, batch: int, threads: int = 1
                ) -> tuple[Architecture | None, nn.Module, tuple[int, int, int]]:
-    """(architecture if the file carries one, the module, C,H,W) for one spec."""
+    """(architecture if the file carries one, the module, C,H,W) for one spec. A `.pte` runs in
+    ExecuTorch with its threadpool sized to `threads`."""
     p = Path(spec.path)
     if spec.kind == "arch":
         a = Architecture.load(p)
@@ -87,6 +129,9 @@ def load_model(spec: ModelSpec, batch: int
     if p.suffix == ".onnx":
         raise FbnasError(f"{p}: ONNX models are timed by onnxruntime's own tools; give the "
                          "TorchScript or .pt2 export, or the retrain checkpoint")
+    if p.suffix == ".pte":
+        net = PteNet(p, threads)
+        return None, net, _static_shape(net.input_shape, spec.input_shape, batch, p)
     if p.suffix == ".pt2":
         if not p.is_file():
             raise FbnasError(f"{p}: no such file")
@@ -96,25 +141,19 @@ def load_model(spec: ModelSpec, batch: int
             raise FbnasError(f"{p}: cannot load as a torch.export program "
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                              ) from None
-        shape = _pt2_shape(program, p)
-        chw = spec.input_shape
-        if len(shape) == 4:
-            if chw is not None and tuple(chw) != shape[1:]:
-                raise FbnasError(f"{p}: exported for input {shape[1:]}, not --input-shape "
-                                 f"{','.join(map(str, chw))}")
-            if shape[0] != batch:
-                raise FbnasError(f"{p}: exported for batch {shape[0]}, but the timer's batch "
-                                 f"is {batch}; export it for that batch or pass --batch "
-                                 f"{shape[0]}")
-            chw = shape[1:]
-        if chw is None:
-            raise FbnasError(f"{p}: its input shape is dynamic; give --input-shape C,H,W")
+        a = None
+        with contextlib.suppress(FbnasError):  # an fbnas export carries its architecture
+            a = Architecture.from_dict(exported_metadata(p, "pt2")["arch"],
+                                       f"{p}: embedded architecture")
+        chw = spec.input_shape or (None if a is None
+                                   else (a.macro.in_channels, *a.macro.input_size))
+        chw = _static_shape(_pt2_shape(program, p), chw, batch, p)
         net = program.module()
         # A program runs the graph it was traced with, whatever its train/eval flag; torch
         # makes its train and eval methods raise, and the timer sets eval mode: drop them.
         for name in ("train", "eval"):
             net.__dict__.pop(name, None)
-        return None, net, chw
+        return a, net, chw
     if p.is_dir() or p.suffix in (".pt", ".pth") and _is_checkpoint(p):
         a, net, _ = load_child(p)
         return a, net, (a.macro.in_channels, *a.macro.input_size)
@@ -138,7 +177,7 @@ def measure_specs(timer: Timer, specs: list[ModelSpec], protocol: Protocol | Non
     measurement (keyed by label)."""
     info, runs = [], {}
     for s in specs:
-        a, net, chw = load_model(s, timer.batch)
+        a, net, chw = load_model(s, timer.batch, timer.threads)
         runs[s.label] = timer.prepare(net, chw, s.label)
         info.append({"label": s.label, "kind": s.kind, "path": s.path,
                      "hash": a.hash() if a is not None else None,

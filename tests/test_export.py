@@ -190,3 +190,49 @@ def test_missing_onnx_extra_names_it(child_ckpt, tmp_path, monkeypatch, capsys):
     assert rc == 2
     assert "fbnas[onnx]" in capsys.readouterr().err
     assert not (tmp_path / "model.ts").exists()
+
+
+def test_pt2_export_keeps_a_dynamic_batch_and_names_its_architecture(child_ckpt, tmp_path):
+    arch, model, _ = load_child(child_ckpt)
+    out = tmp_path / "child.pt2"
+    rec = export_child(model, arch, "pt2", out, batch=2)
+    assert rec["check"]["ok"] and rec["check"]["samples"] == 2 + 5 and rec["dynamic_batch"]
+    x = _inputs(arch, 7)
+    with torch.no_grad():
+        ref = model(x)
+        got = load_exported(out)(x.clone())
+    rtol, atol = TOLERANCE["pt2"]
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
+    meta = exported_metadata(out)
+    assert meta["arch_hash"] == arch.hash() and meta["record"]["format"] == "pt2"
+
+
+def test_pte_export_runs_in_executorch_like_eager(child_ckpt, tmp_path):
+    arch, model, _ = load_child(child_ckpt)
+    out = tmp_path / "child.pte"
+    rec = export_child(model, arch, "pte", out, batch=1)
+    assert rec["check"]["ok"] and rec["check"]["samples"] == 1 and not rec["dynamic_batch"]
+    assert 0.0 < rec["delegated"] <= 1.0
+    x = _inputs(arch, 1)
+    with torch.no_grad():
+        ref = model(x)
+    rtol, atol = TOLERANCE["pte"]
+    torch.testing.assert_close(load_exported(out)(x.clone()), ref, rtol=rtol, atol=atol)
+    with pytest.raises(FbnasError, match="holds no fbnas metadata"):
+        exported_metadata(out)
+
+
+def test_cli_exports_pt2_and_pte_and_measure_times_them_with_an_arch(child_ckpt, tmp_path,
+                                                                      capsys):
+    assert main(["export", "--checkpoint", str(child_ckpt), "--format", "pt2,pte",
+                 "--out", str(tmp_path) + "/"]) == 0
+    out = capsys.readouterr().out
+    assert "model.pt2: pt2" in out and "model.pte: pte" in out
+    arch, _, _ = load_child(child_ckpt)
+    arch.save(tmp_path / "arch.yaml")
+    rc = main(["latency", "measure", "--arch", str(tmp_path / "arch.yaml"),
+               "--model", str(tmp_path / "model.pt2"), str(tmp_path / "model.pte"),
+               "--allocator", "system", "--rounds", "4"])
+    got = capsys.readouterr()
+    assert rc == 0, got.err
+    assert "model.pt2" in got.out and "model.pte" in got.out

@@ -1,5 +1,6 @@
-"""`fbnas export --checkpoint PATH --format torchscript|onnx`: a retrained child network as a
-TorchScript or ONNX file, checked against the eager model before it is written."""
+"""`fbnas export --checkpoint PATH --format torchscript|onnx|pt2|pte`: a retrained child network
+as a TorchScript, ONNX, torch.export (.pt2) or ExecuTorch/XNNPACK (.pte) file, checked against
+the eager model before it is written."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from fbnas.export import SUFFIX, check_format, default_out, export_child, requir
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a retrained child network to TorchScript or ONNX")
+    p = sub.add_parser("export", help="export a retrained child network to TorchScript, ONNX, "
+                                      ".pt2 or .pte")
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="a retrain checkpoint file, or a retrain run directory")
     p.add_argument("--format", required=True, action="append", metavar="FMT", dest="formats",
-                   help="torchscript or onnx; a comma list (torchscript,onnx) or repeated "
-                        "to export both")
+                   help="torchscript, onnx, pt2 (torch.export) or pte (ExecuTorch, XNNPACK); "
+                        "a comma list (pt2,pte,onnx) or repeated to export several")
     p.add_argument("--out", metavar="PATH",
                    help="output file, or a directory for several formats (default: next to "
                         "the checkpoint, RUN_DIR/model.ts and RUN_DIR/model.onnx)")
@@ -24,7 +26,8 @@ def add_parser(sub) -> None:
                    help="batch size of the example input (default 1); the batch axis stays "
                         "dynamic unless --static-batch")
     p.add_argument("--static-batch", action="store_true",
-                   help="ONNX only: fix the batch axis at --batch")
+                   help="ONNX and pt2: fix the batch axis at --batch (a .pte is always "
+                        "static)")
     p.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: torch's)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip comparing the exported model's outputs with the eager model's")
@@ -41,7 +44,7 @@ def run(args) -> int:
                 if fmt not in formats:
                     formats.append(fmt)
     if not formats:
-        raise FbnasError("--format: give torchscript, onnx or both")
+        raise FbnasError("--format: give one or more of torchscript, onnx, pt2, pte")
     if args.batch < 1:
         raise FbnasError(f"--batch: must be >= 1, got {args.batch}")
     if args.opset is not None and "onnx" not in formats:

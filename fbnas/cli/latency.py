@@ -31,6 +31,7 @@ from fbnas.latency import (
 from fbnas.latency.allocator import ALLOCATORS
 from fbnas.latency.build import check_extend
 from fbnas.latency.measure import Protocol
+from fbnas.latency.timers import DEVICES as TIMER_DEVICES
 from fbnas.latency.validate import plot_report, public_report, summary_lines
 from fbnas.search_space import load_space
 from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
@@ -38,8 +39,9 @@ from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
 
 def _timer_args(p, with_threads: bool = True) -> None:
     g = p.add_argument_group("timing")
-    g.add_argument("--device", default="cpu", choices=("cpu", "cuda", "xla", "fake"),
-                   help="backend to time on (fake: deterministic, for tests)")
+    g.add_argument("--device", default="cpu", choices=TIMER_DEVICES,
+                   help="backend to time on (executorch, ort: the exported runtimes; fake: "
+                        "deterministic, for tests)")
     if with_threads:
         g.add_argument("--threads", type=int, default=None,
                        help="CPU threads while timing (default 1; recorded in the table)")
@@ -109,7 +111,8 @@ def _timer(args, table=None, config: str | None = None):
         if meta.get("backend") == args.device:
             base["allocator"] = meta.get("allocator", "system")
     threads = getattr(args, "threads", None)
-    extra = {"clock": args.clock} if args.device == "cpu" and args.clock else {}
+    host = ("cpu", "executorch", "ort")
+    extra = {"clock": args.clock} if args.device in host and args.clock else {}
     return make_timer(args.device, **extra,
                       threads=threads if threads is not None else base.get("threads"),
                       batch=args.batch if args.batch is not None else base.get("batch", 1),
@@ -160,6 +163,36 @@ def run_build(args) -> int:
           f"{table.meta.get('dtype')}); spread IQR/median: median "
           f"{100 * (n.get('median_rel_iqr') or 0):.1f}%, "
           f"p90 {100 * (n.get('p90_rel_iqr') or 0):.1f}%; "
+          f"context x{(table.context or {}).get('scale', 1.0):.3f}")
+    return 0
+
+
+# ---- bundle / import ---------------------------------------------------------------------------
+def run_bundle(args) -> int:
+    from fbnas.latency.bundle import write_bundle
+
+    space = load_space(args.config)
+    table = LatencyTable.load(args.table) if args.table else None
+    if args.threads < 1:
+        raise FbnasError(f"--threads: must be >= 1, got {args.threads}")
+    man = write_bundle(space, args.out, args.runtime, threads=args.threads,
+                       protocol=Protocol(rounds=args.rounds), probes=args.probes, table=table,
+                       log=None if args.quiet else _log)
+    n = sum(p["kind"] == "entry" for p in man["programs"])
+    print(f"{args.out}: {n} entries as .pte for {man['runtime']} {man['runtime_version']} "
+          f"({args.threads} thread(s)); on the device: python run_bundle.py, then "
+          f"fbnas latency import {Path(args.out) / 'results.json'} --out TABLE.json")
+    return 0
+
+
+def run_import(args) -> int:
+    from fbnas.latency.bundle import import_results
+
+    space = load_space(args.config) if args.config else None
+    table = import_results(args.results, space)
+    table.save(args.out)
+    print(f"{args.out}: {len(table)} entries from {args.results} on "
+          f"{table.meta.get('device_name')} ({table.meta.get('threads')} thread(s)); "
           f"context x{(table.context or {}).get('scale', 1.0):.3f}")
     return 0
 
@@ -343,7 +376,7 @@ def run_validate(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("latency", help="latency lookup tables: build, show, predict, measure, "
-                                       "validate")
+                                       "validate, bundle, import")
     ls = p.add_subparsers(dest="latency_command", metavar="ACTION", required=True)
 
     b = ls.add_parser("build", help="measure a table's missing entries for a search space")
@@ -357,6 +390,25 @@ def add_parser(sub) -> None:
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     _timer_args(b)
     b.set_defaults(func=run_build)
+
+    bd = ls.add_parser("bundle", help="write a space's blocks as ExecuTorch programs with a "
+                                      "standalone runner, for a device that cannot run fbnas")
+    bd.add_argument("--config", required=True, help="config file with a 'space:' section")
+    bd.add_argument("--out", required=True, help="new folder for the bundle")
+    bd.add_argument("--runtime", default="executorch", choices=("executorch",))
+    bd.add_argument("--table", help="leave out the entries this table has")
+    bd.add_argument("--threads", type=int, default=1, help="threads on the device (default 1)")
+    bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")
+    bd.add_argument("--probes", type=int, default=12,
+                    help="child networks for the context factor (0: none)")
+    bd.add_argument("--quiet", action="store_true", help="no per-program lines")
+    bd.set_defaults(func=run_bundle)
+
+    im = ls.add_parser("import", help="turn a bundle's results.json into a latency table")
+    im.add_argument("results", help="results.json written by the bundle's run_bundle.py")
+    im.add_argument("--out", required=True, help="table file to write")
+    im.add_argument("--config", help="check the table covers this config's space")
+    im.set_defaults(func=run_import)
 
     s = ls.add_parser("show", help="print a table per layer: op x cost, fastest/slowest marked")
     s.add_argument("table", help="table file")
@@ -376,7 +428,8 @@ def add_parser(sub) -> None:
     m.add_argument("--arch", nargs="+", help="architecture YAML file(s) (a fresh child each)")
     m.add_argument("--model", nargs="+", metavar="FILE",
                    help="model(s): a retrain checkpoint or run directory, an `fbnas export` "
-                        "file, or any TorchScript file or torch.export program (.pt2)")
+                        "file, or any TorchScript file, torch.export program (.pt2) or "
+                        "ExecuTorch program (.pte)")
     m.add_argument("--input-shape", metavar="C,H,W",
                    help="input shape of --model files that do not carry one (a plain "
                         "TorchScript file; a .pt2 with a dynamic shape)")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
@@ -36,6 +37,8 @@ from fbnas.latency.signature import Signature, arch_signatures, layer_signatures
 from fbnas.latency.table import LatencyTable
 from fbnas.latency.timers import Runnable, Timer, conv_linear_flops
 from fbnas.search_space import SearchSpace
+
+OVERHEAD = "call overhead"  # the empty program an exported runtime's entries are corrected by
 
 
 # ---- progress --------------------------------------------------------------------------------
@@ -198,6 +201,12 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
                                  name="probe")
     probe_runs = {f"probe {a.name}": r for a, r in zip(
         probes, prepare_archs(timer, probes).values(), strict=True)}
+    # Exported runtimes pay a fixed cost per call (entering the runtime, binding input and
+    # output) that a network pays once and a table of separately timed entries once per entry:
+    # an empty program is timed beside the entries and its ratio taken off every entry but the
+    # stem, which keeps the network's one call.
+    overhead_runs = ({OVERHEAD: timer.prepare(nn.Identity(), REFERENCE.input_shape, OVERHEAD)}
+                     if getattr(timer, "per_call_overhead", False) and todo else {})
     n_chunks = -(-len(todo) // chunk)
     bar = (_Bar(len(todo) + len(probe_runs) * n_chunks, p.rounds, f"latency {space.name}")
            if progress and todo else None)
@@ -210,8 +219,10 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
                 torch.manual_seed(0)
                 runs[sig.key()] = timer.prepare(sig.build(), sig.input_shape, sig.key())
             runs.update(probe_runs)
+            runs.update(overhead_runs)
             cb = bar.chunk(len(runs)) if bar else None
             m = measure(timer, runs, p, reference, cb)
+            call = m.ratio(OVERHEAD) if overhead_runs else 0.0
             remeasured += len([k for k in m.remeasured if not k.startswith("probe ")])
             ref_times += m.ref_times
             for key in probe_runs:
@@ -227,6 +238,10 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
                 st = m.entries[sig.key()]
                 stats = st.summary(m.ref_scale_s if p.reference else 1.0)
                 stats["ratio"] = st.quantiles()[1]
+                stats.update(runs[sig.key()].extra.get("stats", {}))  # runtime: delegated share
+                if overhead_runs and sig.kind != "stem":
+                    stats["ratio"] = max(stats["ratio"] - call, 0.0)
+                    stats["call_overhead_ratio"] = call
                 table.add(sig, 0.0, stats)
             refresh_values(table)
             _record_noise(table, ref_times, remeasured, time.perf_counter() - t0, timer)
@@ -240,7 +255,9 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
         table.reference.pop("_provisional", None)
     if todo:
         log(f"measured {len(todo)} entries in {time.perf_counter() - t0:.0f} s "
-            f"({remeasured - remeasured0} re-measured for spread)")
+            f"({remeasured - remeasured0} re-measured for spread)"
+            + (f"; runtime call overhead {call * table.reference['scale_us']:.1f} us taken off "
+               "every entry but the stem" if overhead_runs else ""))
     if probes:
         _context_from(table, probes, probe_ratios, log)
     refresh_values(table)

@@ -36,7 +36,9 @@ from torch import nn
 from fbnas.errors import FbnasError
 from fbnas.latency import allocator as alloc
 
-DEVICES = ("cpu", "cuda", "xla", "fake")
+DEVICES = ("cpu", "cuda", "xla", "fake", "executorch", "ort")
+# host-CPU backends: the allocator setting applies to them
+HOST_DEVICES = ("cpu", "fake", "executorch", "ort")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -419,11 +421,16 @@ def conv_linear_flops(module: nn.Module, input_chw: tuple[int, int, int],
 def make_timer(device: str = "cpu", threads: int | None = None, batch: int = 1,
                dtype: str = "float32", channels_last: bool = False,
                allocator: str | None = None, **kw) -> Timer:
-    """A timer for `device` ('cpu', 'cuda', 'xla' or 'fake'). `threads` defaults to 1 on CPU
+    """A timer for `device` ('cpu', 'cuda', 'xla', 'fake', or the exported runtimes
+    'executorch' and 'ort' of `fbnas.latency.runtimes`). `threads` defaults to 1 on CPU
     (and is recorded either way); `allocator` (cpu: default `retain`, see
     `fbnas.latency.allocator`); extra keywords go to the backend (fake: noise, drift, seed)."""
     if device not in DEVICES:
         raise FbnasError(f"timer: device must be one of {', '.join(DEVICES)}; got {device!r}")
-    cls = {"cpu": CpuTimer, "cuda": CudaTimer, "xla": XlaTimer, "fake": FakeTimer}[device]
+    if device in ("executorch", "ort"):
+        from fbnas.latency.runtimes import ExecuTorchTimer, OrtTimer
+        cls = {"executorch": ExecuTorchTimer, "ort": OrtTimer}[device]
+    else:
+        cls = {"cpu": CpuTimer, "cuda": CudaTimer, "xla": XlaTimer, "fake": FakeTimer}[device]
     return cls(threads=1 if threads is None else threads, batch=batch, dtype=dtype,
                channels_last=channels_last, allocator=allocator, **kw)

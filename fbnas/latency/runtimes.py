@@ -1,0 +1,324 @@
+"""Timers for exported runtimes: ExecuTorch (XNNPACK) and ONNX Runtime (CPU).
+
+A deployed network does not run in PyTorch eager: ExecuTorch's XNNPACK delegate fuses ops and
+has its own depthwise kernels, ONNX Runtime folds BN into convolutions. These timers time what
+the runtime runs. `prepare` exports the module with `torch.export` (ONNX: the exporter of
+`fbnas export`), hands the program to the runtime, and binds it to a fixed random input;
+`sample` times consecutive calls with the CPU timer's clocks, so the interleaved,
+drift-compensated protocol of `fbnas.latency.measure` (reference op included, itself run
+through the runtime) is the same as eager's.
+
+- `executorch`: `to_edge_transform_and_lower(..., XnnpackPartitioner())`, run through
+  `executorch.runtime`. What XNNPACK does not take falls back to the portable kernels; the
+  share of delegated graph nodes is recorded per entry (`delegated`; 1.0 = fully delegated).
+  ExecuTorch's threadpool is sized to the timer's thread count before the first program loads
+  (and recorded); it stays so for the process (resizing it breaks loaded delegates).
+- `ort`: ONNX Runtime's CPU execution provider, `intra_op_num_threads` = the thread count,
+  one inter-op thread, sequential execution, all graph optimisations.
+
+Lowering takes seconds per block, so programs are cached on disk by what they compute (runtime
+and version, the module's structure, input shape and batch), under `cache_dir`
+(default `~/.cache/fbnas/exported`). Both runtimes are optional: `pip install 'fbnas[runtimes]'`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fbnas.errors import FbnasError
+from fbnas.latency.timers import CpuTimer, Runnable
+
+RUNTIMES = ("executorch", "ort")
+INSTALL = {"executorch": "pip install 'fbnas[runtimes]' (or pip install executorch)",
+           "ort": "pip install 'fbnas[runtimes]' (or pip install onnxruntime onnx onnxscript)"}
+PACKAGES = {"executorch": ("executorch",), "ort": ("onnxruntime", "onnx", "onnxscript")}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("FBNAS_EXPORT_CACHE",
+                               Path.home() / ".cache" / "fbnas" / "exported"))
+
+
+def require(runtime: str) -> str:
+    """The runtime's version; a one-line error naming how to install it if it is missing."""
+    missing = [p for p in PACKAGES[runtime] if _version(p) is None]
+    if missing:
+        raise FbnasError(f"timer: device {runtime!r} needs {', '.join(missing)}, not installed; "
+                         f"{INSTALL[runtime]}")
+    return _version(PACKAGES[runtime][0])
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class ExportedTimer(CpuTimer):
+    """Base of the runtime timers: export, lower (cached), bind an input, time calls."""
+
+    runtime = ""
+    suffix = ""
+    per_call_overhead = True  # build_table times an empty program and takes it off entries
+
+    def __init__(self, *args, cache_dir: str | os.PathLike | None = None, **kw):
+        super().__init__(*args, **kw)
+        if self.dtype != "float32" or self.channels_last:
+            raise FbnasError(f"timer: device {self.backend!r} times float32 contiguous programs "
+                             f"(the runtime picks its own layout); got {self.dtype}"
+                             f"{', channels_last' if self.channels_last else ''}")
+        self.runtime_version = require(self.runtime)
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self._loaded: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_loaded"] = {}  # runtime objects stay in their process (a worker reloads from disk)
+        return d
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update({"runtime": self.runtime, "runtime_version": self.runtime_version,
+                  "mode": "exported (torch.export), inference"})
+        return d
+
+    def device_name(self) -> str:
+        return f"{super().device_name()} ({self.runtime} {self.runtime_version})"
+
+    # ---- preparing ------------------------------------------------------------------------
+    def cache_key(self, module: nn.Module, input_chw: tuple[int, int, int]) -> str:
+        h = hashlib.sha256()
+        for part in (self.runtime, self.runtime_version, torch.__version__, repr(module),
+                     str(tuple(input_chw)), str(self.batch)):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()[:24]
+
+    def prepare(self, module: nn.Module, input_chw: tuple[int, int, int],
+                label: str = "") -> Runnable:
+        if isinstance(module, torch.jit.ScriptModule):
+            raise FbnasError(f"timer: device {self.backend!r} exports with torch.export and "
+                             "cannot take a TorchScript model; time its .pt2 program or the "
+                             "retrain checkpoint")
+        module = module.eval().to(device="cpu", dtype=torch.float32)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(self.batch, *input_chw, generator=gen)
+        key = self.cache_key(module, input_chw)
+        if key not in self._loaded:
+            path = self.cache_dir / self.runtime / f"{key}{self.suffix}"
+            info_path = path.with_suffix(".json")
+            if not path.is_file():
+                info = self._lower(module, x, path, label)
+                _write_atomic(info_path, _json(info).encode())
+            self._loaded[key] = (self._load(path), _read_info(info_path))
+        program, info = self._loaded[key]
+        call = self._caller(program, x)
+        run = Runnable(call, module, label=label)
+        run.extra["stats"] = {k: v for k, v in info.items() if isinstance(v, (int, float))}
+        run.extra["cache"] = key
+        return run
+
+    def _lower(self, module: nn.Module, x: torch.Tensor, path: Path, label: str) -> dict:
+        """Export and lower `module` for input `x`; write the program to `path` atomically;
+        return what to record (numbers only go into table entries)."""
+        raise NotImplementedError
+
+    def _load(self, path: Path):
+        raise NotImplementedError
+
+    def _caller(self, program, x: torch.Tensor):
+        raise NotImplementedError
+
+    def run_once(self, run: Runnable) -> torch.Tensor:
+        """One call's output as a tensor (for checking a runtime against eager)."""
+        out = run.fn()
+        if isinstance(out, (list, tuple)):
+            out = out[0]
+        return torch.as_tensor(np.asarray(out)) if not isinstance(out, torch.Tensor) else out
+
+
+class ExecuTorchTimer(ExportedTimer):
+    """ExecuTorch with the XNNPACK delegate (see module docstring)."""
+
+    backend = "executorch"
+    runtime = "executorch"
+    suffix = ".pte"
+
+    def _activate(self) -> None:
+        self._pool()
+
+    def _pool(self) -> None:
+        """Size ExecuTorch's threadpool to the timer's thread count. Resetting the pool
+        invalidates the XNNPACK delegates loaded under the old one (they hang or crash when
+        called), so it is sized before the first program loads and left so: a process that
+        times with ExecuTorch keeps one thread count."""
+        from executorch.extension.pybindings import portable_lib
+
+        if portable_lib._threadpool_get_thread_count() != self.threads:
+            portable_lib._unsafe_reset_threadpool(self.threads)
+            self._loaded.clear()
+
+    def _lower(self, module, x, path, label):
+        buf, info = lower_executorch(module, x, where=label or "module")
+        _write_atomic(path, buf)
+        return info
+
+    def _load(self, path):
+        from executorch.runtime import Runtime, Verification
+
+        self._pool()
+        try:
+            program = Runtime.get().load_program(path.read_bytes(),
+                                                 verification=Verification.Minimal)
+            # the method points into its program: keep both alive together
+            return program, program.load_method("forward")
+        except Exception as e:
+            raise FbnasError(f"timer: executorch cannot load {path} ({_first_line(e)})") from None
+
+    def _caller(self, loaded, x):
+        program, method = loaded
+        n = method.metadata.num_inputs()
+        if n not in (0, 1):
+            raise FbnasError(f"timer: an executorch program with {n} inputs; fbnas times "
+                             "single-input networks")
+        # an op-free block (identity `skip`) lowers to a program that does not read its input
+        inputs = [x] if n == 1 else []
+
+        def call():
+            return method.execute(inputs)
+        call.keep = program  # noqa: B018 (lifetime)
+        return call
+
+
+class OrtTimer(ExportedTimer):
+    """ONNX Runtime, CPU execution provider (see module docstring)."""
+
+    backend = "ort"
+    runtime = "ort"
+    suffix = ".onnx"
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.runtime_version = _version("onnxruntime")
+
+    def _lower(self, module, x, path, label):
+        proto_bytes, method = export_onnx(module, x, where=label or "module")
+        _write_atomic(path, proto_bytes)
+        return {"exporter": method}
+
+    def _load(self, path):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        try:
+            return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise FbnasError(f"timer: onnxruntime cannot load {path} ({_first_line(e)})") from None
+
+    def _caller(self, session, x):
+        feed = {session.get_inputs()[0].name: x.numpy()}
+
+        def call():
+            return session.run(None, feed)
+        return call
+
+
+# ---- exporting ----------------------------------------------------------------------------
+def lower_executorch(module: nn.Module, x: torch.Tensor, where: str = "module"
+                     ) -> tuple[bytes, dict[str, Any]]:
+    """`module` on input `x` as an XNNPACK-lowered ExecuTorch program: (.pte bytes, info with
+    `delegated`, the share of compute nodes XNNPACK took, and the node counts)."""
+    require("executorch")
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.devtools.backend_debug import get_delegation_info
+    from executorch.exir import to_edge_transform_and_lower
+
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(module.eval(), (x,))
+        edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+        d = get_delegation_info(edge.exported_program().graph_module)
+        buf = edge.to_executorch().buffer
+    except FbnasError:
+        raise
+    except Exception as e:
+        raise FbnasError(f"{where}: cannot lower to executorch/XNNPACK ({_first_line(e)})"
+                         ) from None
+    # `getitem` nodes only unpack a delegate's outputs: count the ops that compute
+    ops = {k: v for k, v in d.delegation_by_operator.items() if k != "getitem"}
+    deleg = sum(v.delegated for v in ops.values())
+    portable = sum(v.non_delegated for v in ops.values())
+    return bytes(buf), {"delegated": deleg / (deleg + portable) if deleg + portable else 1.0,
+                        "delegated_ops": deleg, "portable_ops": portable}
+
+
+def export_onnx(module: nn.Module, x: torch.Tensor, where: str = "module") -> tuple[bytes, str]:
+    """`module` on input `x` as ONNX bytes, by the exporter `fbnas export` uses (torch.export
+    based, the TorchScript exporter as a fallback); returns (bytes, the method used)."""
+    require("ort")
+    import io
+
+    import onnx
+
+    errors = []
+    try:
+        prog = torch.onnx.export(module.eval(), (x,), None, dynamo=True, input_names=["input"],
+                                 output_names=["output"], verbose=False)
+        return prog.model_proto.SerializeToString(), "torch.onnx.export(dynamo=True)"
+    except Exception as e:
+        errors.append(f"dynamo exporter: {_first_line(e)}")
+    try:
+        buf = io.BytesIO()
+        torch.onnx.export(module.eval(), (x,), buf, dynamo=False, input_names=["input"],
+                          output_names=["output"], opset_version=17)
+        onnx.checker.check_model(onnx.load_from_string(buf.getvalue()))
+        return buf.getvalue(), "torch.onnx.export(dynamo=False)"
+    except Exception as e:
+        errors.append(f"legacy exporter: {_first_line(e)}")
+    raise FbnasError(f"{where}: cannot export to ONNX ({'; '.join(errors)})")
+
+
+# ---- small helpers ------------------------------------------------------------------------
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json(d: dict) -> str:
+    import json
+    return json.dumps(d, sort_keys=True)
+
+
+def _read_info(path: Path) -> dict:
+    import json
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0]}" if s else type(e).__name__

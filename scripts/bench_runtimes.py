@@ -1,0 +1,119 @@
+"""Latency tables per runtime: PyTorch eager, ExecuTorch (XNNPACK) and ONNX Runtime (issue 18).
+
+For a space: build one table per runtime (batch 1, 1 thread, fp32; exported programs cached
+under a temporary directory, so lowering is part of the build time), then measure the same
+`-n` spanning networks end to end in each runtime (2 passes) and print, per runtime, the
+table's Spearman / Kendall / MAPE / within ±10% against that runtime's own measurement, the
+eager table's and FLOPs' rank correlation against it, the runtime/eager speed ratio, the share
+of ops XNNPACK delegated, and how many ordered op pairs per layer (ops of one layer ranked by
+their table entry) each runtime orders differently from eager.
+
+    python scripts/bench_runtimes.py [--space fbnet_cifar10] [-n 20] [--runtimes cpu,executorch,ort]
+
+Run it alone on the machine: the timings share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fbnas.latency import build_table, make_timer, validate  # noqa: E402
+from fbnas.latency.build import sample_spanning  # noqa: E402
+from fbnas.latency.measure import Protocol  # noqa: E402
+from fbnas.search_space import load_space  # noqa: E402
+
+CONFIGS = {"quickstart": "configs/quickstart.yaml", "fbnet_cifar10": "configs/fbnet_cifar10.yaml",
+           "fbnet_imagenet": "configs/fbnet_imagenet.yaml"}
+
+
+def pair_flips(space, base, other) -> tuple[int, int]:
+    """(ordered op pairs of a layer that `other` orders differently from `base`, all pairs)."""
+    rb, _ = base.costs_for(space, "raw")
+    ro, _ = other.costs_for(space, "raw")
+    flips = total = 0
+    for row_b, row_o in zip(rb, ro, strict=True):
+        ops = sorted(row_b)
+        for i, a in enumerate(ops):
+            for b in ops[i + 1:]:
+                total += 1
+                flips += (row_b[a] - row_b[b]) * (row_o[a] - row_o[b]) < 0
+    return flips, total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--space", default="fbnet_cifar10", choices=list(CONFIGS))
+    ap.add_argument("--runtimes", default="cpu,executorch,ort")
+    ap.add_argument("-n", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--val-rounds", type=int, default=15)
+    args = ap.parse_args()
+    space = load_space(ROOT / CONFIGS[args.space])
+    work = Path(tempfile.mkdtemp(prefix="fbnas_runtimes_"))
+    os.environ["FBNAS_EXPORT_CACHE"] = str(work / "exported")
+    print(f"load average {os.getloadavg()[0]:.2f}; space {args.space}; batch 1, 1 thread, fp32")
+    tables, reports, built = {}, {}, {}
+    try:
+        for rt in args.runtimes.split(","):
+            t0 = time.perf_counter()
+            tables[rt] = build_table(space, make_timer(rt), Protocol(seed=0),
+                                     out=work / f"{rt}.json")
+            built[rt] = time.perf_counter() - t0
+            print(f"{rt}: table built in {built[rt]:.0f} s ({len(tables[rt].entries)} entries)",
+                  flush=True)
+        eager = tables.get("cpu")
+        # the same networks for every runtime: spanning the eager table's range if there is one
+        rows, _ = (eager or next(iter(tables.values()))).costs_for(space, "raw")
+        archs = sample_spanning(space, args.n, rows, seed=args.seed)
+        for rt, table in tables.items():
+            t0 = time.perf_counter()
+            reports[rt] = validate(space, table, make_timer(rt), archs=archs, repeats=2,
+                                   protocol=Protocol(rounds=args.val_rounds))
+            print(f"{rt}: {len(archs)} networks validated in {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+        print(f"\n{'runtime':<11}{'build s':>8}{'net ms':>14}{'S':>7}{'K':>7}{'MAPE':>7}"
+              f"{'±10%':>6}{'eager S':>9}{'FLOPs S':>9}{'x eager':>9}{'deleg.':>8}{'flips':>12}")
+        eager_ms = (np.array([a["measured_us"] for a in reports["cpu"]["archs"]])
+                    if "cpu" in reports else None)
+        for rt, rep in reports.items():
+            meas = np.array([a["measured_us"] for a in rep["archs"]])
+            t = rep["table"]
+            es = (stats.spearmanr([eager.predict(a, "raw") for a in archs], meas)[0]
+                  if eager is not None else float("nan"))
+            speed = float(np.median(meas / eager_ms)) if eager_ms is not None else float("nan")
+            deleg = [e.stats.get("delegated") for e in tables[rt].entries.values()
+                     if e.stats and "delegated" in e.stats]
+            dtxt = f"{100 * np.mean([d == 1.0 for d in deleg]):.0f}%" if deleg else "-"
+            if eager is not None and rt != "cpu":
+                f, tot = pair_flips(space, eager, tables[rt])
+                ftxt = f"{f}/{tot} ({100 * f / tot:.0f}%)"
+            else:
+                ftxt = "-"
+            print(f"{rt:<11}{built[rt]:8.0f}{meas.min() / 1e3:7.2f}-{meas.max() / 1e3:<6.2f}"
+                  f"{t['spearman']:7.3f}{t['kendall']:7.3f}{100 * t['mape']:6.1f}%"
+                  f"{100 * t['within_10pct']:5.0f}%{es:9.3f}{rep['flops_proxy']['spearman']:9.3f}"
+                  f"{speed:9.2f}{dtxt:>8}{ftxt:>12}")
+        print("\nS/K/MAPE/±10%: the runtime's table against its own end-to-end measurement; "
+              "eager S: the eager table's prediction against it; x eager: median network time "
+              "relative to eager; deleg.: entries fully delegated to XNNPACK; flips: ordered op "
+              "pairs per layer ranked differently from the eager table.")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())

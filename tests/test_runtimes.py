@@ -1,0 +1,144 @@
+"""Exported-runtime timers (ExecuTorch/XNNPACK, ONNX Runtime): tables built through the runtime,
+the per-call overhead taken off entries, delegation recorded, programs cached by what they
+compute, and one-line errors for what a runtime cannot take."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import latency_space
+
+from fbnas.cli import main
+from fbnas.config import LatencyConfig
+from fbnas.errors import FbnasError
+from fbnas.latency import LatencyTable, Protocol, build_table, make_timer, validate
+from fbnas.latency import runtimes as rt
+from fbnas.latency.build import sample_spanning
+from fbnas.latency.bundle import write_bundle
+from fbnas.latency.signature import Signature, space_signatures
+from fbnas.search_space import SearchSpace
+
+FAST = Protocol(rounds=4, extra_rounds=0, sample_s=0.002, ref_sample_s=0.001, warmup_s=0.005)
+SPACE = SearchSpace.from_dict(latency_space())
+SIG = Signature("block", "ir_k3_e3", 8, 16, 2, 8, 8)
+
+
+def _timer(runtime: str, tmp_path, **kw):
+    return make_timer(runtime, allocator="system", cache_dir=tmp_path / "exported", **kw)
+
+
+@pytest.mark.parametrize("runtime", rt.RUNTIMES)
+def test_a_runtime_table_is_built_through_the_runtime_with_its_call_overhead_taken_off(
+        runtime, tmp_path):
+    lines = []
+    table = build_table(SPACE, _timer(runtime, tmp_path), FAST, context_probes=2,
+                        log=lines.append)
+    assert table.meta["backend"] == runtime and table.meta["runtime"] == runtime
+    assert table.meta["runtime_version"] and table.meta["threads"] == 1
+    for e in table.entries.values():
+        if e.sig.kind == "stem":  # the stem keeps the network's one call
+            assert "call_overhead_ratio" not in e.stats
+        else:
+            assert e.stats["call_overhead_ratio"] > 0
+            assert 0 <= e.stats["ratio"]
+        if runtime == "executorch":
+            assert 0.0 <= e.stats["delegated"] <= 1.0
+    assert any("call overhead" in s for s in lines)
+    # whole networks are timed in the same runtime, so validation compares like with like
+    archs = sample_spanning(SPACE, 5, table.costs_for(SPACE, "raw")[0])
+    rep = validate(SPACE, table, _timer(runtime, tmp_path), archs=archs, protocol=FAST)
+    assert len(rep["archs"]) == 5
+    assert all(a["measured_us"] > 0 for a in rep["archs"])
+
+
+@pytest.mark.parametrize("runtime", rt.RUNTIMES)
+def test_the_runtime_computes_what_eager_computes(runtime, tmp_path):
+    torch.manual_seed(1)
+    module = SIG.build().eval()
+    timer = _timer(runtime, tmp_path)
+    with timer:
+        run = timer.prepare(module, SIG.input_shape, SIG.key())
+        got = timer.run_once(run)
+    x = torch.randn(1, *SIG.input_shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = module(x)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_programs_are_cached_by_what_they_compute(tmp_path, monkeypatch):
+    first = _timer("ort", tmp_path)
+    first.prepare(SIG.build(), SIG.input_shape, "a")
+    files = sorted((tmp_path / "exported" / "ort").iterdir())
+    assert len(files) == 2  # the program and its record
+
+    def no_lowering(*a, **k):
+        raise AssertionError("lowered again")
+
+    second = _timer("ort", tmp_path)  # a new process would start like this
+    monkeypatch.setattr(second, "_lower", no_lowering)
+    second.prepare(SIG.build(), SIG.input_shape, "b")  # same structure: from the cache
+    assert sorted((tmp_path / "exported" / "ort").iterdir()) == files
+    other = Signature("block", "ir_k3_e1", 8, 16, 2, 8, 8)
+    with pytest.raises(AssertionError, match="lowered again"):
+        second.prepare(other.build(), other.input_shape, "c")
+
+
+def test_a_missing_runtime_is_a_one_line_error_naming_the_install(monkeypatch):
+    monkeypatch.setattr(rt, "_version", lambda p: None)
+    for runtime in rt.RUNTIMES:
+        with pytest.raises(FbnasError, match=r"not installed; pip install 'fbnas\[runtimes\]'"):
+            make_timer(runtime)
+
+
+def test_runtime_timers_refuse_what_they_cannot_time(tmp_path):
+    with pytest.raises(FbnasError, match="float32 contiguous"):
+        _timer("ort", tmp_path, dtype="float16")
+    with pytest.raises(FbnasError, match="float32 contiguous"):
+        _timer("executorch", tmp_path, channels_last=True)
+    scripted = torch.jit.script(torch.nn.ReLU())
+    with pytest.raises(FbnasError, match="cannot take a TorchScript model"):
+        _timer("ort", tmp_path).prepare(scripted, (3, 4, 4))
+
+
+def test_latency_config_takes_the_runtime_devices():
+    cfg = LatencyConfig.from_dict({"device": "executorch", "allocator": "retain"})
+    assert cfg.device == "executorch" and cfg.allocator == "retain"
+    with pytest.raises(FbnasError, match="latency.*device"):
+        LatencyConfig.from_dict({"device": "tflite"})
+
+
+def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
+    folder = tmp_path / "bundle"
+    man = write_bundle(SPACE, folder, probes=2, protocol=Protocol(rounds=3))
+    kinds = [p["kind"] for p in man["programs"]]
+    assert kinds.count("reference") == 1 and kinds.count("overhead") == 1
+    assert kinds.count("probe") == 2
+    assert kinds.count("entry") == len(space_signatures(SPACE))
+    with pytest.raises(FbnasError, match="holds a bundle already"):
+        write_bundle(SPACE, folder, probes=0)
+    # the runner needs no fbnas: run it from inside the bundle with fbnas made unimportable
+    block = ("import runpy, sys; sys.modules['fbnas'] = None; "
+             "runpy.run_path('run_bundle.py', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-I", "-c", block, "--rounds", "3"], cwd=folder,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((folder / "results.json").read_text())
+    assert results["bundle"] == man["bundle_id"] and results["rounds"] == 3
+    out = tmp_path / "device.json"
+    assert main(["latency", "import", str(folder / "results.json"), "--out", str(out)]) == 0
+    table = LatencyTable.load(out)
+    assert table.meta["backend"] == "executorch" and table.meta["bundle"] == man["bundle_id"]
+    assert table.missing(SPACE) == [] and table.context["probes"] == 2
+    assert all(e.value >= 0 for e in table.entries.values())
+    # results of another bundle are refused in one line
+    results["bundle"] = "0" * 16
+    (folder / "results.json").write_text(json.dumps(results))
+    assert main(["latency", "import", str(folder / "results.json"), "--out",
+                 str(tmp_path / "x.json")]) == 2
+    assert "results of bundle" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
