@@ -6,10 +6,10 @@ fbnas.export.TOLERANCE.
 
 For each of N random architectures of the space (random op per layer), a child network with
 random weights and perturbed BatchNorm statistics and affine parameters (so BN is not the
-identity and folding it matters), in eval mode, is exported to TorchScript and to ONNX (no
-verification) and run on the same 64 N(0, 1) inputs as the eager model. Prints max abs and
-max rel diff (fbnas.export.check_equivalence's definitions) per arch and format, then the
-median and max over the archs.
+identity and folding it matters), in eval mode, is exported to every format (TorchScript,
+ONNX, .pt2, .pte; no verification) and run on the same 64 N(0, 1) inputs as the eager model.
+Prints max abs and max rel diff (fbnas.export.check_equivalence's definitions) per arch and
+format, then the median and max over the archs.
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def main() -> int:
             for fmt in FORMATS:
                 out = Path(tmp) / f"a{i}{SUFFIX[fmt]}"
                 t0 = time.perf_counter()
-                rec = export_child(net, arch, fmt, out, verify=False)
+                # a .pte has a static batch: export it for the whole input batch
+                rec = export_child(net, arch, fmt, out, verify=False,
+                                   batch=x.shape[0] if fmt == "pte" else 1)
                 dt = time.perf_counter() - t0
                 r = check_equivalence(net, out, fmt, x)
                 r["export_s"] = dt
