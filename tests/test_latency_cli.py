@@ -87,3 +87,22 @@ def test_errors_are_one_line_exit_2(files, capsys):
     assert "meta.batch is 1 but this run asks for 4" in capsys.readouterr().err
     assert main(["latency", "show", str(d / "nope.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_timing_commands_take_the_tables_backend_then_the_configs(files, capsys):
+    d, cfg, arch = files
+    out = str(d / "lat.json")
+    assert main(["latency", "build", "--config", cfg, "--out", out, "--probes", "0",
+                 "--quiet", *FAST]) == 0
+    # no --device: validate and measure time on the table's backend (fake), not on cpu
+    assert main(["latency", "validate", "--config", cfg, "--table", out, "-n", "5",
+                 "--rounds", "4"]) == 0
+    assert main(["latency", "measure", "--arch", arch, "--table", out, "--rounds", "4"]) == 0
+    assert "fake" in capsys.readouterr().out
+    # no table: the config's latency.device
+    cfg2 = d / "fake.yaml"
+    cfg2.write_text(yaml.safe_dump({"space": TINY, "latency": {"device": "fake"}}))
+    out2 = str(d / "lat2.json")
+    assert main(["latency", "build", "--config", str(cfg2), "--out", out2, "--probes", "0",
+                 "--quiet", "--rounds", "4"]) == 0
+    assert LatencyTable.load(out2).meta["backend"] == "fake"

@@ -39,9 +39,9 @@ from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
 
 def _timer_args(p, with_threads: bool = True) -> None:
     g = p.add_argument_group("timing")
-    g.add_argument("--device", default="cpu", choices=TIMER_DEVICES,
-                   help="backend to time on (executorch, ort: the exported runtimes; fake: "
-                        "deterministic, for tests)")
+    g.add_argument("--device", default=None, choices=TIMER_DEVICES,
+                   help="backend to time on (default: the table's, else cpu; executorch, ort: "
+                        "the exported runtimes; fake: deterministic, for tests)")
     if with_threads:
         g.add_argument("--threads", type=int, default=None,
                        help="CPU threads while timing (default 1; recorded in the table)")
@@ -82,8 +82,8 @@ def _protocol(args, base=None):
 
 
 def config_settings(path: str | None) -> dict:
-    """threads, batch, dtype, channels_last from the config's optional `latency:` section
-    (its other keys belong to the trainer's config reader and are left to it)."""
+    """threads, batch, dtype, channels_last, allocator, device from the config's optional
+    `latency:` section (its other keys belong to the trainer's config reader)."""
     if not path:
         return {}
 
@@ -94,7 +94,8 @@ def config_settings(path: str | None) -> dict:
     out = {"threads": f.int("threads", None, min=1), "batch": f.int("batch", None, min=1),
            "dtype": f.str("dtype", None, choices=("float32", "float16", "bfloat16")),
            "channels_last": f.bool("channels_last", None),
-           "allocator": f.str("allocator", None)}
+           "allocator": f.str("allocator", None),
+           "device": f.str("device", None, choices=TIMER_DEVICES)}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -104,6 +105,9 @@ def _timer(args, table=None, config: str | None = None):
 
     meta = table.meta if table is not None and table.cost == "latency" else {}
     base = config_settings(config)
+    if args.device is None:  # the table's backend, else the config's latency.device, else cpu
+        args.device = (meta.get("backend") if meta.get("backend") in TIMER_DEVICES
+                       else base.get("device", "cpu"))
     if meta:
         base.update(threads=meta.get("threads"), batch=meta.get("batch"),
                     dtype=meta.get("dtype"),
