@@ -243,6 +243,36 @@ def _onnx(model: nn.Module, example: torch.Tensor, arch: Architecture, record: d
           dynamic_batch: bool, opset: int | None):
     import onnx
 
+    proto = onnx_proto(model, example, record, dynamic_batch, opset,
+                       where=f"architecture {arch.short_hash}")
+    meta = {
+        "fbnas.arch_hash": arch.hash(), "fbnas.arch_name": arch.name,
+        "fbnas.arch_space": arch.space or "", "fbnas.arch": json.dumps(arch.to_dict(), default=str),
+        "fbnas.version": __version__, "fbnas.input_shape": json.dumps(record["input_shape"]),
+        "fbnas.num_classes": str(arch.macro.num_classes),
+    }
+    for k, v in meta.items():
+        entry = next((p for p in proto.metadata_props if p.key == k), None) \
+            or proto.metadata_props.add()
+        entry.key, entry.value = k, v
+    proto.doc_string = f"fbnas child network {arch.name} [{arch.short_hash}]"
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        raise FbnasError(f"architecture {arch.short_hash}: exported ONNX model is invalid "
+                         f"({_first_line(e)})") from None
+    data = proto.SerializeToString()
+    return lambda f: f.write(data)
+
+
+def onnx_proto(model: nn.Module, example: torch.Tensor, record: dict[str, Any],
+               dynamic_batch: bool = False, opset: int | None = None, where: str = "model"):
+    """`model` on `example` as an ONNX ModelProto: the torch.export-based exporter, the legacy
+    TorchScript-based one as a fallback (and for opsets below DYNAMO_MIN_OPSET). Notes the
+    method, the opset and any fallback reason in `record`. Also the ONNX Runtime timer's
+    exporter (fbnas.latency.runtimes)."""
+    import onnx
+
     errors = []
     proto = None
     with _quiet(), torch.no_grad():
@@ -280,27 +310,9 @@ def _onnx(model: nn.Module, example: torch.Tensor, arch: Architecture, record: d
             except Exception as e:
                 errors.append(f"legacy exporter: {_first_line(e)}")
     if proto is None:
-        raise FbnasError(f"architecture {arch.short_hash}: ONNX export failed "
-                         f"({'; '.join(errors)})")
+        raise FbnasError(f"{where}: ONNX export failed ({'; '.join(errors)})")
     record["opset"] = _opset(proto)
-    meta = {
-        "fbnas.arch_hash": arch.hash(), "fbnas.arch_name": arch.name,
-        "fbnas.arch_space": arch.space or "", "fbnas.arch": json.dumps(arch.to_dict(), default=str),
-        "fbnas.version": __version__, "fbnas.input_shape": json.dumps(record["input_shape"]),
-        "fbnas.num_classes": str(arch.macro.num_classes),
-    }
-    for k, v in meta.items():
-        entry = next((p for p in proto.metadata_props if p.key == k), None) \
-            or proto.metadata_props.add()
-        entry.key, entry.value = k, v
-    proto.doc_string = f"fbnas child network {arch.name} [{arch.short_hash}]"
-    try:
-        onnx.checker.check_model(proto)
-    except Exception as e:
-        raise FbnasError(f"architecture {arch.short_hash}: exported ONNX model is invalid "
-                         f"({_first_line(e)})") from None
-    data = proto.SerializeToString()
-    return lambda f: f.write(data)
+    return proto
 
 
 # ---- loading and checking -------------------------------------------------------------------

@@ -24,6 +24,7 @@ from fbnas.evaluate import load_child
 from fbnas.export import PteModule, exported_metadata, load_exported, require_extras
 from fbnas.latency.allocator import under_allocator
 from fbnas.latency.measure import Measurement, Protocol, measure
+from fbnas.latency.runtimes import size_executorch_pool
 from fbnas.latency.timers import Timer
 
 
@@ -101,10 +102,7 @@ class PteNet(nn.Module):
         if not path.is_file():
             raise FbnasError(f"{path}: no such file")
         require_extras("pte")
-        from executorch.extension.pybindings import portable_lib
-
-        if portable_lib._threadpool_get_thread_count() != threads:
-            portable_lib._unsafe_reset_threadpool(threads)  # before loading (see runtimes)
+        size_executorch_pool(threads)  # before the program loads
         try:
             self._pte = PteModule(path)
             self.input_shape = self._pte.input_shape()

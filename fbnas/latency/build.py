@@ -32,7 +32,14 @@ from tqdm import tqdm
 from fbnas.arch import Architecture, arch_from_indices, build_child, count_params
 from fbnas.errors import FbnasError
 from fbnas.latency.allocator import under_allocator
-from fbnas.latency.measure import REFERENCE, Measurement, Protocol, measure, reference_scale
+from fbnas.latency.measure import (
+    REFERENCE,
+    EntryStats,
+    Measurement,
+    Protocol,
+    measure,
+    reference_scale,
+)
 from fbnas.latency.signature import Signature, arch_signatures, layer_signatures, space_signatures
 from fbnas.latency.table import LatencyTable
 from fbnas.latency.timers import Runnable, Timer, conv_linear_flops
@@ -81,6 +88,20 @@ def _value_scale(table: LatencyTable) -> float:
     ref = (table.reference or {}).get("scale_us", 1.0)
     ctx = (table.context or {}).get("scale", 1.0)
     return float(ref) * float(ctx)
+
+
+def entry_stats(sig: Signature, st: EntryStats, scale_s: float,
+                call: float | None = None) -> dict[str, Any]:
+    """An entry's statistics (µs at `scale_s` seconds per reference ratio) and its `ratio`,
+    the value before scale and context. `call`, an exported runtime's per-call overhead in
+    reference ratios, comes off every entry but the stem, which keeps the network's one call
+    (a network pays it once, separately timed entries once each)."""
+    stats = st.summary(scale_s)
+    stats["ratio"] = st.quantiles()[1]
+    if call is not None and sig.kind != "stem":
+        stats["ratio"] = max(stats["ratio"] - call, 0.0)
+        stats["call_overhead_ratio"] = call
+    return stats
 
 
 def refresh_values(table: LatencyTable) -> None:
@@ -197,14 +218,11 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
     remeasured = int(noise.get("remeasured", 0))
     probes: list[Architecture] = []
     if context_probes > 0 and table.context is None and todo:
-        probes = sample_spanning(space, context_probes, counted_rows(space), seed=12345,
-                                 name="probe")
+        probes = probe_archs(space, context_probes)
     probe_runs = {f"probe {a.name}": r for a, r in zip(
         probes, prepare_archs(timer, probes).values(), strict=True)}
     # Exported runtimes pay a fixed cost per call (entering the runtime, binding input and
-    # output) that a network pays once and a table of separately timed entries once per entry:
-    # an empty program is timed beside the entries and its ratio taken off every entry but the
-    # stem, which keeps the network's one call.
+    # output): an empty program is timed beside the entries (see entry_stats).
     overhead_runs = ({OVERHEAD: timer.prepare(nn.Identity(), REFERENCE.input_shape, OVERHEAD)}
                      if getattr(timer, "per_call_overhead", False) and todo else {})
     n_chunks = -(-len(todo) // chunk)
@@ -235,13 +253,10 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
                                    "scale_us": scale, "statistic": "p5 of reference samples",
                                    "_provisional": True}
             for sig in part:
-                st = m.entries[sig.key()]
-                stats = st.summary(m.ref_scale_s if p.reference else 1.0)
-                stats["ratio"] = st.quantiles()[1]
+                stats = entry_stats(sig, m.entries[sig.key()],
+                                    m.ref_scale_s if p.reference else 1.0,
+                                    call if overhead_runs else None)
                 stats.update(runs[sig.key()].extra.get("stats", {}))  # runtime: delegated share
-                if overhead_runs and sig.kind != "stem":
-                    stats["ratio"] = max(stats["ratio"] - call, 0.0)
-                    stats["call_overhead_ratio"] = call
                 table.add(sig, 0.0, stats)
             refresh_values(table)
             _record_noise(table, ref_times, remeasured, time.perf_counter() - t0, timer)
@@ -268,6 +283,11 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
     if out is not None:
         table.save(out)
     return table
+
+
+def probe_archs(space: SearchSpace, n: int) -> list[Architecture]:
+    """The `n` child networks that fit a table's context factor (always the same ones)."""
+    return sample_spanning(space, n, counted_rows(space), seed=12345, name="probe")
 
 
 def counted_rows(space: SearchSpace) -> list[dict[str, float]]:
@@ -302,7 +322,7 @@ def _context_from(table: LatencyTable, probes: Sequence[Architecture],
 
 
 def _record_noise(table: LatencyTable, ref_times: list[float], remeasured: int,
-                  seconds: float, timer: Timer) -> None:
+                  seconds: float, timer: Timer | None) -> None:
     rel = [e.stats["rel_iqr"] for e in table.entries.values() if e.stats and "rel_iqr" in e.stats]
     noise: dict[str, Any] = {
         "entries": len(rel),
@@ -333,7 +353,7 @@ def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: i
     building): time `probes` child networks and fold the median in-network / isolated ratio
     into the values."""
     table.require(space)
-    archs = sample_spanning(space, probes, counted_rows(space), seed=12345, name="probe")
+    archs = probe_archs(space, probes)
     m = measure_archs(timer, archs, protocol, reference)
     _context_from(table, archs, {f"probe {a.name}": m.entries[a.name].ratios for a in archs},
                   log)

@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -28,9 +27,10 @@ from fbnas.io import write_json_atomic
 from fbnas.latency.build import (
     OVERHEAD,
     _context_from,
-    counted_rows,
+    _record_noise,
+    entry_stats,
+    probe_archs,
     refresh_values,
-    sample_spanning,
 )
 from fbnas.latency.measure import REFERENCE, EntryStats, Protocol, reference_scale
 from fbnas.latency.runtimes import lower_executorch, require
@@ -56,8 +56,7 @@ def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch
     if (out / "manifest.json").exists():
         raise FbnasError(f"{out}: holds a bundle already; write a new one to an empty folder")
     sigs = [s for s in space_signatures(space) if table is None or s not in table]
-    arches = (sample_spanning(space, probes, counted_rows(space), seed=12345, name="probe")
-              if probes > 0 else [])
+    arches = probe_archs(space, probes) if probes > 0 else []
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "programs").mkdir(parents=True)
@@ -152,13 +151,8 @@ def import_results(results_path: str | Path, space: SearchSpace | None = None) -
     for key, item in items.items():
         if item["kind"] == "entry":
             sig = Signature.from_dict(item["sig"], f"{folder / 'manifest.json'}: {key}")
-            st = stats_of(key)
-            stats = st.summary(scale_s)
-            stats["ratio"] = st.quantiles()[1]
+            stats = entry_stats(sig, stats_of(key), scale_s, call)
             stats["delegated"] = item["delegated"]
-            if sig.kind != "stem":
-                stats["ratio"] = max(stats["ratio"] - call, 0.0)
-                stats["call_overhead_ratio"] = call
             table.add(sig, 0.0, stats)
         elif item["kind"] == "probe":
             probes.append(Architecture.from_dict(item["arch"], key))
@@ -166,10 +160,8 @@ def import_results(results_path: str | Path, space: SearchSpace | None = None) -
         _context_from(table, probes, {f"probe {a.name}": res["entries"][f"probe {a.name}"]
                                       ["ratios"] for a in probes})
     refresh_values(table)
-    rel = [e.stats["rel_iqr"] for e in table.entries.values()]
-    table.noise = {"entries": len(rel), "median_rel_iqr": round(float(np.median(rel)), 4),
-                   "p90_rel_iqr": round(float(np.percentile(rel, 90)), 4),
-                   "seconds_on_device": res.get("seconds")}
+    _record_noise(table, res["ref_times_s"], 0, res.get("seconds") or 0.0, None)
+    table.noise.pop("_ref_times_s")  # kept only while a build resumes
     if space is not None:
         lacking = [s.key() for s in space_signatures(space) if s not in table]
         if lacking:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ import torch
 from torch import nn
 
 from fbnas.errors import FbnasError
+from fbnas.export import OnnxModule, PteModule, _first_line, onnx_proto
+from fbnas.io import atomic_write, write_json_atomic
 from fbnas.latency.timers import CpuTimer, Runnable
 
 RUNTIMES = ("executorch", "ort")
@@ -118,8 +120,9 @@ class ExportedTimer(CpuTimer):
             path = self.cache_dir / self.runtime / f"{key}{self.suffix}"
             info_path = path.with_suffix(".json")
             if not path.is_file():
-                info = self._lower(module, x, path, label)
-                _write_atomic(info_path, _json(info).encode())
+                program, info = self._lower(module, x, label or "module")
+                write_json_atomic(info_path, info)
+                atomic_write(path, lambda f: f.write(program), mode="wb")
             self._loaded[key] = (self._load(path), _read_info(info_path))
         program, info = self._loaded[key]
         call = self._caller(program, x)
@@ -128,9 +131,9 @@ class ExportedTimer(CpuTimer):
         run.extra["cache"] = key
         return run
 
-    def _lower(self, module: nn.Module, x: torch.Tensor, path: Path, label: str) -> dict:
-        """Export and lower `module` for input `x`; write the program to `path` atomically;
-        return what to record (numbers only go into table entries)."""
+    def _lower(self, module: nn.Module, x: torch.Tensor, where: str) -> tuple[bytes, dict]:
+        """Export and lower `module` for input `x`: (the program file's bytes, what to record;
+        its numbers go into table entries)."""
         raise NotImplementedError
 
     def _load(self, path: Path):
@@ -158,35 +161,21 @@ class ExecuTorchTimer(ExportedTimer):
         self._pool()
 
     def _pool(self) -> None:
-        """Size ExecuTorch's threadpool to the timer's thread count. Resetting the pool
-        invalidates the XNNPACK delegates loaded under the old one (they hang or crash when
-        called), so it is sized before the first program loads and left so: a process that
-        times with ExecuTorch keeps one thread count."""
-        from executorch.extension.pybindings import portable_lib
+        if size_executorch_pool(self.threads):
+            self._loaded.clear()  # programs loaded under the old pool no longer run
 
-        if portable_lib._threadpool_get_thread_count() != self.threads:
-            portable_lib._unsafe_reset_threadpool(self.threads)
-            self._loaded.clear()
-
-    def _lower(self, module, x, path, label):
-        buf, info = lower_executorch(module, x, where=label or "module")
-        _write_atomic(path, buf)
-        return info
+    def _lower(self, module, x, where):
+        return lower_executorch(module, x, where=where)
 
     def _load(self, path):
-        from executorch.runtime import Runtime, Verification
-
         self._pool()
         try:
-            program = Runtime.get().load_program(path.read_bytes(),
-                                                 verification=Verification.Minimal)
-            # the method points into its program: keep both alive together
-            return program, program.load_method("forward")
+            return PteModule(path)
         except Exception as e:
             raise FbnasError(f"timer: executorch cannot load {path} ({_first_line(e)})") from None
 
-    def _caller(self, loaded, x):
-        program, method = loaded
+    def _caller(self, pte, x):
+        method = pte.method
         n = method.metadata.num_inputs()
         if n not in (0, 1):
             raise FbnasError(f"timer: an executorch program with {n} inputs; fbnas times "
@@ -196,7 +185,7 @@ class ExecuTorchTimer(ExportedTimer):
 
         def call():
             return method.execute(inputs)
-        call.keep = program  # noqa: B018 (lifetime)
+        call.keep = pte  # noqa: B018 (lifetime: the method points into its program)
         return call
 
 
@@ -207,26 +196,14 @@ class OrtTimer(ExportedTimer):
     runtime = "ort"
     suffix = ".onnx"
 
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self.runtime_version = _version("onnxruntime")
-
-    def _lower(self, module, x, path, label):
-        proto_bytes, method = export_onnx(module, x, where=label or "module")
-        _write_atomic(path, proto_bytes)
-        return {"exporter": method}
+    def _lower(self, module, x, where):
+        record: dict[str, Any] = {}
+        proto = onnx_proto(module.eval(), x, record, where=where)
+        return proto.SerializeToString(), {"exporter": record["method"]}
 
     def _load(self, path):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
-        try:
-            return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        try:  # fbnas export's session: intra-op threads as given, one inter-op thread
+            return OnnxModule(path, threads=self.threads).session
         except Exception as e:
             raise FbnasError(f"timer: onnxruntime cannot load {path} ({_first_line(e)})") from None
 
@@ -267,58 +244,22 @@ def lower_executorch(module: nn.Module, x: torch.Tensor, where: str = "module"
                         "delegated_ops": deleg, "portable_ops": portable}
 
 
-def export_onnx(module: nn.Module, x: torch.Tensor, where: str = "module") -> tuple[bytes, str]:
-    """`module` on input `x` as ONNX bytes, by the exporter `fbnas export` uses (torch.export
-    based, the TorchScript exporter as a fallback); returns (bytes, the method used)."""
-    require("ort")
-    import io
-
-    import onnx
-
-    errors = []
-    try:
-        prog = torch.onnx.export(module.eval(), (x,), None, dynamo=True, input_names=["input"],
-                                 output_names=["output"], verbose=False)
-        return prog.model_proto.SerializeToString(), "torch.onnx.export(dynamo=True)"
-    except Exception as e:
-        errors.append(f"dynamo exporter: {_first_line(e)}")
-    try:
-        buf = io.BytesIO()
-        torch.onnx.export(module.eval(), (x,), buf, dynamo=False, input_names=["input"],
-                          output_names=["output"], opset_version=17)
-        onnx.checker.check_model(onnx.load_from_string(buf.getvalue()))
-        return buf.getvalue(), "torch.onnx.export(dynamo=False)"
-    except Exception as e:
-        errors.append(f"legacy exporter: {_first_line(e)}")
-    raise FbnasError(f"{where}: cannot export to ONNX ({'; '.join(errors)})")
-
-
 # ---- small helpers ------------------------------------------------------------------------
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _json(d: dict) -> str:
-    import json
-    return json.dumps(d, sort_keys=True)
-
-
 def _read_info(path: Path) -> dict:
-    import json
+    """A program's record; {} when it is missing or unreadable (it only annotates entries)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {s[0]}" if s else type(e).__name__
+def size_executorch_pool(threads: int) -> bool:
+    """Size ExecuTorch's threadpool to `threads`; True if it was resized. Resizing invalidates
+    the XNNPACK delegates loaded under the old pool (they hang or crash when called), so size
+    it before the first program loads and leave it: a process keeps one thread count."""
+    from executorch.extension.pybindings import portable_lib
+
+    if portable_lib._threadpool_get_thread_count() == threads:
+        return False
+    portable_lib._unsafe_reset_threadpool(threads)
+    return True
