@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
+import types
 
 import pytest
 import torch
@@ -337,10 +338,26 @@ def test_cpu_timer_times_and_restores_threads():
     assert not run.module.training
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
-                    reason="torch-xla is installed; the missing-extra message cannot be shown")
-def test_xla_without_torch_xla_names_the_extra():
+def test_xla_without_torch_xla_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_xla", None)  # as if not installed
     with pytest.raises(FbnasError, match=r"pip install 'fbnas\[tpu\]'") as e:
+        make_timer("xla")
+    assert "\n" not in str(e.value)
+
+
+def test_xla_built_for_another_torch_is_refused(monkeypatch):
+    """torch-xla pins the torch it was built for: a mismatched pair is one line naming both
+    versions and the extra (the real timer runs in `pytest -m xla`, tests/test_xla.py)."""
+    pkg, core, debug = (types.ModuleType(n) for n in ("torch_xla", "torch_xla.core",
+                                                       "torch_xla.debug"))
+    xm, met = types.ModuleType("torch_xla.core.xla_model"), types.ModuleType("m")
+    pkg.__version__, pkg.core, pkg.debug = "1.13.0", core, debug
+    core.xla_model, debug.metrics = xm, met
+    for name, mod in {"torch_xla": pkg, "torch_xla.core": core, "torch_xla.debug": debug,
+                      "torch_xla.core.xla_model": xm, "torch_xla.debug.metrics": met}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    with pytest.raises(FbnasError, match=r"torch-xla 1.13.0 does not match torch "
+                                         r".*fbnas\[tpu\]") as e:
         make_timer("xla")
     assert "\n" not in str(e.value)
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
@@ -221,9 +220,11 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
         probes = probe_archs(space, context_probes)
     probe_runs = {f"probe {a.name}": r for a, r in zip(
         probes, prepare_archs(timer, probes).values(), strict=True)}
-    # Exported runtimes pay a fixed cost per call (entering the runtime, binding input and
-    # output): an empty program is timed beside the entries (see entry_stats).
-    overhead_runs = ({OVERHEAD: timer.prepare(nn.Identity(), REFERENCE.input_shape, OVERHEAD)}
+    # Exported runtimes and XLA pay a fixed cost per call (entering the runtime, binding input
+    # and output; XLA: tracing, graph lookup, launch): an empty program is timed beside the
+    # entries (see entry_stats).
+    overhead_runs = ({OVERHEAD: timer.prepare(timer.empty_program(), REFERENCE.input_shape,
+                                              OVERHEAD)}
                      if getattr(timer, "per_call_overhead", False) and todo else {})
     n_chunks = -(-len(todo) // chunk)
     bar = (_Bar(len(todo) + len(probe_runs) * n_chunks, p.rounds, f"latency {space.name}")
