@@ -37,6 +37,18 @@ SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
 COSTS = ("latency", "flops", "params")
 DEVICES = ("auto", "cpu", "cuda")
+# Training on XLA is refused, not half supported: search.mode single_path / two_path change the
+# graph every step, and XLA recompiles each (measured on PJRT CPU, quickstart: 14 compilations
+# in 8 single_path steps), and the trainer reads values back on the host every step. XLA is a
+# latency backend (latency.device: xla), not a training device.
+XLA_TRAINING = ("{where}.device: xla is not supported for training (sampled search modes "
+                "change the graph every step and XLA recompiles each); search and retrain on "
+                "cpu or cuda, and time the table with latency.device: xla")
+
+
+def _refuse_xla(d: Any, where: str) -> None:
+    if isinstance(d, dict) and d.get("device") == "xla":
+        raise FbnasError(XLA_TRAINING.format(where=where))
 NAN_POLICIES = ("stop", "skip")
 SEARCH_MODES = ("full", "single_path", "two_path")  # fbnas.supernet.SEARCH_MODES
 PRECISIONS = ("float32", "bf16", "fp16")  # fbnas.precision.PRECISIONS
@@ -132,6 +144,7 @@ class SearchConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
+        _refuse_xla(d, where)
         c = read_fields(cls, d, where)
         if c.warmup_epochs >= c.epochs:
             raise FbnasError(f"{where}.warmup_epochs: {c.warmup_epochs} leaves no θ epochs "
@@ -172,6 +185,7 @@ class RetrainConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:
+        _refuse_xla(d, where)
         c = read_fields(cls, d, where)
         if c.warmup_epochs >= c.epochs:
             raise FbnasError(f"{where}.warmup_epochs: {c.warmup_epochs} is not below "

@@ -63,6 +63,8 @@ def test_unknown_keys_are_errors_naming_the_key():
     ("loss.lambda=-0.5", "loss.lambda: must be >= 0"),  # alpha, beta: tests/test_loss.py
     ("loss.target=-2ms", "loss.target: cannot read"),
     ("search.device=tpu", "search.device: must be one of"),
+    ("search.device=xla", r"search.device: xla is not supported for training .*latency.device"),
+    ("retrain.device=xla", "retrain.device: xla is not supported for training"),
     ("latency.cost=energy", "latency.cost: must be one of"),
     ("search.epochs=two", "search.epochs: expected an integer"),
     ("space.num_classes=0", "space.num_classes: must be >= 1"),
