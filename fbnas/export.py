@@ -98,7 +98,7 @@ def require_extras(fmt: str, verify: bool = True) -> None:
     if check_format(fmt) == "pte":
         if importlib.util.find_spec("executorch") is None:
             raise FbnasError("pte export needs executorch, not installed: "
-                             "pip install 'fbnas[runtimes]'")
+                             "pip install 'fbnas[executorch]'")
         return
     if check_format(fmt) != "onnx":
         return

@@ -18,7 +18,8 @@ through the runtime) is the same as eager's.
 
 Lowering takes seconds per block, so programs are cached on disk by what they compute (runtime
 and version, the module's structure, input shape and batch), under `cache_dir`
-(default `~/.cache/fbnas/exported`). Both runtimes are optional: `pip install 'fbnas[runtimes]'`.
+(default `~/.cache/fbnas/exported`). Both runtimes are optional: `pip install
+'fbnas[executorch]'`, `'fbnas[onnx]'` (or `'fbnas[runtimes]'` for both).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from fbnas.io import atomic_write, write_json_atomic
 from fbnas.latency.timers import CpuTimer, Runnable
 
 RUNTIMES = ("executorch", "ort")
-INSTALL = {"executorch": "pip install 'fbnas[runtimes]' (or pip install executorch)",
-           "ort": "pip install 'fbnas[runtimes]' (or pip install onnxruntime onnx onnxscript)"}
+INSTALL = {"executorch": "pip install 'fbnas[executorch]'",
+           "ort": "pip install 'fbnas[onnx]'"}
 PACKAGES = {"executorch": ("executorch",), "ort": ("onnxruntime", "onnx", "onnxscript")}
 
 
