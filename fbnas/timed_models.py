@@ -189,3 +189,21 @@ def measure_modules(timer: Timer, modules: dict[str, tuple[nn.Module, tuple[int,
     """Time in-memory modules (label -> (module, C,H,W)) in one interleaved measurement."""
     runs = {k: timer.prepare(m, chw, k) for k, (m, chw) in modules.items()}
     return measure(timer, runs, protocol)
+
+
+@under_allocator
+def measure_runtimes(timer: Timer, modules: dict[str, tuple[nn.Module, tuple[int, int, int]]],
+                     runtimes: list[Timer], protocol: Protocol | None = None) -> Measurement:
+    """Time every module in eager (`timer`) and in each exported runtime of `runtimes` (timers
+    of `fbnas.latency.runtimes`, same threads and batch) in one interleaved measurement, so
+    that the runtimes are compared side by side, under the same drift. Keys are
+    'BACKEND:label'. The runtime timers share the eager timer's clock (they sample with it)."""
+    for rt in runtimes:
+        if (rt.threads, rt.batch) != (timer.threads, timer.batch):
+            raise FbnasError(f"measure_runtimes: {rt.backend} times {rt.threads} thread(s), "
+                             f"batch {rt.batch}; eager {timer.threads}, batch {timer.batch}")
+    runs = {}
+    for t in (timer, *runtimes):
+        for k, (m, chw) in modules.items():
+            runs[f"{t.backend}:{k}"] = t.prepare(m, chw, f"{t.backend}:{k}")
+    return measure(timer, runs, protocol)

@@ -10,6 +10,12 @@ their table entry) each runtime orders differently from eager.
 
     python scripts/bench_runtimes.py [--space fbnet_cifar10] [-n 20] [--runtimes cpu,executorch,ort]
 
+`--baselines` instead times the published FBNet-A/B/C (configs/archs, 224x224) in eager and in
+each runtime side by side, in one interleaved measurement per repeat, and prints each network's
+time per runtime and its ratio to eager (median and range over `--repeats`):
+
+    python scripts/bench_runtimes.py --baselines [--repeats 3]
+
 Run it alone on the machine: the timings share the cores.
 """
 
@@ -24,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,14 +59,63 @@ def pair_flips(space, base, other) -> tuple[int, int]:
     return flips, total
 
 
+def baselines(runtimes: list[str], repeats: int, rounds: int) -> int:
+    """FBNet-A/B/C in eager and each runtime, side by side (see the module docstring)."""
+    from fbnas.arch import Architecture, build_child
+    from fbnas.timed_models import measure_runtimes
+
+    names = ("fbnet_a", "fbnet_b", "fbnet_c")
+    modules = {}
+    for n in names:
+        a = Architecture.load(ROOT / "configs" / "archs" / f"{n}.yaml")
+        torch.manual_seed(0)
+        modules[n] = (build_child(a), (a.macro.in_channels, *a.macro.input_size))
+    work = Path(tempfile.mkdtemp(prefix="fbnas_baselines_"))
+    os.environ["FBNAS_EXPORT_CACHE"] = str(work / "exported")
+    print(f"load average {os.getloadavg()[0]:.2f}; FBNet-A/B/C, batch 1, 1 thread, fp32; "
+          f"runtimes {', '.join(runtimes)}; {repeats} repeats", flush=True)
+    ms: dict[str, list[float]] = {}
+    try:
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            m = measure_runtimes(make_timer("cpu"), modules, [make_timer(x) for x in runtimes],
+                                 Protocol(seed=r, rounds=rounds))
+            for k, st in m.entries.items():
+                ms.setdefault(k, []).append(st.summary(m.ref_scale_s)["median_us"] / 1e3)
+            print(f"repeat {r + 1}: {time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    head = f"{'network':<9}{'eager ms':>14}"
+    for x in runtimes:
+        head += f"{x + ' ms':>18}{'x eager':>18}"
+    print("\n" + head)
+    for n in names:
+        eager = np.array(ms[f"cpu:{n}"])
+        line = f"{n:<9}{np.median(eager):7.2f} ({eager.min():.1f}-{eager.max():.1f})"
+        for x in runtimes:
+            t = np.array(ms[f"{x}:{n}"])
+            q = t / eager  # per repeat: measured side by side
+            line += (f"{np.median(t):9.2f} ({t.min():.1f}-{t.max():.1f})"
+                     f"{np.median(q):10.3f} ({q.min():.2f}-{q.max():.2f})")
+        print(line)
+    print("\nmedian over repeats (range); x eager: the runtime's time / eager's, per repeat.")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--baselines", action="store_true",
+                    help="FBNet-A/B/C in eager and each runtime, side by side")
+    ap.add_argument("--repeats", type=int, default=3, help="--baselines: measurements")
     ap.add_argument("--space", default="fbnet_cifar10", choices=list(CONFIGS))
     ap.add_argument("--runtimes", default="cpu,executorch,ort")
     ap.add_argument("-n", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--val-rounds", type=int, default=15)
     args = ap.parse_args()
+    if args.baselines:
+        rts = [x for x in args.runtimes.split(",") if x != "cpu"]
+        return baselines(rts, args.repeats, args.val_rounds)
     space = load_space(ROOT / CONFIGS[args.space])
     work = Path(tempfile.mkdtemp(prefix="fbnas_runtimes_"))
     os.environ["FBNAS_EXPORT_CACHE"] = str(work / "exported")

@@ -142,3 +142,20 @@ def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
                  str(tmp_path / "x.json")]) == 2
     assert "results of bundle" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_runtimes_are_measured_side_by_side_with_eager(tmp_path):
+    """measure_runtimes: each module in eager and each runtime, in one interleaved
+    measurement (keys BACKEND:label); a runtime at another thread count is refused."""
+    from fbnas.timed_models import measure_runtimes
+
+    torch.manual_seed(0)
+    mods = {"a": (SIG.build(), SIG.input_shape),
+            "b": (Signature("block", "ir_k3_e1", 8, 8, 1, 8, 8).build(), (8, 8, 8))}
+    runtimes = [_timer(r, tmp_path) for r in rt.RUNTIMES]
+    m = measure_runtimes(make_timer("cpu", allocator="system"), mods, runtimes, FAST)
+    assert set(m.entries) == {f"{b}:{k}" for b in ("cpu", *rt.RUNTIMES) for k in mods}
+    assert all(len(st.times) == FAST.rounds and min(st.times) > 0 for st in m.entries.values())
+    with pytest.raises(FbnasError, match="ort times 2 thread"):
+        measure_runtimes(make_timer("cpu", allocator="system"), mods,
+                         [_timer("ort", tmp_path, threads=2)], FAST)
