@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
@@ -238,15 +239,38 @@ class Supernet(nn.Module):
         return lo, hi
 
     # ---- sampling -------------------------------------------------------------------------------
+    def _stacked_theta(self) -> torch.Tensor:
+        """θ of every layer as one [L, K_max] tensor, -inf past a layer's candidates (their
+        probability is 0 under any softmax), so that sampling is one op for all layers."""
+        return pad_sequence(list(self.theta), batch_first=True, padding_value=float("-inf"))
+
+    @staticmethod
+    def _perturbed(logits: torch.Tensor) -> torch.Tensor:
+        """logits + Gumbel noise, the padding kept at -inf (noise of +inf on a pad, from an
+        exponential draw of 0, would otherwise make it NaN)."""
+        return (logits + _gumbel_like(logits)).masked_fill(torch.isneginf(logits),
+                                                           float("-inf"))
+
+    def _unstack(self, t: torch.Tensor) -> list[torch.Tensor]:
+        return [t[i, :len(th)] for i, th in enumerate(self.theta)]
+
     def sample_weights(self, tau: float, hard: bool = False) -> list[torch.Tensor]:
-        """m_l = GumbelSoftmax(θ_l, τ); `hard` gives one-hot samples with straight-through grads."""
+        """m_l = GumbelSoftmax(θ_l, τ); `hard` gives one-hot samples with straight-through grads.
+        All layers in one batched op (no host synchronisation)."""
         if not tau > 0:
             raise FbnasError(f"temperature must be > 0, got {tau}")
-        return [F.gumbel_softmax(t, tau=tau, hard=hard) for t in self.theta]
+        logits = self._stacked_theta()
+        soft = torch.softmax(self._perturbed(logits) / tau, -1)
+        if not hard:
+            return self._unstack(soft)
+        one = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
+        return self._unstack(one - soft.detach() + soft)
 
     def sample_path(self, tau: float, hard: bool = False, mode: str | None = None) -> PathSample:
         """Sample the weights (and the candidates to compute) for one forward in `mode`
         (default: this supernet's mode). Gradients reach θ unless called under no_grad.
+        Every layer is sampled in one batched op; the sampled modes read the chosen indices
+        back to the host once (they decide which blocks run), full mode not at all.
 
         full:        m = GumbelSoftmax(θ, τ) (one-hot straight-through if `hard`); all
                      candidates computed; cost weights = m.
@@ -265,27 +289,24 @@ class Supernet(nn.Module):
         if mode == "full":
             m = self.sample_weights(tau, hard)
             return PathSample(m, None, m)
+        logits = self._stacked_theta()
         if mode == "single_path":
             if not tau > 0:
                 raise FbnasError(f"temperature must be > 0, got {tau}")
-            m, active = [], []
-            for t in self.theta:
-                soft = torch.softmax((t + _gumbel_like(t)) / tau, -1)
-                i = int(soft.detach().argmax())
-                hard_i = torch.zeros_like(soft.detach())
-                hard_i[i] = 1.0
-                m.append(hard_i + (soft - soft.detach()))
-                active.append([i])
-            return PathSample(m, active, m)
-        m, active, probs = [], [], []
-        for t in self.theta:
-            k = min(2, len(t))
-            idx = (t.detach() + _gumbel_like(t)).topk(k).indices
-            idx = idx.sort().values  # candidates run in index order, as in full mode
-            w = torch.softmax(t[idx], -1)  # p_i / (p_i + p_j): the renormalised probabilities
-            m.append(torch.zeros_like(t).scatter(0, idx, w))
-            active.append([int(i) for i in idx.tolist()])
-            probs.append(torch.softmax(t, -1))
+            soft = torch.softmax(self._perturbed(logits) / tau, -1)
+            idx = soft.detach().argmax(-1, keepdim=True)
+            one = torch.zeros_like(soft).scatter_(-1, idx, 1.0)
+            m = self._unstack(one + (soft - soft.detach()))
+            return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], m)
+        k = min(2, logits.shape[-1])
+        idx = self._perturbed(logits.detach()).topk(k, -1).indices.sort(-1).values
+        # p_i / (p_i + p_j): the renormalised probabilities (a pad drawn for a one-candidate
+        # layer has θ = -inf, so weight 0; it is dropped from `active` below)
+        w = torch.softmax(logits.gather(-1, idx), -1)
+        m = self._unstack(torch.zeros_like(logits).scatter(-1, idx, w))
+        active = [[i for i in row if i < len(t)]
+                  for row, t in zip(idx.tolist(), self.theta, strict=True)]
+        probs = self._unstack(torch.softmax(logits, -1))
         return PathSample(m, active, probs)
 
     def argmax_weights(self) -> list[torch.Tensor]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import digits_run_config
+from conftest import TINY_SPACE, digits_run_config
 from scipy import stats
 
 from fbnas import config as config_mod
@@ -16,6 +16,7 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.run import close_logger
 from fbnas.search import SearchTrainer
+from fbnas.search_space import SearchSpace
 from fbnas.supernet import SEARCH_MODES, Supernet
 
 COSTS = [[1.0, 5.0, 2.0], [3.0, 8.0, 1.0], [2.0, 4.0, 9.0]]
@@ -333,6 +334,9 @@ def test_trainer_steps_compute_only_the_sampled_paths(tmp_path, mode):
         theta0 = [p.detach().clone() for p in t.model.arch_parameters()]
         out = t.weight_step(x, y)
         assert set(out) == {"ce", "acc", "cost"}
+        # the step's figures stay on the device (float64, detached): no host sync per step
+        assert all(isinstance(v, torch.Tensor) and v.dtype == torch.float64
+                   and not v.requires_grad for v in out.values())
         assert all(sum(c) == PATHS_PER_LAYER[mode] for c in calls)
         assert all(p.grad is None for p in t.model.arch_parameters())
         for c in calls:
@@ -406,9 +410,39 @@ def test_theta_step_when_a_sampled_identity_leaves_theta_out_of_the_graph(tmp_pa
         t.theta_opt.step = lambda: seen.append([p.grad.clone() for p in t.model.theta])
         x, y = next(iter(t.data.theta_loader))
         out = t.theta_step(x, y)
-        assert np.isfinite(out["loss"])
+        assert np.isfinite(float(out["loss"]))
         (grads,) = seen
         for g, is_skip in zip(grads, skips, strict=True):
             assert bool(g.any()) is not is_skip, (skips, grads)
     finally:
         close_logger(t.log)
+
+
+@pytest.mark.parametrize("mode", ["full", "single_path", "two_path"])
+def test_batched_sampling_with_layers_of_different_sizes(mode):
+    """All layers are sampled in one padded op: a layer's padding never gets weight, a
+    one-candidate layer always runs its op, and each layer's weights have its own length and
+    sum to 1 with gradients reaching its own θ."""
+    d = copy.deepcopy(TINY_SPACE)
+    d["stages"] = [{"channels": 8, "repeats": 1, "stride": 1, "candidates": ["ir_k3_e1"]},
+                   {"channels": 16, "repeats": 2, "stride": 2,
+                    "candidates": ["ir_k3_e1", "ir_k5_e3", "skip"]}]
+    net = Supernet(SearchSpace.from_dict(d), mode=mode)
+    with torch.no_grad():
+        net.theta[1].copy_(torch.tensor([0.0, 2.0, -1.0]))
+    seen = set()
+    for _ in range(200):
+        p = net.sample_path(tau=1.0)
+        assert [len(m) for m in p.m] == [1, 3, 3]
+        for m in p.m:
+            assert torch.isfinite(m).all() and float(m.sum()) == pytest.approx(1.0, abs=1e-6)
+        if p.active is not None:
+            assert p.active[0] == [0]
+            assert all(0 <= i < 3 for a in p.active[1:] for i in a)
+            seen.update(tuple(a) for a in p.active[1:])
+        else:  # full: every candidate runs; the sample's largest weight moves
+            seen.add(int(p.m[1].argmax()))
+    assert len(seen) > 1  # the samples vary
+    p = net.sample_path(tau=1.0)
+    sum((m * torch.arange(1.0, len(m) + 1)).sum() for m in p.cost_m).backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in net.theta[1:])
