@@ -37,7 +37,7 @@ from fbnas.distributed import PeriodicAverager, rank_seed, sync_bn_stats, wrap_d
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
 from fbnas.io import write_json_atomic
-from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss
+from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss, host_partial, host_values, metric
 from fbnas.run.resume import ResumePolicy
 
 RESULTS = "results.json"
@@ -161,12 +161,13 @@ class ChildTrainer(EpochRunner):
         return {"kind": "child", "epoch": self.epoch, "step": self.step,
                 "model": self.model.state_dict(), "opt": self.opt.state_dict(),
                 "rng": rng_state(), "config": self.cfg.resolved(), "arch": self.arch.to_dict(),
-                "arch_hash": self.arch.hash(), "history": self.history, "partial": self.partial,
+                "arch_hash": self.arch.hash(), "history": self.history,
+                "partial": host_partial(self.partial),
                 "init_from": self.init_from, "extra": self.extra,
                 "scalers": self.prec.state_dict()}
 
     # ---- training ---------------------------------------------------------------------------
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
         r = self.cfg.retrain
         lr = r.lr_at(self.epoch * self.steps_per_epoch + self.step, self.steps_per_epoch)
         for g in self.opt.param_groups:
@@ -196,7 +197,8 @@ class ChildTrainer(EpochRunner):
         if self._averager is not None:
             self._averager.after_step()
         acc = (logits.detach().argmax(1) == y).float().mean()
-        return {"loss": loss.item(), "acc": acc.item(), "lr": lr, "n": float(len(y))}
+        # loss and acc stay on the device (no sync per step; read at the epoch's end)
+        return {"loss": metric(loss), "acc": metric(acc), "lr": lr, "n": float(len(y))}
 
     def train_epoch(self) -> dict[str, Any]:
         r = self.cfg.retrain
@@ -206,7 +208,7 @@ class ChildTrainer(EpochRunner):
         sums: dict[str, float] = dict(self.partial.get("sums", {}))
         t0 = time.perf_counter()
 
-        def record(out: dict[str, float]) -> dict[str, float]:
+        def record(out: dict[str, Any]) -> dict[str, Any]:
             n = out["n"]
             sums["loss"] = sums.get("loss", 0.0) + out["loss"] * n
             sums["acc"] = sums.get("acc", 0.0) + out["acc"] * n
@@ -222,6 +224,7 @@ class ChildTrainer(EpochRunner):
                         self.steps_per_epoch, f"retrain {self.epoch + 1}/{r.epochs}",
                         self.train_step, record, before_stop)
         seconds = sums.get("seconds", 0.0) + time.perf_counter() - t0
+        sums = host_values(sums)
         if self.dist.distributed:
             self._averager.sync()  # ddp_sync_every > 1: one model again
             sync_bn_stats(self.dist, self.model)  # the ranks' BN statistics, averaged

@@ -44,7 +44,15 @@ from fbnas.distributed import (
 )
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
-from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
+from fbnas.run.loop import (
+    CHECKPOINT,
+    EpochRunner,
+    Interrupted,
+    NonFiniteLoss,
+    host_partial,
+    host_values,
+    metric,
+)
 from fbnas.run.resume import ResumePolicy
 from fbnas.schedules import TauSchedule, warmup_paths
 from fbnas.supernet import Supernet
@@ -157,7 +165,7 @@ class SearchTrainer(EpochRunner):
             "theta_opt": self.theta_opt.state_dict(), "w_sched": self.w_sched.state_dict(),
             "tau": self.tau, "rng": rng_state(), "config": self.cfg.resolved(),
             "cost_fingerprint": self.costs.fingerprint, "history": self.history,
-            "partial": self.partial, "skipped_steps": self.skipped_steps,
+            "partial": host_partial(self.partial), "skipped_steps": self.skipped_steps,
             "scalers": self.prec.state_dict(),
         }
 
@@ -208,12 +216,12 @@ class SearchTrainer(EpochRunner):
         return warmup_paths(self.cfg.search.warmup_sampling, [len(t) for t in self.net.theta])
 
     def _path_weight_step(self, x: torch.Tensor, y: torch.Tensor,
-                          paths: list[list[list[int]]]) -> dict[str, float]:
+                          paths: list[list[list[int]]]) -> dict[str, torch.Tensor]:
         """One weight step on the given single paths, gradients summed over them (FairNAS: each
         candidate gets a whole step's update; the shared stem and head get K of them, which
         search.grad_clip bounds)."""
         self.w_opt.zero_grad(set_to_none=True)
-        ce_sum, acc_sum, cost_sum = 0.0, 0.0, 0.0
+        ce_sum = acc_sum = cost_sum = 0.0
         for active in paths:
             m = [nn.functional.one_hot(torch.tensor(a[0]), len(t)).to(t.dtype).to(t.device)
                  for a, t in zip(active, self.net.theta, strict=True)]
@@ -225,9 +233,9 @@ class SearchTrainer(EpochRunner):
                 self.w_opt.zero_grad(set_to_none=True)
                 return {}
             self.prec.scale(ce, 0).backward()
-            ce_sum += float(ce.detach())
-            acc_sum += float((logits.detach().argmax(1) == y).float().mean())
-            cost_sum += float(cost)
+            ce_sum = ce_sum + metric(ce)
+            acc_sum = acc_sum + metric((logits.detach().argmax(1) == y).float().mean())
+            cost_sum = cost_sum + metric(cost)
         if self.cfg.search.grad_clip:
             self.prec.unscale_(self.w_opt, 0)
             nn.utils.clip_grad_norm_(self.model.weight_parameters(), self.cfg.search.grad_clip)
@@ -235,7 +243,7 @@ class SearchTrainer(EpochRunner):
         k = len(paths)
         return {"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k}
 
-    def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         self.model.train()
         paths = self._warmup_paths()
         if paths is not None:
@@ -257,9 +265,9 @@ class SearchTrainer(EpochRunner):
             nn.utils.clip_grad_norm_(params, self.cfg.search.grad_clip)
         self.prec.step(self.w_opt, 0)
         acc = (logits.detach().argmax(1) == y).float().mean()
-        return {"ce": ce.item(), "acc": acc.item(), "cost": cost.item()}
+        return {"ce": metric(ce), "acc": metric(acc), "cost": metric(cost)}
 
-    def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         self.model.train()
         p = self.model.sample_path(self.tau, self.cfg.search.hard)  # per search.mode
         with self.prec.autocast():
@@ -286,8 +294,8 @@ class SearchTrainer(EpochRunner):
         self.prec.step(self.theta_opt, 1)
         self.theta_opt.zero_grad(set_to_none=True)
         acc = (logits.detach().argmax(1) == y).float().mean()
-        return {"loss": terms.total.item(), "ce": terms.ce.item(),
-                "cost_term": terms.cost_term.item(), "acc": acc.item(), "cost": cost.item()}
+        return {"loss": metric(terms.total), "ce": metric(terms.ce),
+                "cost_term": metric(terms.cost_term), "acc": metric(acc), "cost": metric(cost)}
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -307,14 +315,17 @@ class SearchTrainer(EpochRunner):
             if self.dist.distributed:  # the ranks' estimates, weighted by their samples
                 sync_bn_stats(self.dist, self.net, weight=used)
         self.model.eval()
-        n = correct = 0
-        ce_sum = 0.0
+        n = 0
+        sums: dict[str, Any] = {"correct": 0.0, "ce": 0.0}  # on the device, read once
         for x, y in self.data.val_loader:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             logits, _ = self.model(x, m=m, active=active)
-            ce_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(1) == y).sum())
+            sums["ce"] = sums["ce"] + metric(nn.functional.cross_entropy(logits, y,
+                                                                        reduction="sum"))
+            sums["correct"] = sums["correct"] + metric((logits.argmax(1) == y).sum())
             n += len(y)
+        sums = host_values(sums)
+        correct, ce_sum = int(sums["correct"]), sums["ce"]
         if self.dist.distributed:  # each rank evaluated its shard of the validation split
             correct, n, ce_sum = self.dist.sum_floats([correct, n, ce_sum])
         return {**out, "val_acc": correct / max(n, 1), "val_ce": ce_sum / max(n, 1)}
@@ -327,11 +338,11 @@ class SearchTrainer(EpochRunner):
         sums: dict[str, float] = dict(self.partial.get("sums", {}))
         count = [int(self.partial.get("count", 0))]
 
-        def step(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        def step(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
             return self._dist_step(phase, step_fn, x, y) if self._ddp else step_fn(x, y)
 
-        def record(out: dict[str, float]) -> dict[str, float]:
-            for k, v in out.items():
+        def record(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            for k, v in out.items():  # on the device: no sync per step
                 sums[k] = sums.get(k, 0.0) + v
             count[0] += 1 if out else 0
             self.partial = {**self.partial, "sums": sums, "count": count[0]}
@@ -341,6 +352,7 @@ class SearchTrainer(EpochRunner):
                         f"epoch {self.epoch + 1}/{self.cfg.search.epochs} {phase}", step,
                         record)
         total = count[0]
+        sums = host_values(sums)  # one read of the phase's sums
         if self.dist.distributed:  # the phase's means over every rank's steps
             sums, total = self._end_phase(sums, total)
         return {k: v / max(total, 1) for k, v in sums.items()}
@@ -441,7 +453,7 @@ class SearchTrainer(EpochRunner):
             seed_everything(rank_seed(self.cfg.search.seed, d.rank, 0))
 
     def _dist_step(self, phase: str, step_fn, x: torch.Tensor, y: torch.Tensor
-                   ) -> dict[str, float]:
+                   ) -> dict[str, torch.Tensor]:
         """One step under torchrun: a w step runs its forward/backward through DDP (gradients
         averaged, or with run.ddp_sync_every > 1 kept local under no_sync); θ steps run on the
         bare supernet (θ's gradients are averaged by the θ optimizer's pre-hook)."""

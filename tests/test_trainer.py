@@ -9,6 +9,7 @@ import yaml
 from conftest import digits_run_config
 
 from fbnas.arch import Architecture, build_child
+from fbnas.checkpoint import load_checkpoint
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
@@ -166,11 +167,15 @@ def test_resume_gives_the_same_theta_as_an_uninterrupted_run(tmp_path, stop_at, 
     assert t.epoch < cfg.search.epochs
     if phase != "epoch_end":
         assert (t.phase, t.step) == (phase, when - 6 * (when // 6) if phase == "w" else 1)
+        # the running sums, kept on the device while stepping, are saved as plain floats
+        sums = load_checkpoint(t.run_dir / "checkpoint.pt")["partial"]["sums"]
+        assert sums and all(type(v) is float for v in sums.values())
     resumed = run_to_end(cfg, resume=True)
     for a, b in zip(straight.model.arch_parameters(), resumed.model.arch_parameters(),
                     strict=True):
         assert torch.equal(a, b)
-    assert [h["val_acc"] for h in straight.history] == [h["val_acc"] for h in resumed.history]
+    for key in ("val_acc", "w_ce", "w_acc", "w_cost", "theta_loss", "theta_cost_term"):
+        assert [h.get(key) for h in straight.history] == [h.get(key) for h in resumed.history]
 
 
 def test_a_run_dir_is_not_silently_overwritten(tmp_path):

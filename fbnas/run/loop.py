@@ -50,6 +50,30 @@ class Interrupted(Exception):
     """The run was stopped by Ctrl-C after saving its exact position."""
 
 
+def metric(t: torch.Tensor) -> torch.Tensor:
+    """A step's figure kept on its device (float64, detached): steps return these instead of
+    `.item()`, so that a step does not wait for the device; they are read back in one go by
+    `host_values` at a phase's end, a checkpoint or a progress-bar refresh."""
+    return t.detach().to(torch.float64)
+
+
+def host_values(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` with its tensor values (device-side sums) as Python floats, read in one sync."""
+    keys = [k for k, v in d.items() if isinstance(v, torch.Tensor)]
+    if not keys:
+        return dict(d)
+    vals = torch.stack([d[k].reshape(()).to("cpu", torch.float64) for k in keys]).tolist()
+    return {**d, **dict(zip(keys, vals, strict=True))}
+
+
+def host_partial(partial: dict[str, Any]) -> dict[str, Any]:
+    """A trainer's `partial` (its running sums) as it is saved: plain floats."""
+    p = dict(partial)
+    if isinstance(p.get("sums"), dict):
+        p["sums"] = host_values(p["sums"])
+    return p
+
+
 def resolve_device(name: str, key: str = "search.device") -> torch.device:
     """`auto` -> cuda when available, else cpu; `cuda` without a GPU is a one-line error."""
     if name == "auto":
@@ -180,7 +204,7 @@ class EpochRunner:
         if self.dist.distributed:
             if self._averager is not None:
                 self._averager.sync()  # ddp_sync_every > 1: the ranks' weights may differ
-            ranks = gather_rank_states(self.dist, self.bn_module, self.partial)
+            ranks = gather_rank_states(self.dist, self.bn_module, host_partial(self.partial))
         if not self.dist.is_main:
             return
         state = self.state_dict()
@@ -229,6 +253,7 @@ class EpochRunner:
             bar = tqdm(total=total, initial=min(self.step, total), leave=False,
                        dynamic_ncols=True, desc=desc)
         every = self.cfg.run.checkpoint_every_steps
+        shown_at = 0.0  # the figures shown are read from the device at most twice a second
         try:
             for x, y in batches:
                 x = x.to(self.device, non_blocking=True)
@@ -238,8 +263,9 @@ class EpochRunner:
                 shown = record(out)
                 if bar is not None:
                     bar.update(1)
-                    if shown:
-                        bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()})
+                    if shown and time.monotonic() - shown_at >= 0.5:
+                        shown_at = time.monotonic()
+                        bar.set_postfix({k: f"{v:.3g}" for k, v in host_values(shown).items()})
                 if every and self.step % every == 0:
                     self.save()
                 if self._agreed_stop():
