@@ -1,0 +1,175 @@
+"""Search throughput per mode and precision, against a memory-bandwidth bound (issue 14).
+
+Runs what `fbnas train` runs: SearchTrainer.weight_step + theta_step (one "step" = both, as in
+the issue's table) on one synthetic batch held on the device, for every variant of
+--modes x --precisions (bf16 with channels_last, as `search.precision: bf16` +
+`search.channels_last: true`), each its own trainer. Variants are timed in interleaved rounds
+(forward order on even rounds, reverse on odd), so drift hits all alike. Printed per variant:
+
+  step s       median (min-max) over rounds of one weight + one θ step
+  images/s     batch / step s
+  peak GiB     CUDA: max_memory_allocated during the variant's steps (CPU: -)
+  saved GiB    bytes of the distinct tensors autograd saves for backward in one forward
+               (parameters and buffers excluded; sampled modes: that round's paths)
+  bound s      saved bytes x --passes x 2 (the weight and the θ step) / the device's measured
+               copy bandwidth (a large tensor copy, read + write): the time a step would take
+               if moving its activations were all it did
+  x bound      step s / bound s: how far the step is from that bound
+  x first      the first variant's step time / this one's (speed-up)
+
+    python scripts/bench_gpu.py --device cuda                       # ImageNet space, batch 96
+    python scripts/bench_gpu.py --config configs/quickstart.yaml --batch 32 --steps 2 \\
+        --rounds 3 --device cpu                                    # a quick check on a CPU
+
+Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fbnas.config import load_config  # noqa: E402
+from fbnas.run import close_logger  # noqa: E402
+from fbnas.search import SearchTrainer  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, gib: float = 1.0, reps: int = 10) -> float:
+    """Bytes per second of a large device-to-device copy (bytes read + bytes written)."""
+    n = int(gib * 2**30) // 4
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    del src, dst
+    return 2 * n * 4 / statistics.median(times[1:])
+
+
+def saved_bytes(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Distinct storages autograd saves for backward in one training forward of `t`'s model
+    (a weight step's forward: paths as the mode samples them), parameters and buffers out."""
+    own = {p.untyped_storage().data_ptr() for p in t.model.parameters()}
+    own |= {b.untyped_storage().data_ptr() for b in t.model.buffers()}
+    seen: dict[int, int] = {}
+
+    def pack(v: torch.Tensor) -> torch.Tensor:
+        s = v.untyped_storage()
+        if s.data_ptr() not in own:
+            seen[s.data_ptr()] = s.nbytes()
+        return v
+
+    t.model.train()
+    with torch.no_grad():
+        p = t.model.sample_path(t.tau, t.cfg.search.hard)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda v: v), t.prec.autocast():
+        logits, _ = t.model(t.prec.input(x), m=p.m, active=p.active, cost_m=p.cost_m)
+    del logits
+    t.model.zero_grad(set_to_none=True)
+    return sum(seen.values())
+
+
+def trainer(args, mode: str, precision: str, work: Path) -> SearchTrainer:
+    sets = [f"search.mode={mode}", f"search.precision={precision}",
+            f"search.channels_last={'true' if precision == 'bf16' else 'false'}",
+            "latency.cost=flops", "data.dataset=synthetic", f"data.batch_size={args.batch}",
+            f"data.synthetic_size={4 * args.batch}", "data.val_fraction=0",
+            f"search.device={args.device}", f"run.dir={work / f'{mode}-{precision}'}",
+            "run.progress=false", "run.tensorboard=false", *args.set]
+    cfg = load_config(args.config, sets)
+    t = SearchTrainer(cfg, cfg.run.dir)
+    t.epoch = cfg.search.warmup_epochs  # θ active: weights sampled as the mode samples them
+    return t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "fbnet_imagenet.yaml"))
+    ap.add_argument("--batch", type=int, default=96)
+    ap.add_argument("--device", default="auto", help="auto (cuda if present), cuda or cpu")
+    ap.add_argument("--modes", default="full,two_path,single_path")
+    ap.add_argument("--precisions", default="float32,bf16")
+    ap.add_argument("--steps", type=int, default=5, help="steps per timed block")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--passes", type=float, default=3.0,
+                    help="times a step moves its saved activations (written in forward, read "
+                         "in backward, their gradient written once: 3)")
+    ap.add_argument("--set", action="append", default=[], help="extra config overrides")
+    args = ap.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
+    work = Path(tempfile.mkdtemp(prefix="fbnas_bench_gpu_"))
+    variants = [(m, p) for m in args.modes.split(",") for p in args.precisions.split(",")]
+    name = {v: f"{v[0]}, {v[1]}" + (" + channels_last" if v[1] == "bf16" else "")
+            for v in variants}
+    bw = copy_bandwidth(device)
+    print(f"{args.config}: batch {args.batch}, {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+          + f", torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    trainers, batch, saved = {}, {}, {}
+    import shutil
+    try:
+        for v in variants:
+            t = trainers[v] = trainer(args, *v, work)
+            x, y = next(iter(t.data.w_loader))
+            batch[v] = (x.to(t.device), y.to(t.device))
+            saved[v] = saved_bytes(t, *batch[v])
+            for _ in range(2):  # warm-up: kernel selection, caches
+                t.weight_step(*batch[v])
+                t.theta_step(*batch[v])
+        times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+        peak: dict[tuple[str, str], float] = {}
+        for r in range(args.rounds):
+            for v in (variants if r % 2 == 0 else variants[::-1]):
+                t = trainers[v]
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                sync(device)
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    t.weight_step(*batch[v])
+                    t.theta_step(*batch[v])
+                sync(device)
+                times[v].append((time.perf_counter() - t0) / args.steps)
+                if device.type == "cuda":
+                    peak[v] = max(peak.get(v, 0.0), torch.cuda.max_memory_allocated(device))
+            print(f"round {r + 1}/{args.rounds}", flush=True)
+    finally:
+        for t in trainers.values():
+            close_logger(t.log)
+        shutil.rmtree(work, ignore_errors=True)
+    first = statistics.median(times[variants[0]])
+    print(f"\n{'variant':<36}{'step s':>22}{'images/s':>10}{'peak GiB':>10}{'saved GiB':>11}"
+          f"{'bound s':>9}{'x bound':>9}{'x first':>9}")
+    for v in variants:
+        ts = times[v]
+        med = statistics.median(ts)
+        bound = saved[v] * args.passes * 2 / bw
+        pk = f"{peak[v] / 2**30:.1f}" if v in peak else "-"
+        print(f"{name[v]:<36}{med:8.3f} ({min(ts):.3f}-{max(ts):.3f}){args.batch / med:10.0f}"
+              f"{pk:>10}{saved[v] / 2**30:11.2f}{bound:9.3f}{med / bound:9.1f}"
+              f"{first / med:9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
