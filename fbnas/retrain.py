@@ -61,7 +61,7 @@ class ChildTrainer(EpochRunner):
             ("retrain", "measure_latency"), ("retrain", "compile"), ("retrain", "channels_last"),
             ("data", "workers"), ("data", "root"), ("data", "eval_batch_size")}),
         added={("retrain", "precision"): "float32", ("retrain", "channels_last"): False,
-               ("run", "ddp_sync_every"): 1})
+               ("run", "ddp_sync_every"): 1, ("data", "placement"): "auto"})
 
     def __init__(self, cfg: Config, arch: Architecture | None, run_dir: str | Path,
                  resume: bool = False, init_from: str | Path | None = None,
@@ -106,7 +106,8 @@ class ChildTrainer(EpochRunner):
         # the search's seed fixes the split, so val is the search's held-out part
         self.data = build_train_data(cfg.data, m.input_size, m.in_channels, m.num_classes,
                                      seed=cfg.search.seed, distributed=self.dist.shard,
-                                     pin_memory=self.device.type == "cuda")
+                                     pin_memory=self.device.type == "cuda",
+                                     device=self.device)
         self.steps_per_epoch = len(self.data.train_loader)  # this rank's batches
         self.forward: Any = self.model
         self._ddp: Any = None

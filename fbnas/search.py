@@ -75,7 +75,8 @@ class SearchTrainer(EpochRunner):
         added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
                ("search", "warmup_sampling"): "mode",
                ("search", "checkpoint_activations"): False,
-               ("search", "precision"): "float32", ("search", "channels_last"): False})
+               ("search", "precision"): "float32", ("search", "channels_last"): False,
+               ("data", "placement"): "auto"})
 
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
                  log=None, resume: bool = False, dist=None):
@@ -117,7 +118,8 @@ class SearchTrainer(EpochRunner):
         self.data = build_search_data(
             cfg.data, input_size=cfg.space.macro.input_size,
             in_channels=cfg.space.macro.in_channels, num_classes=cfg.space.macro.num_classes,
-            seed=s.seed, distributed=self.dist.shard, pin_memory=self.device.type == "cuda")
+            seed=s.seed, distributed=self.dist.shard, pin_memory=self.device.type == "cuda",
+            device=self.device)
         self._open_run_dir()  # every input is valid: now the run directory
         if self.dist.is_main and state is None and self.costs.table is not None:
             self.costs.table.save(self.run_dir / "cost_table.json")

@@ -65,6 +65,9 @@ def test_config_defaults_and_round_trip():
     ({"dataset": "mnist"}, ["data.dataset", "digits", "'mnist'"]),
     ({"dataset": "cifar10"}, ["data.root", "required", "cifar10"]),
     ({"dataset": "imagefolder"}, ["data.root", "train/ and val/"]),
+    ({"placement": "gpu"}, ["data.placement", "device", "'gpu'"]),
+    ({"dataset": "cifar10", "root": "/x", "placement": "device"},
+     ["data.placement", "digits and synthetic", "cifar10"]),
 ])
 def test_config_errors_name_the_key(d, needles):
     one_line_error(lambda: DataConfig.from_dict(d), *needles)
@@ -452,3 +455,72 @@ def test_cifar_default_is_padded_crop_and_flip_and_digits_can_flip():
     torch.manual_seed(0)
     views = {tuple(ds[0][0].flatten().tolist()) for _ in range(20)}
     assert len(views) == 2  # the image and its mirror
+
+
+# ---- data.placement: device --------------------------------------------------------------------
+
+
+def _placed(placement: str, **over):
+    cfg = DataConfig.from_dict({"placement": placement, "batch_size": 32, "limit": 300, **over})
+    return build_search_data(cfg, 16, 1, 10, seed=0, device=torch.device("cpu"))
+
+
+def test_auto_placement_keeps_a_dataloader_on_the_cpu():
+    d = _placed("auto")
+    assert isinstance(d.w_loader, torch.utils.data.DataLoader)
+    assert type(_placed("device").w_loader).__name__ == "DeviceBatches"
+
+
+@pytest.mark.parametrize("dataset", ["digits", "synthetic"])
+def test_device_placement_visits_the_loaders_samples_in_its_order(dataset):
+    """The same batches of the same samples in the same order as the DataLoader path; the
+    evaluation splits (no augmentation) are the same tensors."""
+    dev, loader = _placed("device", dataset=dataset), _placed("loader", dataset=dataset)
+    for e in (0, 1):
+        dev.set_epoch(e)
+        loader.set_epoch(e)
+        a = list(dev.iterate(dev.w_loader))
+        b = list(loader.iterate(loader.w_loader))
+        assert len(a) == len(b) == len(dev.w_loader) == len(loader.w_loader)
+        assert all(torch.equal(ya, yb) for (_, ya), (_, yb) in zip(a, b, strict=True))
+        assert all(xa.shape == xb.shape for (xa, _), (xb, _) in zip(a, b, strict=True))
+    for la, lb in ((dev.val_loader, loader.val_loader), (dev.test_loader, loader.test_loader),
+                   (dev.calib_loader, loader.calib_loader)):
+        for (xa, ya), (xb, yb) in zip(la, lb, strict=True):
+            assert torch.equal(ya, yb)
+            torch.testing.assert_close(xa, xb, rtol=0, atol=1e-5)
+
+
+def test_device_augmentation_is_the_datasets_turn_and_shift():
+    """The batched turn/shift is DigitsDataset's per-image _affine for the same draws."""
+    from fbnas.data.device import on_device
+    from fbnas.data.sources import DIGITS_MEAN, DIGITS_STD, _affine, load_source
+
+    cfg = DataConfig.from_dict({"limit": 300})
+    ds = load_source(cfg, 16, 1, 10, 0).train
+    images, _, transform = on_device(ds, torch.device("cpu"))
+    x = images[:5]
+    got = transform(x, torch.Generator().manual_seed(7))
+    r = torch.rand(5, 3, generator=torch.Generator().manual_seed(7)).mul_(2).sub_(1)
+    px = ds.side / 8.0
+    want = torch.cat([_affine(x[i:i + 1], ds._grid, float(r[i, 0]) * ds.MAX_DEG,
+                              float(r[i, 1]) * ds.MAX_SHIFT * px,
+                              float(r[i, 2]) * ds.MAX_SHIFT * px) for i in range(5)])
+    torch.testing.assert_close(got, (want - DIGITS_MEAN) / DIGITS_STD, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, (x - DIGITS_MEAN) / DIGITS_STD)  # it did move the images
+
+
+def test_device_placement_resumes_mid_epoch_exactly():
+    """Batch k of a pass started at batch k is batch k of the uninterrupted pass, augmentation
+    included; another epoch augments differently."""
+    d = _placed("device")
+    d.set_epoch(3)
+    full = list(d.iterate(d.w_loader))
+    d.set_epoch(3)
+    rest = list(d.iterate(d.w_loader, start=2))
+    assert len(rest) == len(full) - 2
+    for (xa, ya), (xb, yb) in zip(full[2:], rest, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    d.set_epoch(4)
+    other = list(d.iterate(d.w_loader))
+    assert not torch.equal(other[0][0], full[0][0])

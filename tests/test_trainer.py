@@ -435,3 +435,30 @@ def test_a_refused_trainer_leaves_a_live_one_on_the_same_folder_logging(tmp_path
         assert "still logging" in (tmp_path / "run" / "train.log").read_text()
     finally:
         close_logger(live.log)
+
+
+def test_a_search_with_its_data_on_the_device_resumes_exactly(tmp_path):
+    """data.placement: device (forced here on the CPU): the search runs on batches held on
+    the device and a run stopped mid-phase resumes to the same θ as an uninterrupted one."""
+    sections = {"data": {"placement": "device"}, "search": {"epochs": 3}}
+    straight = run_to_end(make_cfg(tmp_path, "straight", **sections))
+    assert type(straight.data.w_loader).__name__ == "DeviceBatches"
+    cfg = make_cfg(tmp_path, "interrupted", **sections)
+    t = trainer_for(cfg)
+    orig, calls = t.weight_step, [0]
+
+    def step(x, y):
+        calls[0] += 1
+        if calls[0] == 8:
+            t.request_stop()
+        return orig(x, y)
+
+    t.weight_step = step
+    with pytest.raises(Interrupted):
+        t.fit()
+    close_logger(t.log)
+    resumed = run_to_end(cfg, resume=True)
+    for a, b in zip(straight.model.arch_parameters(), resumed.model.arch_parameters(),
+                    strict=True):
+        assert torch.equal(a, b)
+    assert [h["w_ce"] for h in straight.history] == [h["w_ce"] for h in resumed.history]

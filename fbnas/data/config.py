@@ -12,6 +12,8 @@ DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 NEEDS_ROOT = ("cifar10", "cifar100", "imagefolder")
 SPLITS = ("val", "test")
 AUGMENTS = ("default", "none", "light", "imagenet")
+PLACEMENTS = ("auto", "loader", "device")  # fbnas.data.device
+IN_MEMORY = ("digits", "synthetic")  # datasets data.placement: device can hold
 
 
 
@@ -41,6 +43,10 @@ class DataConfig:
     # cap on training samples, taken after a seeded shuffle
     limit: int | None = setting(None, "int", min=1)
     synthetic_size: int = setting(512, "int", min=1)
+    # where a split lives while training: auto (on the device for digits / synthetic data on
+    # a GPU, else a DataLoader), device (the whole split as one device tensor, batched
+    # on-device augmentation; digits and synthetic only), loader (a DataLoader)
+    placement: str = setting("auto", "str", choices=PLACEMENTS)
     where: str = field(default="data", compare=False, repr=False)  # for error messages
 
     def __post_init__(self) -> None:
@@ -75,6 +81,9 @@ class DataConfig:
         if self.preset == "imagenet" and self.dataset == "digits":
             raise FbnasError(f"{w}.augment: imagenet (random resized crops) does not fit 8x8 "
                              "digits; use light or none")
+        if self.placement == "device" and self.dataset not in IN_MEMORY:
+            raise FbnasError(f"{w}.placement: device holds {' and '.join(IN_MEMORY)} data; "
+                             f"{self.dataset} is read through a DataLoader (use auto or loader)")
         if not 0.0 < self.w_fraction < 1.0:
             raise FbnasError(f"{w}.w_fraction: must be in (0, 1), got {self.w_fraction}")
         if not 0.0 <= self.val_fraction < 1.0:

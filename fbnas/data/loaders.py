@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fbnas.data.config import SPLITS, DataConfig
+from fbnas.data.device import DeviceBatches, on_device, supports
 from fbnas.data.sampling import (
     EpochSampler,
     Stream,
@@ -26,10 +27,25 @@ def _every(ds: Dataset) -> range:
     return range(len(ds))  # type: ignore[arg-type]
 
 
+def placed_on(cfg: DataConfig, device: torch.device | None, ds: Dataset) -> torch.device | None:
+    """The device a split is held on (`data.placement`), or None for a DataLoader."""
+    if device is None or cfg.placement == "loader" or not supports(ds):
+        return None
+    if cfg.placement == "auto" and device.type != "cuda":
+        return None  # on a CPU a DataLoader costs little beside the step
+    return device
+
+
 def _train_loader(ds: Dataset, indices: Sequence[int], cfg: DataConfig, seed: int, stream: int,
-                  rank: int, world: int, pin_memory: bool) -> DataLoader:
+                  rank: int, world: int, pin_memory: bool,
+                  device: torch.device | None = None) -> DataLoader:
     sampler = EpochSampler(indices, shuffle=True, seed=seed, stream=stream, rank=rank,
                            world_size=world)
+    if placed_on(cfg, device, ds) is not None:
+        images, labels, transform = on_device(ds, device)  # type: ignore[arg-type]
+        return DeviceBatches(images, labels, sampler, cfg.batch_size,  # type: ignore[return-value]
+                             len(sampler) >= cfg.batch_size, transform,
+                             mix_seed(seed, Stream.WORKERS, stream, 0))
     # Workers are not persistent: each epoch starts them afresh with seeds from (seed, epoch),
     # so the augmentation of an epoch does not depend on earlier epochs (exact resume).
     return DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
@@ -39,8 +55,12 @@ def _train_loader(ds: Dataset, indices: Sequence[int], cfg: DataConfig, seed: in
 
 
 def _eval_loader(ds: Dataset, indices: Sequence[int], cfg: DataConfig, rank: int, world: int,
-                 pin_memory: bool) -> DataLoader:
+                 pin_memory: bool, device: torch.device | None = None) -> DataLoader:
     sampler = EpochSampler(indices, shuffle=False, rank=rank, world_size=world, pad=False)
+    if placed_on(cfg, device, ds) is not None:
+        images, labels, transform = on_device(ds, device)  # type: ignore[arg-type]
+        return DeviceBatches(images, labels, sampler,  # type: ignore[return-value]
+                             cfg.eval_batch_size, False, transform)
     return DataLoader(ds, batch_size=cfg.eval_batch_size, sampler=sampler,
                       num_workers=cfg.workers, pin_memory=pin_memory, drop_last=False,
                       persistent_workers=cfg.workers > 0,
@@ -114,37 +134,38 @@ class TrainData:
 
 def build_search_data(cfg: DataConfig, input_size: int | Sequence[int], in_channels: int,
                       num_classes: int, seed: int, distributed: tuple[int, int] | None = None,
-                      *, pin_memory: bool = False) -> SearchData:
-    """w / θ / val / test loaders for a search; `distributed` is (rank, world_size)."""
+                      *, pin_memory: bool = False, device: torch.device | None = None
+                      ) -> SearchData:
+    """w / θ / val / test loaders for a search; `distributed` is (rank, world_size); `device`:
+    the training device (`data.placement` may hold the splits there)."""
     rank, world = check_distributed(distributed)
     src = load_source(cfg, input_size, in_channels, num_classes, seed)
     w, theta, val = split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
+    at = (rank, world, pin_memory, device)
     return SearchData(
-        w_loader=_train_loader(src.train, w, cfg, seed, Stream.W, rank, world, pin_memory),
-        theta_loader=_train_loader(src.train, theta, cfg, seed, Stream.THETA, rank, world,
-                                   pin_memory),
-        val_loader=(_eval_loader(src.train_eval, val, cfg, rank, world, pin_memory)
-                    if val else None),
-        test_loader=_eval_loader(src.test, _every(src.test), cfg, rank, world, pin_memory),
+        w_loader=_train_loader(src.train, w, cfg, seed, Stream.W, *at),
+        theta_loader=_train_loader(src.train, theta, cfg, seed, Stream.THETA, *at),
+        val_loader=_eval_loader(src.train_eval, val, cfg, *at) if val else None,
+        test_loader=_eval_loader(src.test, _every(src.test), cfg, *at),
         num_classes=src.num_classes, w_indices=w, theta_indices=theta, val_indices=val,
-        seed=seed, calib_loader=_eval_loader(src.train_eval, w, cfg, rank, world, pin_memory),
+        seed=seed, calib_loader=_eval_loader(src.train_eval, w, cfg, *at),
     )
 
 
 def build_train_data(cfg: DataConfig, input_size: int | Sequence[int], in_channels: int,
                      num_classes: int, seed: int, distributed: tuple[int, int] | None = None,
-                     *, pin_memory: bool = False) -> TrainData:
+                     *, pin_memory: bool = False, device: torch.device | None = None
+                     ) -> TrainData:
     """Loaders to retrain a child: w ∪ θ for training; val and test exactly as the search's."""
     rank, world = check_distributed(distributed)
     src = load_source(cfg, input_size, in_channels, num_classes, seed)
     w, theta, val = split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
     train = tuple(sorted(w + theta))
+    at = (rank, world, pin_memory, device)
     return TrainData(
-        train_loader=_train_loader(src.train, train, cfg, seed, Stream.TRAIN, rank, world,
-                                   pin_memory),
-        val_loader=(_eval_loader(src.train_eval, val, cfg, rank, world, pin_memory)
-                    if val else None),
-        test_loader=_eval_loader(src.test, _every(src.test), cfg, rank, world, pin_memory),
+        train_loader=_train_loader(src.train, train, cfg, seed, Stream.TRAIN, *at),
+        val_loader=_eval_loader(src.train_eval, val, cfg, *at) if val else None,
+        test_loader=_eval_loader(src.test, _every(src.test), cfg, *at),
         num_classes=src.num_classes, train_indices=train, val_indices=val, seed=seed,
     )
 

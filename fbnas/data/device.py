@@ -1,0 +1,98 @@
+"""A small dataset's split held on the training device (`data.placement: device`).
+
+For data that fits (digits, synthetic), per-sample loading in a DataLoader — a Python call,
+an augmentation and a host-to-device copy per image — can cost more than a small supernet's
+step on a GPU. `DeviceBatches` stands in for the DataLoader: the whole split lives on the
+device as one tensor, a batch is one `index_select`, and augmentation is one batched op on
+the device. The order of the samples is the DataLoader path's (the same `EpochSampler`, so
+resuming mid-epoch skips the same samples); augmentation draws from a device generator seeded
+by (epoch seed, batch number), so a resumed epoch augments its remaining batches exactly as an
+uninterrupted one would. The draws differ from the DataLoader path's (per-sample CPU RNG), so
+the two placements are two valid, reproducible runs, not the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from fbnas.data.sampling import EpochSampler, mix_seed
+from fbnas.data.sources import DIGITS_MEAN, DIGITS_STD, DigitsDataset, SyntheticDataset
+
+Transform = Callable[[torch.Tensor, torch.Generator | None], torch.Tensor]
+
+
+def supports(ds: object) -> bool:
+    """Whether `ds` can be held on the device (an in-memory dataset fbnas knows)."""
+    return isinstance(ds, (DigitsDataset, SyntheticDataset))
+
+
+class DeviceBatches:
+    """The DataLoader interface the trainers use (len, iteration, `sampler`, `batch_size`,
+    `generator`) over a split held on `device` (see the module docstring)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: EpochSampler,
+                 batch_size: int, drop_last: bool, transform: Transform | None,
+                 seed: int = 0):
+        self.images, self.labels = images, labels
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+        self.transform = transform
+        # seeded per epoch by the data's set_epoch (as a DataLoader's worker seeds are)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        first = self.sampler._skip // self.batch_size  # resuming at batch `first`
+        order = list(iter(self.sampler))
+        base = self.generator.initial_seed()
+        dev = self.images.device
+        for b, i in enumerate(range(0, len(order), self.batch_size)):
+            idx = order[i:i + self.batch_size]
+            if self.drop_last and len(idx) < self.batch_size:
+                return
+            at = torch.as_tensor(idx, device=dev)
+            x = self.images.index_select(0, at)
+            if self.transform is not None:
+                g = torch.Generator(device=dev).manual_seed(mix_seed(base, first + b))
+                x = self.transform(x, g)
+            yield x, self.labels.index_select(0, at)
+
+
+def on_device(ds: DigitsDataset | SyntheticDataset, device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor, Transform]:
+    """(images, labels, transform) of `ds` on `device`: what `ds[i]` would give, batched."""
+    if isinstance(ds, SyntheticDataset):
+        imgs = (ds.images if ds.images is not None
+                else torch.stack([ds[i][0] for i in range(len(ds))]))
+        return imgs.to(device), ds.labels.to(device), lambda x, g: x
+    base = ds._cache if ds._cache is not None else ds._fit(ds.images[:, None])
+    grid = tuple(t.to(device) for t in ds._grid)
+    side, channels, augment, flip = ds.side, ds.channels, ds.augment, ds.flip
+
+    def transform(x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
+        n, _, h, w = x.shape
+        if augment:  # DigitsDataset's turn and shift, one per image, in one grid_sample
+            r = torch.rand(n, 3, generator=g, device=x.device).mul_(2).sub_(1)
+            px = side / 8.0
+            a = torch.deg2rad(r[:, 0] * ds.MAX_DEG)[:, None, None]
+            tx = (r[:, 1] * ds.MAX_SHIFT * px)[:, None, None]
+            ty = (r[:, 2] * ds.MAX_SHIFT * px)[:, None, None]
+            cos, sin = torch.cos(a), torch.sin(a)
+            gx, gy = grid
+            sx = gx * cos - gy * (sin * h / w) - 2.0 * tx / w
+            sy = gx * (sin * w / h) + gy * cos - 2.0 * ty / h
+            x = F.grid_sample(x, torch.stack((sx, sy), dim=-1), mode="bilinear",
+                              padding_mode="zeros", align_corners=False)
+        if flip:
+            coin = torch.rand(n, generator=g, device=x.device) < 0.5
+            x = torch.where(coin[:, None, None, None], x.flip(-1), x)
+        x = (x - DIGITS_MEAN) / DIGITS_STD
+        return x.expand(-1, channels, -1, -1).contiguous()
+
+    return base.to(device), ds.labels.to(device), transform
