@@ -66,8 +66,10 @@ def test_config_defaults_and_round_trip():
     ({"dataset": "cifar10"}, ["data.root", "required", "cifar10"]),
     ({"dataset": "imagefolder"}, ["data.root", "train/ and val/"]),
     ({"placement": "gpu"}, ["data.placement", "device", "'gpu'"]),
-    ({"dataset": "cifar10", "root": "/x", "placement": "device"},
-     ["data.placement", "digits and synthetic", "cifar10"]),
+    ({"dataset": "imagefolder", "root": "/x", "placement": "device"},
+     ["data.placement", "digits, synthetic, cifar10, cifar100", "imagefolder"]),
+    ({"dataset": "cifar10", "root": "/x", "placement": "device", "augment": "light"},
+     ["data.placement", "padded crop", "placement: loader"]),
 ])
 def test_config_errors_name_the_key(d, needles):
     one_line_error(lambda: DataConfig.from_dict(d), *needles)
@@ -524,3 +526,76 @@ def test_device_placement_resumes_mid_epoch_exactly():
     d.set_epoch(4)
     other = list(d.iterate(d.w_loader))
     assert not torch.equal(other[0][0], full[0][0])
+
+
+def _fake_cifar(root, monkeypatch, n_train=40, n_test=12):
+    """A tiny CIFAR-10 in torchvision's python format (its checksums waived)."""
+    import pickle
+
+    from torchvision import datasets
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        n = n_test if name == "test_batch" else n_train // 5
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, n).tolist()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "batches.meta").write_bytes(pickle.dumps(
+        {"label_names": [f"c{i}" for i in range(10)]}))
+    monkeypatch.setattr(datasets.CIFAR10, "_check_integrity", lambda self: True)
+    monkeypatch.setattr(datasets.cifar, "check_integrity", lambda path, md5=None: True)
+
+
+def _cifar_data(root, placement, size=32, channels=3, **over):
+    cfg = DataConfig.from_dict({"dataset": "cifar10", "root": str(root), "batch_size": 8,
+                                "placement": placement, "val_fraction": 0.2, **over})
+    return build_search_data(cfg, size, channels, 10, seed=0, device=torch.device("cpu"))
+
+
+def test_cifar_on_the_device_matches_the_loader(tmp_path, monkeypatch):
+    """CIFAR held on the device: the loader path's samples in its order; evaluation pixels
+    equal; the padded crop and flip are RandomCrop(32, padding=4) and a mirror of the same
+    image (checked against numpy for the same draws)."""
+    from fbnas.data.device import on_device
+    from fbnas.data.sources import CIFAR_STATS
+
+    _fake_cifar(tmp_path, monkeypatch)
+    dev, loader = _cifar_data(tmp_path, "device"), _cifar_data(tmp_path, "loader")
+    assert type(dev.w_loader).__name__ == "DeviceBatches"
+    dev.set_epoch(1)
+    loader.set_epoch(1)
+    for (_, ya), (_, yb) in zip(dev.iterate(dev.w_loader), loader.iterate(loader.w_loader),
+                                strict=True):
+        assert torch.equal(ya, yb)
+    for la, lb in ((dev.val_loader, loader.val_loader), (dev.test_loader, loader.test_loader)):
+        for (xa, ya), (xb, yb) in zip(la, lb, strict=True):
+            assert torch.equal(ya, yb)
+            torch.testing.assert_close(xa, xb, rtol=0, atol=1e-6)
+    ds = dev.w_loader  # the train view's transform, on raw images
+    images, _, transform = on_device(loader.w_loader.dataset, torch.device("cpu"))
+    got = transform(images[:6], torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    oy, ox = torch.randint(0, 9, (2, 6), generator=g)
+    coin = torch.rand(6, generator=g) < 0.5
+    raw = np.pad(images[:6].numpy(), ((0, 0), (0, 0), (4, 4), (4, 4)))
+    mean, std = (np.array(v, dtype=np.float32)[:, None, None] for v in CIFAR_STATS["cifar10"])
+    for i in range(6):
+        crop = raw[i, :, oy[i]:oy[i] + 32, ox[i]:ox[i] + 32].astype(np.float32) / 255
+        if coin[i]:
+            crop = crop[:, :, ::-1]
+        np.testing.assert_allclose(got[i].numpy(), (crop - mean) / std, rtol=0, atol=1e-5)
+    assert ds.batch_size == 8
+
+
+def test_cifar_on_the_device_resized_and_grey_is_close_to_the_loader(tmp_path, monkeypatch):
+    """Resize (torch's antialiased bilinear) and greyscale (in float) differ from PIL's only
+    in rounding: the evaluation images agree closely."""
+    _fake_cifar(tmp_path, monkeypatch)
+    dev = _cifar_data(tmp_path, "device", size=24, channels=1)
+    loader = _cifar_data(tmp_path, "loader", size=24, channels=1)
+    for (xa, _), (xb, _) in zip(dev.test_loader, loader.test_loader, strict=True):
+        assert xa.shape == xb.shape == (len(xa), 1, 24, 24)
+        assert float((xa - xb).abs().mean()) < 0.05

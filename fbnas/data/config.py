@@ -13,7 +13,7 @@ NEEDS_ROOT = ("cifar10", "cifar100", "imagefolder")
 SPLITS = ("val", "test")
 AUGMENTS = ("default", "none", "light", "imagenet")
 PLACEMENTS = ("auto", "loader", "device")  # fbnas.data.device
-IN_MEMORY = ("digits", "synthetic")  # datasets data.placement: device can hold
+IN_MEMORY = ("digits", "synthetic", "cifar10", "cifar100")  # data.placement: device
 
 
 
@@ -43,9 +43,9 @@ class DataConfig:
     # cap on training samples, taken after a seeded shuffle
     limit: int | None = setting(None, "int", min=1)
     synthetic_size: int = setting(512, "int", min=1)
-    # where a split lives while training: auto (on the device for digits / synthetic data on
-    # a GPU, else a DataLoader), device (the whole split as one device tensor, batched
-    # on-device augmentation; digits and synthetic only), loader (a DataLoader)
+    # where a split lives while training: auto (on the device for digits / synthetic / CIFAR
+    # data on a GPU, else a DataLoader), device (the whole split as one device tensor, batched
+    # on-device augmentation; those datasets only), loader (a DataLoader)
     placement: str = setting("auto", "str", choices=PLACEMENTS)
     where: str = field(default="data", compare=False, repr=False)  # for error messages
 
@@ -82,8 +82,13 @@ class DataConfig:
             raise FbnasError(f"{w}.augment: imagenet (random resized crops) does not fit 8x8 "
                              "digits; use light or none")
         if self.placement == "device" and self.dataset not in IN_MEMORY:
-            raise FbnasError(f"{w}.placement: device holds {' and '.join(IN_MEMORY)} data; "
+            raise FbnasError(f"{w}.placement: device holds {', '.join(IN_MEMORY)} data; "
                              f"{self.dataset} is read through a DataLoader (use auto or loader)")
+        if self.placement == "device" and self.dataset.startswith("cifar") and (
+                self.preset not in ("cifar", "none") or self.crop_scale is not None):
+            raise FbnasError(f"{w}.placement: device applies cifar's default padded crop and "
+                             "flip (or augment: none); random resized crops (augment "
+                             f"{self.preset}, crop_scale) need placement: loader")
         if not 0.0 < self.w_fraction < 1.0:
             raise FbnasError(f"{w}.w_fraction: must be in (0, 1), got {self.w_fraction}")
         if not 0.0 <= self.val_fraction < 1.0:

@@ -1,14 +1,15 @@
 """A small dataset's split held on the training device (`data.placement: device`).
 
-For data that fits (digits, synthetic), per-sample loading in a DataLoader — a Python call,
-an augmentation and a host-to-device copy per image — can cost more than a small supernet's
-step on a GPU. `DeviceBatches` stands in for the DataLoader: the whole split lives on the
-device as one tensor, a batch is one `index_select`, and augmentation is one batched op on
-the device. The order of the samples is the DataLoader path's (the same `EpochSampler`, so
-resuming mid-epoch skips the same samples); augmentation draws from a device generator seeded
-by (epoch seed, batch number), so a resumed epoch augments its remaining batches exactly as an
-uninterrupted one would. The draws differ from the DataLoader path's (per-sample CPU RNG), so
-the two placements are two valid, reproducible runs, not the same run.
+For data that fits (digits, synthetic, CIFAR: 150 MB as uint8), per-sample loading in a
+DataLoader — a Python call, an augmentation and a host-to-device copy per image — can cost
+more than a small supernet's step on a GPU. `DeviceBatches` stands in for the DataLoader: the
+whole split lives on the device as one tensor, a batch is one `index_select`, and augmentation
+is one batched op on the device. The order of the samples is the DataLoader path's (the same
+`EpochSampler`, so resuming mid-epoch skips the same samples); augmentation draws from a
+device generator seeded by (epoch seed, batch number), so a resumed epoch augments its
+remaining batches exactly as an uninterrupted one would. The draws differ from the DataLoader
+path's (per-sample CPU RNG), so the two placements are two valid, reproducible runs, not the
+same run.
 """
 
 from __future__ import annotations
@@ -20,14 +21,23 @@ import torch
 import torch.nn.functional as F
 
 from fbnas.data.sampling import EpochSampler, mix_seed
-from fbnas.data.sources import DIGITS_MEAN, DIGITS_STD, DigitsDataset, SyntheticDataset
+from fbnas.data.sources import (
+    DIGITS_MEAN,
+    DIGITS_STD,
+    LUMA,
+    DigitsDataset,
+    SyntheticDataset,
+    _Transformed,
+)
 
 Transform = Callable[[torch.Tensor, torch.Generator | None], torch.Tensor]
 
 
 def supports(ds: object) -> bool:
-    """Whether `ds` can be held on the device (an in-memory dataset fbnas knows)."""
-    return isinstance(ds, (DigitsDataset, SyntheticDataset))
+    """Whether `ds` can be held on the device: digits, synthetic data, or a CIFAR view whose
+    transform the device can apply (the default padded crop and flip, or none)."""
+    return isinstance(ds, (DigitsDataset, SyntheticDataset)) or (
+        isinstance(ds, _Transformed) and ds.device_spec is not None)
 
 
 class DeviceBatches:
@@ -64,9 +74,11 @@ class DeviceBatches:
             yield x, self.labels.index_select(0, at)
 
 
-def on_device(ds: DigitsDataset | SyntheticDataset, device: torch.device
+def on_device(ds: DigitsDataset | SyntheticDataset | _Transformed, device: torch.device
               ) -> tuple[torch.Tensor, torch.Tensor, Transform]:
     """(images, labels, transform) of `ds` on `device`: what `ds[i]` would give, batched."""
+    if isinstance(ds, _Transformed):
+        return _cifar_on_device(ds, device)
     if isinstance(ds, SyntheticDataset):
         imgs = (ds.images if ds.images is not None
                 else torch.stack([ds[i][0] for i in range(len(ds))]))
@@ -96,3 +108,45 @@ def on_device(ds: DigitsDataset | SyntheticDataset, device: torch.device
         return x.expand(-1, channels, -1, -1).contiguous()
 
     return base.to(device), ds.labels.to(device), transform
+
+
+def _cifar_on_device(ds: _Transformed, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor, Transform]:
+    """A torchvision CIFAR split as uint8 (N, 3, 32, 32) on the device, and its transform:
+    RandomCrop(32, padding=4) and a horizontal flip (as configured), Resize to the space's
+    input size, greyscale for one input channel, ToTensor + Normalize. At 32x32 with 3
+    channels a batch equals the DataLoader path's pixels for the same crops and flips; a
+    resize (torch's antialiased bilinear, not PIL's) or greyscale (float, not PIL's rounding
+    to 8 bits) differ from it in the last bits."""
+    spec, base = ds.device_spec, ds.base
+    images = torch.as_tensor(base.data).permute(0, 3, 1, 2).contiguous().to(device)
+    labels = torch.as_tensor(list(base.targets), dtype=torch.long).to(device)
+    size, channels = tuple(spec["size"]), spec["channels"]
+    mean, std = (torch.tensor(v, device=device).view(1, 3, 1, 1) for v in spec["stats"])
+    luma = torch.tensor(LUMA, device=device).view(1, 3, 1, 1)
+    crop, flip = spec["crop"], spec["flip"]
+    ar = torch.arange(32, device=device)
+
+    def transform(x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
+        x = x.float().div_(255)
+        n = len(x)
+        if crop:  # 4 px of zeros around, a random 32x32 window per image
+            xp = F.pad(x, (4, 4, 4, 4))
+            oy, ox = torch.randint(0, 9, (2, n), generator=g, device=x.device)
+            rows = (oy[:, None] + ar)[:, None, :, None]  # (n, 1, 32, 1)
+            cols = (ox[:, None] + ar)[:, None, None, :]  # (n, 1, 1, 32)
+            x = xp[torch.arange(n, device=x.device)[:, None, None, None],
+                   torch.arange(3, device=x.device)[None, :, None, None], rows, cols]
+        if flip:
+            coin = torch.rand(n, generator=g, device=x.device) < 0.5
+            x = torch.where(coin[:, None, None, None], x.flip(-1), x)
+        if size != (32, 32):
+            x = F.interpolate(x, size=size, mode="bilinear", align_corners=False,
+                              antialias=True)
+        if channels == 1:
+            m = (luma * mean).sum(1, keepdim=True)
+            s = (luma * std).sum(1, keepdim=True)
+            return ((x * luma).sum(1, keepdim=True) - m) / s
+        return (x - mean) / std
+
+    return images, labels, transform

@@ -40,9 +40,12 @@ DIGITS_CACHE_FLOATS = 1 << 22
 class _Transformed(Dataset):
     """A view of a (PIL image, label) dataset with its own transform."""
 
-    def __init__(self, base: Dataset, transform: Any):
+    def __init__(self, base: Dataset, transform: Any, device_spec: dict | None = None):
         self.base = base
         self.transform = transform
+        # what fbnas.data.device needs to apply the same transform to a batch on a device
+        # (None: this view is read through a DataLoader only)
+        self.device_spec = device_spec
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
@@ -242,8 +245,14 @@ def _cifar(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
     aug = _crop_flip(cfg, (32, 32), T)
     tail = _rgb_tail(CIFAR_STATS[cfg.dataset], channels, cfg)
     train_tf, eval_tf = T.Compose(aug + resize + tail), T.Compose(resize + tail)
-    return Source(_Transformed(train, train_tf), _Transformed(train, eval_tf),
-                   _Transformed(test, eval_tf), len(train.classes))
+    on_device = cfg.preset in ("cifar", "none") and cfg.crop_scale is None
+    spec = {"size": size, "channels": channels, "stats": CIFAR_STATS[cfg.dataset]}
+    train_spec = {**spec, "crop": cfg.preset == "cifar", "flip": cfg.flips()}
+    eval_spec = {**spec, "crop": False, "flip": False}
+    return Source(_Transformed(train, train_tf, train_spec if on_device else None),
+                  _Transformed(train, eval_tf, eval_spec if on_device else None),
+                  _Transformed(test, eval_tf, eval_spec if on_device else None),
+                  len(train.classes))
 
 
 def _imagefolder(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
