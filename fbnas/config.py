@@ -141,6 +141,10 @@ class SearchConfig:
     # with a loss.target: move the final argmax onto the target (fbnas.target), within ±tol
     fit_target: bool = setting(True, "bool")
     fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5)
+    # torch.compile every block of the supernet (stem, each candidate, head) in place: one
+    # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
+    compile: bool = setting(False, "bool")
+    compile_backend: str = setting("inductor", "str")  # any torch.compile backend
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:

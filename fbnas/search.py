@@ -71,12 +71,14 @@ class SearchTrainer(EpochRunner):
             ("data", "root"), ("data", "eval_batch_size"), ("run", "ddp_backend"),
             ("search", "checkpoint_activations"), ("search", "channels_last"),
             # the final fit to a target is applied from θ and the table after the last epoch
-            ("search", "fit_target"), ("search", "fit_tolerance")}),
+            ("search", "fit_target"), ("search", "fit_tolerance"),
+            ("search", "compile"), ("search", "compile_backend")}),
         added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
                ("search", "warmup_sampling"): "mode",
                ("search", "checkpoint_activations"): False,
                ("search", "precision"): "float32", ("search", "channels_last"): False,
-               ("data", "placement"): "auto"})
+               ("data", "placement"): "auto", ("search", "compile"): False,
+               ("search", "compile_backend"): "inductor"})
 
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
                  log=None, resume: bool = False, dist=None):
@@ -101,6 +103,10 @@ class SearchTrainer(EpochRunner):
         self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
                               checkpoint_activations=s.checkpoint_activations).to(self.device)
         self.prec.model(self.model)
+        if s.compile:
+            n = self.model.compile_blocks(s.compile_backend)
+            self.log.info(f"search.compile: {n} blocks compiled with {s.compile_backend} (each "
+                          "compiles at its first call)")
         bounds = self.model.cost_bounds()
         self.loss = cfg.loss.build(bounds)
         self.loss.check_range(*bounds)

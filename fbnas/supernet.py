@@ -185,6 +185,35 @@ class Supernet(nn.Module):
         for op in self.mixed:
             op.checkpoint_activations = bool(on)
 
+    # ---- compilation --------------------------------------------------------------------------
+    def compile_blocks(self, backend: str = "inductor") -> int:
+        """`torch.compile` the stem, every candidate block and the head, each in place
+        (`nn.Module.compile`: parameter names and checkpoints unchanged). The mixing of paths
+        stays in Python, so a step of any search mode runs compiled blocks whatever it samples:
+        a block compiles once per input shape and train/eval state (its recompilation limit is
+        raised to fit), never once per sampled path. A block whose compilation fails runs
+        eagerly (dynamo's suppress_errors). Returns the number of blocks compiled."""
+        import torch._dynamo as dynamo
+
+        if not hasattr(nn.Module, "compile"):
+            raise FbnasError("search.compile: needs torch >= 2.2 (nn.Module.compile); "
+                             f"this is torch {torch.__version__}")
+        known = dynamo.list_backends(exclude_tags=())
+        if backend not in known:
+            raise FbnasError(f"search.compile_backend: {backend!r} is not a torch.compile "
+                             f"backend (known: {', '.join(sorted(known))})")
+        mods = [self.stem, self.head, *(b for op in self.mixed for b in op.candidates)]
+        need = 4 * len(mods) + 8
+        for name, n in (("cache_size_limit", need), ("recompile_limit", need),
+                        ("accumulated_cache_size_limit", 2 * need),
+                        ("accumulated_recompile_limit", 2 * need)):
+            if hasattr(dynamo.config, name):
+                setattr(dynamo.config, name, max(getattr(dynamo.config, name), n))
+        dynamo.config.suppress_errors = True
+        for m in mods:
+            m.compile(backend=backend)
+        return len(mods)
+
     # ---- parameters, told apart by identity -----------------------------------------------
     def arch_parameters(self) -> list[nn.Parameter]:
         return list(self.theta)
