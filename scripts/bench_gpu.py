@@ -20,6 +20,10 @@ the issue's table) on one synthetic batch held on the device, for every variant 
     python scripts/bench_gpu.py --device cuda                       # ImageNet space, batch 96
     python scripts/bench_gpu.py --config configs/quickstart.yaml --batch 32 --steps 2 \\
         --rounds 3 --device cpu                                    # a quick check on a CPU
+    python scripts/bench_gpu.py --compile both                     # search.compile off / on
+
+With --compile, inductor caches generated code under /tmp/torchinductor_$USER (remove it
+after).
 
 Run it alone on the machine.
 """
@@ -87,12 +91,14 @@ def saved_bytes(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-def trainer(args, mode: str, precision: str, work: Path) -> SearchTrainer:
+def trainer(args, mode: str, precision: str, compiled: bool, work: Path) -> SearchTrainer:
     sets = [f"search.mode={mode}", f"search.precision={precision}",
+            f"search.compile={'true' if compiled else 'false'}",
             f"search.channels_last={'true' if precision == 'bf16' else 'false'}",
             "latency.cost=flops", "data.dataset=synthetic", f"data.batch_size={args.batch}",
             f"data.synthetic_size={4 * args.batch}", "data.val_fraction=0",
-            f"search.device={args.device}", f"run.dir={work / f'{mode}-{precision}'}",
+            f"search.device={args.device}",
+            f"run.dir={work / f'{mode}-{precision}-{int(compiled)}'}",
             "run.progress=false", "run.tensorboard=false", *args.set]
     cfg = load_config(args.config, sets)
     t = SearchTrainer(cfg, cfg.run.dir)
@@ -112,20 +118,24 @@ def main() -> int:
     ap.add_argument("--passes", type=float, default=3.0,
                     help="times a step moves its saved activations (written in forward, read "
                          "in backward, their gradient written once: 3)")
+    ap.add_argument("--compile", default="off", choices=("off", "on", "both"),
+                    help="search.compile for each variant: off, on, or both side by side")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
     args = ap.parse_args()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
     work = Path(tempfile.mkdtemp(prefix="fbnas_bench_gpu_"))
-    variants = [(m, p) for m in args.modes.split(",") for p in args.precisions.split(",")]
+    comp = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
+    variants = [(m, p, c) for m in args.modes.split(",") for p in args.precisions.split(",")
+                for c in comp]
     name = {v: f"{v[0]}, {v[1]}" + (" + channels_last" if v[1] == "bf16" else "")
-            for v in variants}
+            + (", compiled" if v[2] else "") for v in variants}
     bw = copy_bandwidth(device)
     print(f"{args.config}: batch {args.batch}, {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    trainers, batch, saved = {}, {}, {}
+    trainers, batch, saved, warm = {}, {}, {}, {}
     import shutil
     try:
         for v in variants:
@@ -133,11 +143,16 @@ def main() -> int:
             x, y = next(iter(t.data.w_loader))
             batch[v] = (x.to(t.device), y.to(t.device))
             saved[v] = saved_bytes(t, *batch[v])
-            for _ in range(2):  # warm-up: kernel selection, caches
+            t0 = time.perf_counter()
+            for _ in range(3):  # warm-up: kernel selection, caches, compilation
                 t.weight_step(*batch[v])
                 t.theta_step(*batch[v])
-        times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
-        peak: dict[tuple[str, str], float] = {}
+            sync(device)
+            warm[v] = time.perf_counter() - t0
+            print(f"{name[v]}: warm-up (3 steps, compilation included) {warm[v]:.1f} s",
+                  flush=True)
+        times: dict[tuple[str, str, bool], list[float]] = {v: [] for v in variants}
+        peak: dict[tuple[str, str, bool], float] = {}
         for r in range(args.rounds):
             for v in (variants if r % 2 == 0 else variants[::-1]):
                 t = trainers[v]
@@ -158,14 +173,14 @@ def main() -> int:
             close_logger(t.log)
         shutil.rmtree(work, ignore_errors=True)
     first = statistics.median(times[variants[0]])
-    print(f"\n{'variant':<36}{'step s':>22}{'images/s':>10}{'peak GiB':>10}{'saved GiB':>11}"
+    print(f"\n{'variant':<46}{'step s':>22}{'images/s':>10}{'peak GiB':>10}{'saved GiB':>11}"
           f"{'bound s':>9}{'x bound':>9}{'x first':>9}")
     for v in variants:
         ts = times[v]
         med = statistics.median(ts)
         bound = saved[v] * args.passes * 2 / bw
         pk = f"{peak[v] / 2**30:.1f}" if v in peak else "-"
-        print(f"{name[v]:<36}{med:8.3f} ({min(ts):.3f}-{max(ts):.3f}){args.batch / med:10.0f}"
+        print(f"{name[v]:<46}{med:8.3f} ({min(ts):.3f}-{max(ts):.3f}){args.batch / med:10.0f}"
               f"{pk:>10}{saved[v] / 2**30:11.2f}{bound:9.3f}{med / bound:9.1f}"
               f"{first / med:9.2f}")
     return 0
