@@ -21,6 +21,7 @@ the issue's table) on one synthetic batch held on the device, for every variant 
     python scripts/bench_gpu.py --config configs/quickstart.yaml --batch 32 --steps 2 \\
         --rounds 3 --device cpu                                    # a quick check on a CPU
     python scripts/bench_gpu.py --compile both                     # search.compile off / on
+    python scripts/bench_gpu.py --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
 
 With --compile, inductor caches generated code under /tmp/torchinductor_$USER (remove it
 after).
@@ -91,6 +92,21 @@ def saved_bytes(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor) -> int:
     return sum(seen.values())
 
 
+def profile_step(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+                 top: int) -> str:
+    """torch.profiler's table of one weight + θ step, sorted by self device (or CPU) time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    with profile(activities=acts) as prof:
+        t.weight_step(x, y)
+        t.theta_step(x, y)
+        sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=40)
+
+
 def trainer(args, mode: str, precision: str, compiled: bool, work: Path) -> SearchTrainer:
     sets = [f"search.mode={mode}", f"search.precision={precision}",
             f"search.compile={'true' if compiled else 'false'}",
@@ -120,6 +136,10 @@ def main() -> int:
                          "in backward, their gradient written once: 3)")
     ap.add_argument("--compile", default="off", choices=("off", "on", "both"),
                     help="search.compile for each variant: off, on, or both side by side")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, profile one step of each variant and print its N "
+                         "most expensive ops (self time on the device, or the CPU): where "
+                         "bf16 / channels_last win or lose, op by op")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
     args = ap.parse_args()
     if args.device == "auto":
@@ -168,6 +188,10 @@ def main() -> int:
                 if device.type == "cuda":
                     peak[v] = max(peak.get(v, 0.0), torch.cuda.max_memory_allocated(device))
             print(f"round {r + 1}/{args.rounds}", flush=True)
+        if args.profile:
+            for v in variants:
+                print(f"\n{name[v]}: the {args.profile} ops with the most self time in one step")
+                print(profile_step(trainers[v], *batch[v], device, args.profile))
     finally:
         for t in trainers.values():
             close_logger(t.log)
