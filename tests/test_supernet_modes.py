@@ -435,6 +435,7 @@ def test_batched_sampling_with_layers_of_different_sizes(mode):
         p = net.sample_path(tau=1.0)
         assert [len(m) for m in p.m] == [1, 3, 3]
         for m in p.m:
+            m = m.detach()
             assert torch.isfinite(m).all() and float(m.sum()) == pytest.approx(1.0, abs=1e-6)
         if p.active is not None:
             assert p.active[0] == [0]
