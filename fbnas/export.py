@@ -36,7 +36,7 @@ from torch import nn
 
 from fbnas import __version__
 from fbnas.arch import Architecture
-from fbnas.errors import FbnasError
+from fbnas.errors import FbnasError, first_line
 from fbnas.io import atomic_write
 
 FORMATS = ("torchscript", "onnx", "pt2", "pte")
@@ -212,7 +212,7 @@ def _pt2(model: nn.Module, example: torch.Tensor, arch: Architecture, record: di
         with torch.no_grad():
             program = torch.export.export(model, (example,), dynamic_shapes=dyn)
     except Exception as e:
-        raise FbnasError(f"torch.export failed ({_first_line(e)})") from None
+        raise FbnasError(f"torch.export failed ({first_line(e)})") from None
     record["method"] = "torch.export.export"
     extra = {TS_ARCH_FILE: _arch_yaml(arch), TS_RECORD_FILE: json.dumps(record, indent=1)}
 
@@ -225,8 +225,8 @@ def _pt2(model: nn.Module, example: torch.Tensor, arch: Architecture, record: di
 
 
 def _pte(model: nn.Module, example: torch.Tensor, arch: Architecture, record: dict[str, Any]):
-    """ExecuTorch program lowered to XNNPACK; the architecture rides in a `.json` beside it
-    (a .pte has no place for it)."""
+    """ExecuTorch program lowered to XNNPACK. A .pte has no place for fbnas metadata, so the
+    architecture is not stored with it (`exported_metadata` says so)."""
     from fbnas.latency.runtimes import lower_executorch
 
     buf, info = lower_executorch(model, example, where=record["path"])
@@ -260,7 +260,7 @@ def _onnx(model: nn.Module, example: torch.Tensor, arch: Architecture, record: d
         onnx.checker.check_model(proto)
     except Exception as e:
         raise FbnasError(f"architecture {arch.short_hash}: exported ONNX model is invalid "
-                         f"({_first_line(e)})") from None
+                         f"({first_line(e)})") from None
     data = proto.SerializeToString()
     return lambda f: f.write(data)
 
@@ -294,7 +294,7 @@ def onnx_proto(model: nn.Module, example: torch.Tensor, record: dict[str, Any],
                     errors.append(f"dynamo exporter: gave opset {got}, {opset} asked for")
                     proto = None
             except Exception as e:
-                errors.append(f"dynamo exporter: {_first_line(e)}")
+                errors.append(f"dynamo exporter: {first_line(e)}")
         if proto is None:
             try:  # the legacy TorchScript-based exporter (deprecated, still in torch 2.x)
                 buf = io.BytesIO()
@@ -308,7 +308,7 @@ def onnx_proto(model: nn.Module, example: torch.Tensor, record: dict[str, Any],
                 record["method"] = "torch.onnx.export(dynamo=False)"
                 record["fallback_reason"] = errors[0]
             except Exception as e:
-                errors.append(f"legacy exporter: {_first_line(e)}")
+                errors.append(f"legacy exporter: {first_line(e)}")
     if proto is None:
         raise FbnasError(f"{where}: ONNX export failed ({'; '.join(errors)})")
     record["opset"] = _opset(proto)
@@ -379,7 +379,7 @@ def load_exported(path: str | os.PathLike, fmt: str | None = None):
             return PteModule(p)
         return OnnxModule(p)
     except Exception as e:
-        raise FbnasError(f"{p}: cannot load as {fmt} ({_first_line(e)})") from None
+        raise FbnasError(f"{p}: cannot load as {fmt} ({first_line(e)})") from None
 
 
 def exported_metadata(path: str | os.PathLike, fmt: str | None = None) -> dict[str, Any]:
@@ -414,7 +414,7 @@ def exported_metadata(path: str | os.PathLike, fmt: str | None = None) -> dict[s
     except FbnasError:
         raise
     except Exception as e:
-        raise FbnasError(f"{p}: cannot read as {fmt} ({_first_line(e)})") from None
+        raise FbnasError(f"{p}: cannot read as {fmt} ({first_line(e)})") from None
     if "fbnas.arch_hash" not in props:
         raise FbnasError(f"{p}: no fbnas metadata inside (fbnas.arch_hash missing)")
     return {"arch_hash": props["fbnas.arch_hash"], "arch_name": props.get("fbnas.arch_name"),
@@ -453,7 +453,7 @@ def check_equivalence(model: nn.Module, exported_path: str | os.PathLike, fmt: s
                 got = exported(x.cpu().clone())
             except Exception as e:
                 raise FbnasError(f"{exported_path}: the exported {fmt} model fails on input "
-                                 f"{tuple(x.shape)} ({_first_line(e)})") from None
+                                 f"{tuple(x.shape)} ({first_line(e)})") from None
             got = got.float().cpu().numpy().astype(np.float64)
             if got.shape != ref.shape:
                 raise FbnasError(f"{exported_path}: the exported {fmt} model gives shape "
@@ -488,11 +488,6 @@ def _arch_yaml(arch: Architecture) -> str:
 
 def _opset(proto) -> int | None:
     return next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from fbnas.arch import Architecture, build_child
-from fbnas.errors import FbnasError
+from fbnas.errors import FbnasError, first_line
 from fbnas.evaluate import load_child
 from fbnas.export import PteModule, exported_metadata, load_exported, require_extras
 from fbnas.latency.allocator import under_allocator
@@ -108,8 +108,7 @@ class PteNet(nn.Module):
             self.input_shape = self._pte.input_shape()
         except Exception as e:  # noqa: BLE001 - any failure to read is the file's
             raise FbnasError(f"{path}: cannot load as an ExecuTorch program "
-                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-                             ) from None
+                             f"({first_line(e)})") from None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._pte(x)
@@ -137,8 +136,7 @@ def load_model(spec: ModelSpec, batch: int, threads: int = 1
             program = torch.export.load(str(p))
         except Exception as e:  # noqa: BLE001 - any failure to read is the file's
             raise FbnasError(f"{p}: cannot load as a torch.export program "
-                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-                             ) from None
+                             f"({first_line(e)})") from None
         a = None
         with contextlib.suppress(FbnasError):  # an fbnas export carries its architecture
             a = Architecture.from_dict(exported_metadata(p, "pt2")["arch"],

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fbnas.errors import FbnasError
-from fbnas.export import OnnxModule, PteModule, _first_line, onnx_proto
+from fbnas.errors import FbnasError, first_line
+from fbnas.export import OnnxModule, PteModule, onnx_proto
 from fbnas.io import atomic_write, write_json_atomic
 from fbnas.latency.timers import CpuTimer, Runnable
 
@@ -173,7 +173,7 @@ class ExecuTorchTimer(ExportedTimer):
         try:
             return PteModule(path)
         except Exception as e:
-            raise FbnasError(f"timer: executorch cannot load {path} ({_first_line(e)})") from None
+            raise FbnasError(f"timer: executorch cannot load {path} ({first_line(e)})") from None
 
     def _caller(self, pte, x):
         method = pte.method
@@ -206,7 +206,7 @@ class OrtTimer(ExportedTimer):
         try:  # fbnas export's session: intra-op threads as given, one inter-op thread
             return OnnxModule(path, threads=self.threads).session
         except Exception as e:
-            raise FbnasError(f"timer: onnxruntime cannot load {path} ({_first_line(e)})") from None
+            raise FbnasError(f"timer: onnxruntime cannot load {path} ({first_line(e)})") from None
 
     def _caller(self, session, x):
         feed = {session.get_inputs()[0].name: x.numpy()}
@@ -235,7 +235,7 @@ def lower_executorch(module: nn.Module, x: torch.Tensor, where: str = "module"
     except FbnasError:
         raise
     except Exception as e:
-        raise FbnasError(f"{where}: cannot lower to executorch/XNNPACK ({_first_line(e)})"
+        raise FbnasError(f"{where}: cannot lower to executorch/XNNPACK ({first_line(e)})"
                          ) from None
     # `getitem` nodes only unpack a delegate's outputs: count the ops that compute
     ops = {k: v for k, v in d.delegation_by_operator.items() if k != "getitem"}

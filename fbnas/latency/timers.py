@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fbnas.errors import FbnasError
+from fbnas.errors import FbnasError, first_line
 from fbnas.latency import allocator as alloc
 
 DEVICES = ("cpu", "cuda", "xla", "fake", "executorch", "ort")
@@ -297,9 +297,8 @@ def _import_xla():
         import torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as met
     except (ImportError, OSError) as e:  # OSError: a .so built against another torch
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise FbnasError(f"timer: --device xla needs torch-xla built for torch "
-                         f"{torch.__version__} ({first}); install the extra: {XLA_INSTALL} "
+                         f"{torch.__version__} ({first_line(e)}); install the extra: {XLA_INSTALL} "
                          "with its matching torch") from None
     want = _major_minor(torch.__version__)
     got = _major_minor(getattr(torch_xla, "__version__", ""))
