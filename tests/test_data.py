@@ -473,6 +473,15 @@ def test_auto_placement_keeps_a_dataloader_on_the_cpu():
     assert type(_placed("device").w_loader).__name__ == "DeviceBatches"
 
 
+def test_device_placement_puts_each_split_on_the_device_once():
+    """The w, θ, val and calibration loaders are views of one training split: they share one
+    uploaded tensor; the test split has its own."""
+    d = _placed("device")
+    views = (d.w_loader, d.theta_loader, d.val_loader, d.calib_loader)
+    assert all(v.images is d.w_loader.images for v in views)
+    assert d.test_loader.images is not d.w_loader.images
+
+
 @pytest.mark.parametrize("dataset", ["digits", "synthetic"])
 def test_device_placement_visits_the_loaders_samples_in_its_order(dataset):
     """The same batches of the same samples in the same order as the DataLoader path; the
@@ -574,6 +583,7 @@ def test_cifar_on_the_device_matches_the_loader(tmp_path, monkeypatch):
         for (xa, ya), (xb, yb) in zip(la, lb, strict=True):
             assert torch.equal(ya, yb)
             torch.testing.assert_close(xa, xb, rtol=0, atol=1e-6)
+    assert dev.val_loader.images is dev.w_loader.images  # the train split, uploaded once
     ds = dev.w_loader  # the train view's transform, on raw images
     images, _, transform = on_device(loader.w_loader.dataset, torch.device("cpu"))
     got = transform(images[:6], torch.Generator().manual_seed(3))

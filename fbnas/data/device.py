@@ -28,6 +28,7 @@ from fbnas.data.sources import (
     DigitsDataset,
     SyntheticDataset,
     _Transformed,
+    turn_shift,
 )
 
 Transform = Callable[[torch.Tensor, torch.Generator | None], torch.Tensor]
@@ -74,53 +75,60 @@ class DeviceBatches:
             yield x, self.labels.index_select(0, at)
 
 
-def on_device(ds: DigitsDataset | SyntheticDataset | _Transformed, device: torch.device
-              ) -> tuple[torch.Tensor, torch.Tensor, Transform]:
-    """(images, labels, transform) of `ds` on `device`: what `ds[i]` would give, batched."""
+def on_device(ds: DigitsDataset | SyntheticDataset | _Transformed, device: torch.device,
+              held: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, Transform]:
+    """(images, labels, transform) of `ds` on `device`: what `ds[i]` would give, batched.
+    `held` (one dict per set of loaders) shares the uploaded tensors between views of the
+    same data — a split's training and evaluation views, the w and θ loaders — so that each
+    is put on the device once."""
+    held = {} if held is None else held
+
+    def upload(key: tuple, make: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if key not in held:
+            held[key] = tuple(t.to(device) for t in make())
+        return held[key]
+
     if isinstance(ds, _Transformed):
-        return _cifar_on_device(ds, device)
+        images, labels = upload(("cifar", id(ds.base)), lambda: (
+            torch.as_tensor(ds.base.data).permute(0, 3, 1, 2).contiguous(),
+            torch.as_tensor(list(ds.base.targets), dtype=torch.long)))
+        return images, labels, _cifar_transform(ds.device_spec, device)
     if isinstance(ds, SyntheticDataset):
-        imgs = (ds.images if ds.images is not None
-                else torch.stack([ds[i][0] for i in range(len(ds))]))
-        return imgs.to(device), ds.labels.to(device), lambda x, g: x
-    base = ds._cache if ds._cache is not None else ds._fit(ds.images[:, None])
+        images, labels = upload(("synthetic", id(ds)), lambda: (
+            ds.images if ds.images is not None
+            else torch.stack([ds[i][0] for i in range(len(ds))]), ds.labels))
+        return images, labels, lambda x, g: x
+    images, labels = upload(("digits", id(ds.images), ds.size), lambda: (
+        ds._cache if ds._cache is not None else ds._fit(ds.images[:, None]), ds.labels))
     grid = tuple(t.to(device) for t in ds._grid)
     side, channels, augment, flip = ds.side, ds.channels, ds.augment, ds.flip
 
     def transform(x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
-        n, _, h, w = x.shape
+        n = len(x)
         if augment:  # DigitsDataset's turn and shift, one per image, in one grid_sample
             r = torch.rand(n, 3, generator=g, device=x.device).mul_(2).sub_(1)
             px = side / 8.0
             a = torch.deg2rad(r[:, 0] * ds.MAX_DEG)[:, None, None]
             tx = (r[:, 1] * ds.MAX_SHIFT * px)[:, None, None]
             ty = (r[:, 2] * ds.MAX_SHIFT * px)[:, None, None]
-            cos, sin = torch.cos(a), torch.sin(a)
-            gx, gy = grid
-            sx = gx * cos - gy * (sin * h / w) - 2.0 * tx / w
-            sy = gx * (sin * w / h) + gy * cos - 2.0 * ty / h
-            x = F.grid_sample(x, torch.stack((sx, sy), dim=-1), mode="bilinear",
-                              padding_mode="zeros", align_corners=False)
+            x = turn_shift(x, grid, torch.cos(a), torch.sin(a), tx, ty)
         if flip:
             coin = torch.rand(n, generator=g, device=x.device) < 0.5
             x = torch.where(coin[:, None, None, None], x.flip(-1), x)
         x = (x - DIGITS_MEAN) / DIGITS_STD
         return x.expand(-1, channels, -1, -1).contiguous()
 
-    return base.to(device), ds.labels.to(device), transform
+    return images, labels, transform
 
 
-def _cifar_on_device(ds: _Transformed, device: torch.device
-                     ) -> tuple[torch.Tensor, torch.Tensor, Transform]:
-    """A torchvision CIFAR split as uint8 (N, 3, 32, 32) on the device, and its transform:
+def _cifar_transform(spec: dict, device: torch.device) -> Transform:
+    """The transform of a CIFAR view held on the device as uint8 (N, 3, 32, 32):
     RandomCrop(32, padding=4) and a horizontal flip (as configured), Resize to the space's
     input size, greyscale for one input channel, ToTensor + Normalize. At 32x32 with 3
     channels a batch equals the DataLoader path's pixels for the same crops and flips; a
     resize (torch's antialiased bilinear, not PIL's) or greyscale (float, not PIL's rounding
     to 8 bits) differ from it in the last bits."""
-    spec, base = ds.device_spec, ds.base
-    images = torch.as_tensor(base.data).permute(0, 3, 1, 2).contiguous().to(device)
-    labels = torch.as_tensor(list(base.targets), dtype=torch.long).to(device)
     size, channels = tuple(spec["size"]), spec["channels"]
     mean, std = (torch.tensor(v, device=device).view(1, 3, 1, 1) for v in spec["stats"])
     luma = torch.tensor(LUMA, device=device).view(1, 3, 1, 1)
@@ -149,4 +157,4 @@ def _cifar_on_device(ds: _Transformed, device: torch.device
             return ((x * luma).sum(1, keepdim=True) - m) / s
         return (x - mean) / std
 
-    return images, labels, transform
+    return transform

@@ -38,11 +38,11 @@ def placed_on(cfg: DataConfig, device: torch.device | None, ds: Dataset) -> torc
 
 def _train_loader(ds: Dataset, indices: Sequence[int], cfg: DataConfig, seed: int, stream: int,
                   rank: int, world: int, pin_memory: bool,
-                  device: torch.device | None = None) -> DataLoader:
+                  device: torch.device | None = None, held: dict | None = None) -> DataLoader:
     sampler = EpochSampler(indices, shuffle=True, seed=seed, stream=stream, rank=rank,
                            world_size=world)
     if placed_on(cfg, device, ds) is not None:
-        images, labels, transform = on_device(ds, device)  # type: ignore[arg-type]
+        images, labels, transform = on_device(ds, device, held)  # type: ignore[arg-type]
         return DeviceBatches(images, labels, sampler, cfg.batch_size,  # type: ignore[return-value]
                              len(sampler) >= cfg.batch_size, transform,
                              mix_seed(seed, Stream.WORKERS, stream, 0))
@@ -55,10 +55,11 @@ def _train_loader(ds: Dataset, indices: Sequence[int], cfg: DataConfig, seed: in
 
 
 def _eval_loader(ds: Dataset, indices: Sequence[int], cfg: DataConfig, rank: int, world: int,
-                 pin_memory: bool, device: torch.device | None = None) -> DataLoader:
+                 pin_memory: bool, device: torch.device | None = None,
+                 held: dict | None = None) -> DataLoader:
     sampler = EpochSampler(indices, shuffle=False, rank=rank, world_size=world, pad=False)
     if placed_on(cfg, device, ds) is not None:
-        images, labels, transform = on_device(ds, device)  # type: ignore[arg-type]
+        images, labels, transform = on_device(ds, device, held)  # type: ignore[arg-type]
         return DeviceBatches(images, labels, sampler,  # type: ignore[return-value]
                              cfg.eval_batch_size, False, transform)
     return DataLoader(ds, batch_size=cfg.eval_batch_size, sampler=sampler,
@@ -141,7 +142,7 @@ def build_search_data(cfg: DataConfig, input_size: int | Sequence[int], in_chann
     rank, world = check_distributed(distributed)
     src = load_source(cfg, input_size, in_channels, num_classes, seed)
     w, theta, val = split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
-    at = (rank, world, pin_memory, device)
+    at = (rank, world, pin_memory, device, {})  # the {}: uploads shared by the loaders
     return SearchData(
         w_loader=_train_loader(src.train, w, cfg, seed, Stream.W, *at),
         theta_loader=_train_loader(src.train, theta, cfg, seed, Stream.THETA, *at),
@@ -161,7 +162,7 @@ def build_train_data(cfg: DataConfig, input_size: int | Sequence[int], in_channe
     src = load_source(cfg, input_size, in_channels, num_classes, seed)
     w, theta, val = split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
     train = tuple(sorted(w + theta))
-    at = (rank, world, pin_memory, device)
+    at = (rank, world, pin_memory, device, {})  # the {}: uploads shared by the loaders
     return TrainData(
         train_loader=_train_loader(src.train, train, cfg, seed, Stream.TRAIN, *at),
         val_loader=_eval_loader(src.train_eval, val, cfg, *at) if val else None,

@@ -70,9 +70,16 @@ def _affine(x: torch.Tensor, base: tuple[torch.Tensor, torch.Tensor], angle_deg:
     The sampling grid is built with element-wise ops (no affine_grid): its batched matmul
     wakes the BLAS thread pool, which costs milliseconds per image on a busy small machine.
     """
-    _, _, h, w = x.shape
     a = math.radians(angle_deg)
-    cos, sin = math.cos(a), math.sin(a)
+    return turn_shift(x, base, math.cos(a), math.sin(a), tx, ty)
+
+
+def turn_shift(x: torch.Tensor, base: tuple[torch.Tensor, torch.Tensor], cos, sin, tx, ty
+               ) -> torch.Tensor:
+    """`_affine`'s resampling of (N, C, H, W) images, given the angle's cos and sin and the
+    shifts in pixels: floats (one image), or (N, 1, 1) tensors (one turn and shift per image,
+    fbnas.data.device)."""
+    _, _, h, w = x.shape
     gx, gy = base
     sx = gx * cos - gy * (sin * h / w) - 2.0 * tx / w
     sy = gx * (sin * w / h) + gy * cos - 2.0 * ty / h
