@@ -283,16 +283,25 @@ class Supernet(nn.Module):
     def _unstack(self, t: torch.Tensor) -> list[torch.Tensor]:
         return [t[i, :len(th)] for i, th in enumerate(self.theta)]
 
+    def _gumbel_soft(self, logits: torch.Tensor, tau: float) -> torch.Tensor:
+        """softmax((θ + Gumbel noise) / τ) of every row of the stacked θ."""
+        if not tau > 0:
+            raise FbnasError(f"temperature must be > 0, got {tau}")
+        return torch.softmax(self._perturbed(logits) / tau, -1)
+
+    @staticmethod
+    def _argmax_one_hot(soft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(one-hot of each row's argmax, the argmax indices as an [L, 1] tensor)."""
+        idx = soft.detach().argmax(-1, keepdim=True)
+        return torch.zeros_like(soft).scatter_(-1, idx, 1.0), idx
+
     def sample_weights(self, tau: float, hard: bool = False) -> list[torch.Tensor]:
         """m_l = GumbelSoftmax(θ_l, τ); `hard` gives one-hot samples with straight-through grads.
         All layers in one batched op (no host synchronisation)."""
-        if not tau > 0:
-            raise FbnasError(f"temperature must be > 0, got {tau}")
-        logits = self._stacked_theta()
-        soft = torch.softmax(self._perturbed(logits) / tau, -1)
+        soft = self._gumbel_soft(self._stacked_theta(), tau)
         if not hard:
             return self._unstack(soft)
-        one = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
+        one, _ = self._argmax_one_hot(soft)
         return self._unstack(one - soft.detach() + soft)
 
     def sample_path(self, tau: float, hard: bool = False, mode: str | None = None) -> PathSample:
@@ -320,11 +329,8 @@ class Supernet(nn.Module):
             return PathSample(m, None, m)
         logits = self._stacked_theta()
         if mode == "single_path":
-            if not tau > 0:
-                raise FbnasError(f"temperature must be > 0, got {tau}")
-            soft = torch.softmax(self._perturbed(logits) / tau, -1)
-            idx = soft.detach().argmax(-1, keepdim=True)
-            one = torch.zeros_like(soft).scatter_(-1, idx, 1.0)
+            soft = self._gumbel_soft(logits, tau)
+            one, idx = self._argmax_one_hot(soft)
             m = self._unstack(one + (soft - soft.detach()))
             return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], m)
         k = min(2, logits.shape[-1])
