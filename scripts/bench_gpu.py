@@ -32,6 +32,7 @@ Run it alone on the machine.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -156,7 +157,6 @@ def main() -> int:
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     trainers, batch, saved, warm = {}, {}, {}, {}
-    import shutil
     try:
         for v in variants:
             t = trainers[v] = trainer(args, *v, work)
