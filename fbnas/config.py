@@ -50,6 +50,7 @@ def _refuse_xla(d: Any, where: str) -> None:
     if isinstance(d, dict) and d.get("device") == "xla":
         raise FbnasError(XLA_TRAINING.format(where=where))
 NAN_POLICIES = ("stop", "skip")
+NAN_CHECKS = ("auto", "step", "deferred")  # fbnas.run.guard
 SEARCH_MODES = ("full", "single_path", "two_path")  # fbnas.supernet.SEARCH_MODES
 PRECISIONS = ("float32", "bf16", "fp16")  # fbnas.precision.PRECISIONS
 WARMUP_SAMPLING = ("mode", "uniform", "fair")
@@ -221,6 +222,10 @@ class RunConfig:
     ddp_sync_every: int = setting(1, "int", min=1)
     # auto: nccl on CUDA, gloo on CPU
     ddp_backend: str = setting("auto", "str", choices=("auto", "gloo", "nccl"))
+    # how a NaN/inf loss is caught (fbnas.run.guard): `step` reads a flag every step; `deferred`
+    # skips the update on the device and reads the flags at most twice a second; auto:
+    # deferred on CUDA, step elsewhere
+    nan_check: str = setting("auto", "str", choices=NAN_CHECKS)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "run") -> RunConfig:

@@ -117,6 +117,19 @@ class DistContext:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def all_reduce_max_(self, t: torch.Tensor) -> None:
+        """`t` replaced by its elementwise maximum over the ranks, in place. No host read where
+        the backend works on `t`'s device (NCCL with CUDA tensors, gloo with CPU tensors)."""
+        if not self.distributed:
+            return
+        dev = self._comm_device()
+        if t.device.type == dev.type:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return
+        c = t.to(dev)
+        dist.all_reduce(c, op=dist.ReduceOp.MAX)
+        t.copy_(c)
+
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Overwrite `tensors` with rank `src`'s values, in place (one collective)."""
         ts = list(tensors)

@@ -72,6 +72,15 @@ class CELoss(CostLoss):
         return ce
 
 
+def _refuse_at_most(cost: torch.Tensor, limit: float, msg: str) -> None:
+    """Refuse a cost <= `limit` (the loss would invert or flatten), where reading it is free:
+    on the host. On an accelerator the read would stall every step; there the trainer's
+    `check_range` has refused any space whose cheapest architecture is that cheap, and every
+    expected cost lies between the cheapest and the dearest."""
+    if cost.device.type == "cpu" and bool((cost <= limit).any()):
+        raise FbnasError(msg.format(float(cost.min())))
+
+
 class FBNetLoss(CostLoss):
     """FBNet (Wu et al. 2019, eq. 2): L = CE · α · (log LAT)^β, LAT in microseconds.
 
@@ -95,10 +104,9 @@ class FBNetLoss(CostLoss):
         self.scale = 1.0 if ref is None or ref <= math.e else math.log(ref) ** -beta
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
-        if bool((cost <= math.e).any()):
-            raise FbnasError(f"FBNet loss needs LAT > e µs (log LAT > 1); got LAT = "
-                             f"{float(cost.min()):.4g}. Use a latency table in µs, or "
-                             "loss.kind: target / normalized / additive / abs_target")
+        _refuse_at_most(cost, math.e, "FBNet loss needs LAT > e µs (log LAT > 1); got LAT = "
+                        "{:.4g}. Use a latency table in µs, or loss.kind: target / normalized "
+                        "/ additive / abs_target")
         return self.alpha * self.scale * torch.log(cost) ** self.beta
 
     def combine(self, ce, term):
@@ -121,8 +129,7 @@ class NormalizedLoss(CostLoss):
         self.target, self.beta = target, beta
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
-        if bool((cost <= 1).any()):
-            raise FbnasError(f"normalized loss needs LAT > 1; got {float(cost.min()):.4g}")
+        _refuse_at_most(cost, 1.0, "normalized loss needs LAT > 1; got {:.4g}")
         return (torch.log(cost) / math.log(self.target)) ** self.beta
 
     def combine(self, ce, term):

@@ -37,6 +37,7 @@ from fbnas.distributed import PeriodicAverager, rank_seed, sync_bn_stats, wrap_d
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
 from fbnas.io import write_json_atomic
+from fbnas.run.guard import fused_optimizer, keep_fused, masked
 from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss, host_partial, host_values, metric
 from fbnas.run.resume import ResumePolicy
 
@@ -97,11 +98,14 @@ class ChildTrainer(EpochRunner):
             (no_decay if p.ndim <= 1 else decay).append(p)  # no weight decay on BN and biases
         groups = [{"params": decay, "weight_decay": r.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
+        self._init_guard()  # run.nan_check; deferred needs the fused optimizers
+        fused = self.guard.deferred
         if r.optimizer == "sgd":
-            self.opt: torch.optim.Optimizer = torch.optim.SGD(
-                groups, lr=r.lr, momentum=r.momentum, nesterov=r.nesterov and r.momentum > 0)
+            self.opt: torch.optim.Optimizer = fused_optimizer(
+                torch.optim.SGD, groups, fused, lr=r.lr, momentum=r.momentum,
+                nesterov=r.nesterov and r.momentum > 0)
         else:
-            self.opt = torch.optim.AdamW(groups, lr=r.lr)
+            self.opt = fused_optimizer(torch.optim.AdamW, groups, fused, lr=r.lr)
         m = arch.macro
         # the search's seed fixes the split, so val is the search's held-out part
         self.data = build_train_data(cfg.data, m.input_size, m.in_channels, m.num_classes,
@@ -150,6 +154,7 @@ class ChildTrainer(EpochRunner):
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
+        keep_fused(self.opt, self.guard.deferred)  # this run's kernels, whatever wrote it
         self.prec.load_state_dict(state.get("scalers"))
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.history = list(state["history"])
@@ -181,25 +186,28 @@ class ChildTrainer(EpochRunner):
                 logits = self.forward(self.prec.input(x))
             logits = logits.float()  # the loss in float32 under any retrain.precision
             loss = F.cross_entropy(logits, y, label_smoothing=r.label_smoothing)
-            bad = not bool(torch.isfinite(loss))
-            if self.dist.distributed:  # every rank stops at the same step
-                bad = self.dist.any_true(bad)
-            if bad:
-                self.save()  # nothing was applied yet: this is the last good state
-                raise NonFiniteLoss(f"non-finite loss at epoch {self.epoch + 1}/{r.epochs} step "
-                                    f"{self.step + 1}; stopped after saving the last good state "
-                                    f"in {self.run_dir / CHECKPOINT} (lower retrain.lr?)")
+            # every rank stops at the same step (the flags are all-reduced)
+            _, skip = self._nan_check({"loss": loss})
             self.opt.zero_grad(set_to_none=True)
             self.prec.scale(loss).backward()
         if r.grad_clip:
             self.prec.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.grad_clip)
-        self.prec.step(self.opt)
+        self._apply_step(self.opt, 0, skip)
         if self._averager is not None:
             self._averager.after_step()
         acc = (logits.detach().argmax(1) == y).float().mean()
-        # loss and acc stay on the device (no sync per step; read at the epoch's end)
-        return {"loss": metric(loss), "acc": metric(acc), "lr": lr, "n": float(len(y))}
+        # loss and acc stay on the device (no sync per step; read at the epoch's end); a step
+        # the deferred check skipped counts no samples
+        n = float(len(y)) if skip is None else metric(~skip) * len(y)
+        return masked({"loss": metric(loss), "acc": metric(acc), "lr": lr, "n": n}, skip)
+
+    def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
+        self._rewind(step)  # deferred check: back to the bad step, whose update was skipped
+        self.save()  # nothing was applied from that step on: this is the last good state
+        raise NonFiniteLoss(f"non-finite loss at epoch {self.epoch + 1}/{self.cfg.retrain.epochs}"
+                            f" step {step + 1}; stopped after saving the last good state in "
+                            f"{self.run_dir / CHECKPOINT} (lower retrain.lr?)")
 
     def train_epoch(self) -> dict[str, Any]:
         r = self.cfg.retrain

@@ -44,6 +44,7 @@ from fbnas.distributed import (
 )
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
+from fbnas.run.guard import fused_optimizer, keep_fused, masked
 from fbnas.run.loop import (
     CHECKPOINT,
     EpochRunner,
@@ -57,6 +58,8 @@ from fbnas.run.resume import ResumePolicy
 from fbnas.schedules import TauSchedule, warmup_paths
 from fbnas.supernet import Supernet
 from fbnas.target import cost_lists, fit_to_target, range_warning
+
+SKIPPED = "_skipped"  # a phase sum: steps whose update the deferred non-finite check skipped
 
 
 class SearchTrainer(EpochRunner):
@@ -72,13 +75,13 @@ class SearchTrainer(EpochRunner):
             ("search", "checkpoint_activations"), ("search", "channels_last"),
             # the final fit to a target is applied from θ and the table after the last epoch
             ("search", "fit_target"), ("search", "fit_tolerance"),
-            ("search", "compile"), ("search", "compile_backend")}),
+            ("search", "compile"), ("search", "compile_backend"), ("run", "nan_check")}),
         added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
                ("search", "warmup_sampling"): "mode",
                ("search", "checkpoint_activations"): False,
                ("search", "precision"): "float32", ("search", "channels_last"): False,
                ("data", "placement"): "auto", ("search", "compile"): False,
-               ("search", "compile_backend"): "inductor"})
+               ("search", "compile_backend"): "inductor", ("run", "nan_check"): "auto"})
 
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
                  log=None, resume: bool = False, dist=None):
@@ -114,13 +117,18 @@ class SearchTrainer(EpochRunner):
                                   self.costs.unit)) is not None:
             self.log.warning(warn)
         self.tau_schedule = TauSchedule.from_config(s)
-        self.w_opt = torch.optim.SGD(self.model.weight_parameters(), lr=s.w_lr,
-                                     momentum=s.w_momentum, weight_decay=s.w_weight_decay,
+        # run.nan_check (fbnas.run.guard): deferred needs the fused optimizers, which skip a
+        # non-finite step's update on the device
+        self._init_guard(s.nan_policy)
+        fused = self.guard.deferred
+        self.w_opt = fused_optimizer(torch.optim.SGD, self.model.weight_parameters(), fused,
+                                     lr=s.w_lr, momentum=s.w_momentum,
+                                     weight_decay=s.w_weight_decay,
                                      nesterov=s.w_nesterov and s.w_momentum > 0)
         self.w_sched = torch.optim.lr_scheduler.CosineAnnealingLR(
             self.w_opt, T_max=s.epochs, eta_min=s.w_lr_min)
-        self.theta_opt = torch.optim.Adam(self.model.arch_parameters(), lr=s.theta_lr,
-                                          weight_decay=s.theta_weight_decay)
+        self.theta_opt = fused_optimizer(torch.optim.Adam, self.model.arch_parameters(), fused,
+                                         lr=s.theta_lr, weight_decay=s.theta_weight_decay)
         self.data = build_search_data(
             cfg.data, input_size=cfg.space.macro.input_size,
             in_channels=cfg.space.macro.in_channels, num_classes=cfg.space.macro.num_classes,
@@ -156,6 +164,8 @@ class SearchTrainer(EpochRunner):
         self.model.load_state_dict(state["model"])
         self.w_opt.load_state_dict(state["w_opt"])
         self.theta_opt.load_state_dict(state["theta_opt"])
+        for opt in (self.w_opt, self.theta_opt):  # this run's kernels, whatever wrote it
+            keep_fused(opt, self.guard.deferred)
         self.w_sched.load_state_dict(state["w_sched"])
         self.epoch, self.phase, self.step = state["epoch"], state["phase"], state["step"]
         self.history = list(state["history"])
@@ -200,22 +210,35 @@ class SearchTrainer(EpochRunner):
         return (self.epoch if epoch is None else epoch) >= self.cfg.search.warmup_epochs
 
     # ---- one step of each kind ---------------------------------------------------------------
-    def _check_finite(self, terms: dict[str, torch.Tensor]) -> bool:
-        bad = [k for k, v in terms.items() if not bool(torch.isfinite(v).all())]
-        if self.dist.distributed and self.dist.any_true(bool(bad)) and not bad:
-            bad = ["loss (on another rank)"]  # every rank skips or stops at the same step
-        if not bad:
-            return True
-        where = (f"epoch {self.epoch + 1}/{self.cfg.search.epochs}, {self.phase} step "
-                 f"{self.step + 1}")
+    def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
+        where = f"epoch {self.epoch + 1}/{self.cfg.search.epochs}, {self.phase} step {step + 1}"
         if self.cfg.search.nan_policy == "skip":
-            self.skipped_steps += 1
-            self.log.warning(f"non-finite {', '.join(bad)} at {where}: step skipped")
-            return False
-        self.save()  # nothing was applied yet: this is the last good state
-        raise NonFiniteLoss(f"non-finite loss term {', '.join(bad)} at {where}; stopped after "
+            self.skipped_steps += count
+            more = f" (and {count - 1} more steps since)" if count > 1 else ""
+            self.log.warning(f"non-finite {', '.join(terms)} at {where}{more}: step skipped")
+            return
+        self._rewind(step)  # deferred check: back to the bad step, whose update was skipped
+        self.save()  # nothing was applied from that step on: this is the last good state
+        raise NonFiniteLoss(f"non-finite loss term {', '.join(terms)} at {where}; stopped after "
                             f"saving the last good state in {self.run_dir / CHECKPOINT} "
                             "(set search.nan_policy: skip to skip such steps)")
+
+    def _rewind(self, step: int) -> None:
+        # the steps from `step` on were all skipped (the stop latched): drop them from the sums
+        dropped = self.step - step
+        super()._rewind(step)
+        p = dict(self.partial)
+        if dropped and "count" in p:
+            p["count"] = p["count"] - dropped
+            p["sums"] = {k: v for k, v in p.get("sums", {}).items() if k != SKIPPED}
+        self.partial = p
+
+    def _figures(self, out: dict[str, torch.Tensor], skip: torch.Tensor | None
+                 ) -> dict[str, torch.Tensor]:
+        """A step's figures; under the deferred check masked by `skip`, which is counted."""
+        if skip is None:
+            return out
+        return {**masked(out, skip), SKIPPED: metric(skip)}
 
     def _warmup_paths(self) -> list[list[list[int]]] | None:
         """The single paths a warm-up weight step trains, or None (fbnas.schedules)."""
@@ -230,6 +253,7 @@ class SearchTrainer(EpochRunner):
         search.grad_clip bounds)."""
         self.w_opt.zero_grad(set_to_none=True)
         ce_sum = acc_sum = cost_sum = 0.0
+        ces = []
         for active in paths:
             m = [nn.functional.one_hot(torch.tensor(a[0]), len(t)).to(t.dtype).to(t.device)
                  for a, t in zip(active, self.net.theta, strict=True)]
@@ -237,19 +261,21 @@ class SearchTrainer(EpochRunner):
                 logits, cost = self.model(self.prec.input(x), m=m, active=active, cost_m=m)
             logits = logits.float()
             ce = self.loss.ce(logits, y)
-            if not self._check_finite({"ce": ce}):
+            if not self.guard.deferred and not self._nan_check({"ce": ce})[0]:
                 self.w_opt.zero_grad(set_to_none=True)
                 return {}
+            ces.append(ce)
             self.prec.scale(ce, 0).backward()
             ce_sum = ce_sum + metric(ce)
             acc_sum = acc_sum + metric((logits.detach().argmax(1) == y).float().mean())
             cost_sum = cost_sum + metric(cost)
+        skip = self._nan_check({"ce": torch.stack(ces)})[1] if self.guard.deferred else None
         if self.cfg.search.grad_clip:
             self.prec.unscale_(self.w_opt, 0)
             nn.utils.clip_grad_norm_(self.model.weight_parameters(), self.cfg.search.grad_clip)
-        self.prec.step(self.w_opt, 0)
+        self._apply_step(self.w_opt, 0, skip)
         k = len(paths)
-        return {"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k}
+        return self._figures({"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k}, skip)
 
     def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         self.model.train()
@@ -263,7 +289,8 @@ class SearchTrainer(EpochRunner):
                                       cost_m=p.cost_m)
         logits = logits.float()  # the losses in float32 under any search.precision
         ce = self.loss.ce(logits, y)
-        if not self._check_finite({"ce": ce}):
+        apply, skip = self._nan_check({"ce": ce})
+        if not apply:
             return {}
         params = self.model.weight_parameters()
         self.w_opt.zero_grad(set_to_none=True)
@@ -271,9 +298,9 @@ class SearchTrainer(EpochRunner):
         if self.cfg.search.grad_clip:
             self.prec.unscale_(self.w_opt, 0)
             nn.utils.clip_grad_norm_(params, self.cfg.search.grad_clip)
-        self.prec.step(self.w_opt, 0)
+        self._apply_step(self.w_opt, 0, skip)
         acc = (logits.detach().argmax(1) == y).float().mean()
-        return {"ce": metric(ce), "acc": metric(acc), "cost": metric(cost)}
+        return self._figures({"ce": metric(ce), "acc": metric(acc), "cost": metric(cost)}, skip)
 
     def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         self.model.train()
@@ -284,8 +311,9 @@ class SearchTrainer(EpochRunner):
         if self.loss.on_expected:  # Σ softmax(θ)·LAT: deterministic, reaches every θ
             cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
         terms = self.loss(logits.float(), y, cost.float())
-        if not self._check_finite({"ce": terms.ce, "cost_term": terms.cost_term,
-                                   "total": terms.total}):
+        apply, skip = self._nan_check({"ce": terms.ce, "cost_term": terms.cost_term,
+                                       "total": terms.total})
+        if not apply:
             return {}
         theta = self.model.arch_parameters()
         # weights get no gradient here. A layer's θ can be absent from the graph: in
@@ -299,11 +327,12 @@ class SearchTrainer(EpochRunner):
         if self.dist.distributed and self.prec.scalers:
             # fp16: average before the scaler's overflow check, so every rank skips alike
             self.dist.all_reduce_mean([t.grad for t in theta])
-        self.prec.step(self.theta_opt, 1)
+        self._apply_step(self.theta_opt, 1, skip)
         self.theta_opt.zero_grad(set_to_none=True)
         acc = (logits.detach().argmax(1) == y).float().mean()
-        return {"loss": metric(terms.total), "ce": metric(terms.ce),
-                "cost_term": metric(terms.cost_term), "acc": metric(acc), "cost": metric(cost)}
+        return self._figures({"loss": metric(terms.total), "ce": metric(terms.ce),
+                              "cost_term": metric(terms.cost_term), "acc": metric(acc),
+                              "cost": metric(cost)}, skip)
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -363,6 +392,7 @@ class SearchTrainer(EpochRunner):
         sums = host_values(sums)  # one read of the phase's sums
         if self.dist.distributed:  # the phase's means over every rank's steps
             sums, total = self._end_phase(sums, total)
+        total -= round(sums.pop(SKIPPED, 0.0))  # steps the deferred check skipped
         return {k: v / max(total, 1) for k, v in sums.items()}
 
     def train_epoch(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ the issue's table) on one synthetic batch held on the device, for every variant 
     python scripts/bench_gpu.py --config configs/quickstart.yaml --batch 32 --steps 2 \\
         --rounds 3 --device cpu                                    # a quick check on a CPU
     python scripts/bench_gpu.py --compile both                     # search.compile off / on
+    python scripts/bench_gpu.py --nan-check both   # the per-step NaN read against the deferred
     python scripts/bench_gpu.py --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
 
 With --compile, inductor caches generated code under /tmp/torchinductor_$USER (remove it
@@ -108,14 +109,15 @@ def profile_step(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor, device: tor
     return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=40)
 
 
-def trainer(args, mode: str, precision: str, compiled: bool, work: Path) -> SearchTrainer:
-    sets = [f"search.mode={mode}", f"search.precision={precision}",
+def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: Path
+            ) -> SearchTrainer:
+    sets = [f"search.mode={mode}", f"search.precision={precision}", f"run.nan_check={check}",
             f"search.compile={'true' if compiled else 'false'}",
             f"search.channels_last={'true' if precision == 'bf16' else 'false'}",
             "latency.cost=flops", "data.dataset=synthetic", f"data.batch_size={args.batch}",
             f"data.synthetic_size={4 * args.batch}", "data.val_fraction=0",
             f"search.device={args.device}",
-            f"run.dir={work / f'{mode}-{precision}-{int(compiled)}'}",
+            f"run.dir={work / f'{mode}-{precision}-{int(compiled)}-{check}'}",
             "run.progress=false", "run.tensorboard=false", *args.set]
     cfg = load_config(args.config, sets)
     t = SearchTrainer(cfg, cfg.run.dir)
@@ -137,6 +139,11 @@ def main() -> int:
                          "in backward, their gradient written once: 3)")
     ap.add_argument("--compile", default="off", choices=("off", "on", "both"),
                     help="search.compile for each variant: off, on, or both side by side")
+    ap.add_argument("--nan-check", default="auto",
+                    choices=("auto", "step", "deferred", "both"),
+                    help="run.nan_check for each variant (auto: deferred on CUDA), or step and "
+                         "deferred side by side: what the per-step host read of the non-finite "
+                         "check costs")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, profile one step of each variant and print its N "
                          "most expensive ops (self time on the device, or the CPU): where "
@@ -148,10 +155,12 @@ def main() -> int:
     device = torch.device(args.device)
     work = Path(tempfile.mkdtemp(prefix="fbnas_bench_gpu_"))
     comp = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
-    variants = [(m, p, c) for m in args.modes.split(",") for p in args.precisions.split(",")
-                for c in comp]
+    checks = ("step", "deferred") if args.nan_check == "both" else (args.nan_check,)
+    variants = [(m, p, c, k) for m in args.modes.split(",") for p in args.precisions.split(",")
+                for c in comp for k in checks]
     name = {v: f"{v[0]}, {v[1]}" + (" + channels_last" if v[1] == "bf16" else "")
-            + (", compiled" if v[2] else "") for v in variants}
+            + (", compiled" if v[2] else "") + (f", nan_check {v[3]}" if len(checks) > 1
+                                                 else "") for v in variants}
     bw = copy_bandwidth(device)
     print(f"{args.config}: batch {args.batch}, {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
@@ -171,8 +180,8 @@ def main() -> int:
             warm[v] = time.perf_counter() - t0
             print(f"{name[v]}: warm-up (3 steps, compilation included) {warm[v]:.1f} s",
                   flush=True)
-        times: dict[tuple[str, str, bool], list[float]] = {v: [] for v in variants}
-        peak: dict[tuple[str, str, bool], float] = {}
+        times: dict[tuple[str, str, bool, str], list[float]] = {v: [] for v in variants}
+        peak: dict[tuple[str, str, bool, str], float] = {}
         for r in range(args.rounds):
             for v in (variants if r % 2 == 0 else variants[::-1]):
                 t = trainers[v]

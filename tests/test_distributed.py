@@ -52,6 +52,7 @@ DRIVER = textwrap.dedent('''
     RANK = int(os.environ["RANK"])
     WATCH = os.path.realpath(os.environ["FBNAS_TEST_WATCH"])
     STOP_AT = os.environ.get("FBNAS_TEST_STOP_AT")  # "EPOCH:STEP": rank 1 gets a SIGTERM
+    NAN_AT = os.environ.get("FBNAS_TEST_NAN_AT")  # "EPOCH:STEP": rank 1's CE is inf
     writes = []
 
     def audit(event, args):
@@ -92,6 +93,13 @@ DRIVER = textwrap.dedent('''
     def weight_step(self, x, y):
         if STOP_AT and RANK == 1 and f"{self.epoch}:{self.step}" == STOP_AT:
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal, to this rank only
+        if NAN_AT and RANK == 1 and f"{self.epoch}:{self.step}" == NAN_AT:
+            ce = self.loss.ce  # an inf CE on this rank alone
+            self.loss.ce = lambda *a: ce(*a) * float("inf")
+            try:
+                return orig_weight_step(self, x, y)
+            finally:
+                del self.loss.ce
         return orig_weight_step(self, x, y)
 
     SearchTrainer.weight_step = weight_step
@@ -138,16 +146,17 @@ DRIVER = textwrap.dedent('''
 
 
 def torchrun(tmp: Path, out: Path, args: list[str], stop_at: str | None = None,
-             nproc: int = 2) -> subprocess.CompletedProcess:
+             nproc: int = 2, nan_at: str | None = None) -> subprocess.CompletedProcess:
     driver = tmp / "driver.py"
     driver.write_text(DRIVER)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FBNAS_TEST_OUT": str(out),
            "FBNAS_TEST_WATCH": str(tmp / "runs"),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    env.pop("FBNAS_TEST_STOP_AT", None)
-    if stop_at:
-        env["FBNAS_TEST_STOP_AT"] = stop_at
+    for key, value in (("FBNAS_TEST_STOP_AT", stop_at), ("FBNAS_TEST_NAN_AT", nan_at)):
+        env.pop(key, None)
+        if value:
+            env[key] = value
     # --standalone: the rendezvous store binds a free port itself, so no other process can take
     # a port between our choosing it and torchrun binding it
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -268,6 +277,27 @@ def test_interrupted_two_process_search_resumes_exactly(full_run):
 
     assert Architecture.load(run / "arch_hard.yaml").ops == Architecture.load(
         tmp / "runs" / "full" / "arch_hard.yaml").ops
+
+
+def test_an_inf_on_one_rank_stops_every_rank_at_its_step_under_the_deferred_check(full_run):
+    """run.nan_check: deferred under torchrun: the flags are all-reduced on the device and read
+    at the same step on every rank, so both ranks stop together, naming rank 1's bad step,
+    with the state from before it saved once."""
+    tmp, _, _ = full_run
+    cfg = write_config(tmp, "nan", run={"nan_check": "deferred", "tensorboard": False})
+    r = torchrun(tmp, tmp / "out_nan", ["train", "--config", str(cfg)], nan_at="1:2")
+    assert observed(tmp / "out_nan", 0)["rcs"] == observed(tmp / "out_nan", 1)["rcs"] == [2]
+    # each rank's error line names the step rank 1 alone saw
+    assert r.stderr.count("non-finite loss term ce at epoch 2/3, w step 3") == 2, r.stderr
+    ck = torch.load(tmp / "runs" / "nan" / "checkpoint.pt", weights_only=True)
+    assert (ck["epoch"], ck["phase"], ck["step"]) == (1, "w", 2)
+    assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+    s0, s1 = state(tmp / "out_nan", 0), state(tmp / "out_nan", 1)
+    assert_same_tensors(s0["theta"], s1["theta"])
+    weights = [{k: v for k, v in s["model"].items() if "running" not in k  # BN statistics are
+                and "num_batches" not in k} for s in (s0, s1)]  # per rank until a phase ends
+    assert_same_tensors(*weights)
+    assert observed(tmp / "out_nan", 1)["writes"] == []
 
 
 # ---- single-process pieces (no process group) -------------------------------------------------

@@ -327,9 +327,11 @@ def test_disk_full_while_writing_an_architecture(finished_run, tmp_path, monkeyp
 
 
 # ---- (c) non-finite losses -------------------------------------------------------------------
+@pytest.mark.parametrize("check", ["step", "deferred"])
 @pytest.mark.parametrize("policy", ["stop", "skip"])
-def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy):
-    """test_trainer covers a NaN in a θ step; this is an inf in a weight step (CE)."""
+def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy, check):
+    """test_trainer covers a NaN in a θ step; this is an inf in a weight step (CE), checked
+    at once or on the device (run.nan_check)."""
     from fbnas.config import config_from_dict
     from fbnas.run import NonFiniteLoss, close_logger
     from fbnas.search import SearchTrainer
@@ -337,7 +339,7 @@ def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy):
     d = copy.deepcopy(TINY)
     d["search"].update(epochs=2, nan_policy=policy)
     d["data"].update(limit=120)
-    d["run"].update(dir=str(tmp_path / "run"), checkpoint_every_steps=0)
+    d["run"].update(dir=str(tmp_path / "run"), checkpoint_every_steps=0, nan_check=check)
     t = SearchTrainer(config_from_dict(d), tmp_path / "run")
     orig, calls = t.loss.ce, {"n": 0}
 
@@ -363,15 +365,17 @@ def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy):
         close_logger(t.log)
 
 
+@pytest.mark.parametrize("check", ["step", "deferred"])
 def test_a_non_finite_retrain_loss_stops_at_its_step(finished_run, tmp_path, monkeypatch,
-                                                     capsys):
+                                                     capsys, check):
     """`fbnas retrain` whose 3rd training loss is NaN: one error line naming the step, the
-    last good state saved (finite), and the run resumable."""
+    last good state saved (finite), and the run resumable; checked at once or on the device."""
     import torch.nn.functional as F
 
     cfg = tmp_path / "c.yaml"
     d = yaml.safe_load((finished_run / "config.yaml").read_text())
     d["retrain"] = {"epochs": 1, "warmup_epochs": 0, "device": "cpu", "measure_latency": False}
+    d["run"]["nan_check"] = check
     cfg.write_text(yaml.safe_dump(d))
     real, calls = F.cross_entropy, {"n": 0}
 

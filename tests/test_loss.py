@@ -43,6 +43,12 @@ def test_fbnet_loss_refuses_lat_below_e():
     with pytest.raises(FbnasError, match="cheapest architecture"):
         FBNetLoss().check_range(1.5, 100.0)
     FBNetLoss().check_range(10.0, 100.0)
+    # off the host the value is not read (it would stall a GPU step): check_range guards it
+    meta = torch.tensor(2.0, device="meta")
+    assert FBNetLoss().cost_term(meta).device.type == "meta"
+    assert NormalizedLoss(target=2000.0).cost_term(meta).device.type == "meta"
+    with pytest.raises(FbnasError, match="LAT > 1"):
+        NormalizedLoss(target=2000.0).cost_term(torch.tensor(0.5))
 
 
 def test_normalized_loss():

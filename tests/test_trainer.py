@@ -239,9 +239,13 @@ def test_missing_latency_table_is_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r" / "checkpoint.pt").exists()
 
 
+@pytest.mark.parametrize("check", ["step", "deferred"])
 @pytest.mark.parametrize("policy", ["stop", "skip"])
-def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy):
-    cfg = make_cfg(tmp_path, search={"epochs": 3, "nan_policy": policy})
+def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy, check):
+    """Read at once (`step`) or on the device and polled later (`deferred`, fbnas.run.guard):
+    the same step named, the same position saved, nothing non-finite applied."""
+    cfg = make_cfg(tmp_path, search={"epochs": 3, "nan_policy": policy},
+                   run={"nan_check": check})
     t = trainer_for(cfg)
     orig = t.loss.cost_term
     count = {"n": 0}

@@ -36,6 +36,7 @@ from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.precision import Precision
+from fbnas.run.guard import NonFiniteGuard, deferred_wanted, step_unless
 from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
 from fbnas.run.resume import ResumePolicy
 
@@ -105,6 +106,7 @@ class EpochRunner:
         self._stop_time = 0.0
         self._rank_bn: list[torch.Tensor] | None = None
         self._averager: Any = None  # distributed runs: fbnas.distributed.PeriodicAverager
+        self._polled_at = 0.0  # the deferred non-finite flags' last read (fbnas.run.guard)
         # the console only until every input is validated: a refused run writes nothing
         keep = run_log_handlers(self.run_dir, self.dist.rank)
         self._own_log = log is None
@@ -151,6 +153,55 @@ class EpochRunner:
         self.prec = Precision(precision, channels_last, self.device, self.SECTION,
                               scalers=scalers,
                               local_sgd=self.dist.distributed and self.cfg.run.ddp_sync_every > 1)
+
+    def _init_guard(self, policy: str = "stop") -> None:
+        """The non-finite loss check (`run.nan_check`, fbnas.run.guard); after the precision.
+        `policy` is what a non-finite step does: stop the run, or skip the step."""
+        deferred = deferred_wanted(self.cfg.run.nan_check, self.device, self.prec.precision)
+        self.guard = NonFiniteGuard(deferred, policy, self.device, self.dist)
+
+    def _nan_check(self, terms: dict[str, torch.Tensor]) -> tuple[bool, torch.Tensor | None]:
+        """(apply, skip) for the current step's loss terms. `step` check: apply is False for a
+        non-finite step that `nan_policy: skip` skips (stop raises in `_non_finite`); skip is
+        None. Deferred: apply is True and skip a device flag for `_apply_step`."""
+        if self.guard.deferred:
+            return True, self.guard.check(terms, self.step)
+        bad = self.guard.check_now(terms)
+        if bad:
+            self._non_finite(bad, self.step)
+            return False, None
+        return True, None
+
+    def _apply_step(self, opt: torch.optim.Optimizer, i: int, skip: torch.Tensor | None) -> None:
+        """The optimizer step: through the precision's scaler, or skipped on the device where
+        the deferred check's `skip` is true."""
+        if skip is None:
+            self.prec.step(opt, i)
+        else:
+            step_unless(opt, skip)
+
+    def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
+        """Non-finite `terms` at `step` (0-based, in the current phase; `count` steps since the
+        last poll): skip (log and count) or wind back to `step`, save and raise."""
+        raise NotImplementedError
+
+    def _rewind(self, step: int) -> None:
+        """Take the position back to `step` of the current phase, whose update and those after
+        it were skipped (the deferred check under nan_policy stop)."""
+        self.step = step
+
+    def _poll_guard(self) -> None:
+        """Read the deferred check's flags; act on a non-finite step found."""
+        self._polled_at = time.monotonic()
+        found = self.guard.poll()
+        if found is not None:
+            self._non_finite(found.terms, found.first, found.count)
+
+    def _poll_due(self) -> bool:
+        """Every 0.5 s; under torchrun every 32 steps (each rank must decide at the same step)."""
+        if self.dist.distributed:
+            return self.step % 32 == 0
+        return time.monotonic() - self._polled_at >= 0.5
 
     def _open_checkpoint(self, resume: bool) -> dict[str, Any] | None:
         """The checkpoint to resume from (checked against the config by `_check_resume`), or
@@ -266,13 +317,19 @@ class EpochRunner:
                     if shown and time.monotonic() - shown_at >= 0.5:
                         shown_at = time.monotonic()
                         bar.set_postfix({k: f"{v:.3g}" for k, v in host_values(shown).items()})
-                if every and self.step % every == 0:
+                save = bool(every) and self.step % every == 0
+                stop = self._agreed_stop()
+                if self.guard.deferred and (save or stop or self._poll_due()):
+                    self._poll_guard()  # a non-finite step found here stops before any save
+                if save:
                     self.save()
-                if self._agreed_stop():
+                if stop:
                     if before_stop is not None:
                         before_stop()
                     self.save()
                     raise Interrupted
+            if self.guard.deferred:
+                self._poll_guard()  # the phase's end: nothing non-finite is carried past it
         finally:
             if bar is not None:
                 bar.close()
