@@ -18,7 +18,7 @@ from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.run import NonFiniteLoss, close_logger
-from fbnas.run.guard import NonFiniteGuard, deferred_wanted
+from fbnas.run.guard import NonFiniteGuard, deferred_wanted, fused_missing
 from fbnas.search import SearchTrainer
 
 TINY = digits_run_config(data={"limit": 240, "batch_size": 12},
@@ -212,3 +212,36 @@ def test_an_unknown_nan_check_is_refused(tmp_path):
     d["run"]["nan_check"] = "later"
     with pytest.raises(FbnasError, match=r"run.nan_check"):
         config_from_dict(d)
+
+
+def test_a_torch_without_the_fused_skip_is_probed_and_refused(tmp_path, monkeypatch):
+    """`fused_missing` probes what the deferred check relies on: where fused SGD is missing,
+    or ignores found_inf, `run.nan_check: deferred` is refused in one line (auto falls back
+    to the per-step check, on CUDA, the only place it defers)."""
+    real = torch.optim.SGD
+
+    class NoFused(real):
+        def __init__(self, params, fused=None, **kw):
+            if fused:
+                raise RuntimeError("fused=True is not supported here")
+            super().__init__(params, **kw)
+
+    class Ignores(real):
+        def step(self, closure=None):
+            kept = self.__dict__.pop("found_inf", None)  # as if the kernel never read it
+            try:
+                return super().step(closure)
+            finally:
+                self.found_inf = kept
+
+    assert fused_missing(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.optim, "SGD", Ignores)
+    assert "does not honour found_inf" in fused_missing(torch.device("cpu"))
+    monkeypatch.setattr(torch.optim, "SGD", NoFused)
+    assert "SGD(fused=True): fused=True is not supported" in fused_missing(torch.device("cpu"))
+    with pytest.raises(FbnasError, match=r"^run.nan_check: deferred needs fused optimizers .*"
+                                         r"use step$"):
+        _trainer(tmp_path, "r", "deferred")
+    t = _trainer(tmp_path, "s", "step")  # the per-step check needs no fused kernel
+    close_logger(t.log)
+    assert not t.guard.deferred

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from fbnas.errors import first_line
+
 
 def deferred_wanted(setting: str, device: torch.device, precision: str) -> bool:
     """Whether `run.nan_check: setting` keeps the check on the device for this run."""
@@ -37,6 +39,27 @@ def deferred_wanted(setting: str, device: torch.device, precision: str) -> bool:
     if setting == "auto":
         return device.type == "cuda"
     return setting == "deferred"
+
+
+def fused_missing(device: torch.device) -> str | None:
+    """Why this torch cannot skip an update on `device` (None: it can). Probed, not assumed
+    from a version: fused SGD, Adam and AdamW must exist there and leave a parameter alone
+    under `found_inf` = 1 while updating it under 0."""
+    for name in ("SGD", "Adam", "AdamW"):
+        make = getattr(torch.optim, name)
+        try:
+            moved = []
+            for skip in (1.0, 0.0):
+                p = torch.ones(1, device=device, requires_grad=True)
+                p.grad = torch.ones(1, device=device)
+                opt = make([p], lr=0.5, fused=True)
+                step_unless(opt, torch.tensor(bool(skip), device=device))
+                moved.append(float(p.detach().cpu()) != 1.0)
+        except (RuntimeError, TypeError, ValueError) as e:
+            return f"{name}(fused=True): {first_line(e)}"
+        if moved != [False, True]:
+            return f"{name}(fused=True) does not honour found_inf"
+    return None
 
 
 def fused_optimizer(make: Any, params: Any, deferred: bool, **kw: Any) -> torch.optim.Optimizer:

@@ -36,7 +36,7 @@ from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.precision import Precision
-from fbnas.run.guard import NonFiniteGuard, deferred_wanted, step_unless
+from fbnas.run.guard import NonFiniteGuard, deferred_wanted, fused_missing, step_unless
 from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
 from fbnas.run.resume import ResumePolicy
 
@@ -157,7 +157,14 @@ class EpochRunner:
     def _init_guard(self, policy: str = "stop") -> None:
         """The non-finite loss check (`run.nan_check`, fbnas.run.guard); after the precision.
         `policy` is what a non-finite step does: stop the run, or skip the step."""
-        deferred = deferred_wanted(self.cfg.run.nan_check, self.device, self.prec.precision)
+        setting = self.cfg.run.nan_check
+        deferred = deferred_wanted(setting, self.device, self.prec.precision)
+        if deferred and (why := fused_missing(self.device)) is not None:
+            if setting == "deferred":
+                raise FbnasError(f"run.nan_check: deferred needs fused optimizers that skip an "
+                                 f"update on {self.device.type} ({why}); use step")
+            self.log.info(f"run.nan_check auto: checking each step on the host ({why})")
+            deferred = False
         self.guard = NonFiniteGuard(deferred, policy, self.device, self.dist)
 
     def _nan_check(self, terms: dict[str, torch.Tensor]) -> tuple[bool, torch.Tensor | None]:
