@@ -22,6 +22,7 @@ the issue's table) on one synthetic batch held on the device, for every variant 
         --rounds 3 --device cpu                                    # a quick check on a CPU
     python scripts/bench_gpu.py --compile both                     # search.compile off / on
     python scripts/bench_gpu.py --nan-check both   # the per-step NaN read against the deferred
+    python scripts/bench_gpu.py --code /tmp/base   # the same table for a baseline checkout
     python scripts/bench_gpu.py --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
 
 With --compile, inductor caches generated code under /tmp/torchinductor_$USER (remove it
@@ -43,7 +44,20 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+
+def _code_root() -> Path:
+    """--code DIR: time the fbnas in DIR (another checkout: a baseline) instead of this one."""
+    for i, a in enumerate(sys.argv):
+        if a == "--code" and i + 1 < len(sys.argv):
+            return Path(sys.argv[i + 1]).resolve()
+        if a.startswith("--code="):
+            return Path(a.split("=", 1)[1]).resolve()
+    return ROOT
+
+
+CODE = _code_root()
+sys.path.insert(0, str(CODE))
 
 from fbnas.config import load_config  # noqa: E402
 from fbnas.run import close_logger  # noqa: E402
@@ -111,9 +125,13 @@ def profile_step(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor, device: tor
 
 def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: Path
             ) -> SearchTrainer:
-    sets = [f"search.mode={mode}", f"search.precision={precision}", f"run.nan_check={check}",
-            f"search.compile={'true' if compiled else 'false'}",
-            f"search.channels_last={'true' if precision == 'bf16' else 'false'}",
+    # keys at their defaults are left out, so that a baseline checkout without them runs too
+    sets = [f"search.mode={mode}", *([f"search.precision={precision}",
+                                      "search.channels_last=true"] if precision == "bf16" else
+                                     [f"search.precision={precision}"] if precision != "float32"
+                                     else []),
+            *([f"run.nan_check={check}"] if check != "auto" else []),
+            *(["search.compile=true"] if compiled else []),
             "latency.cost=flops", "data.dataset=synthetic", f"data.batch_size={args.batch}",
             f"data.synthetic_size={4 * args.batch}", "data.val_fraction=0",
             f"search.device={args.device}",
@@ -127,7 +145,10 @@ def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: P
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "fbnet_imagenet.yaml"))
+    ap.add_argument("--config", default=str(CODE / "configs" / "fbnet_imagenet.yaml"))
+    ap.add_argument("--code", default=str(ROOT), metavar="DIR",
+                    help="the fbnas checkout to time (default: this one); e.g. a baseline made "
+                         "with `git worktree add /tmp/base e4987fe` (before issue 14's changes)")
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--device", default="auto", help="auto (cuda if present), cuda or cpu")
     ap.add_argument("--modes", default="full,two_path,single_path")
@@ -164,7 +185,8 @@ def main() -> int:
     bw = copy_bandwidth(device)
     print(f"{args.config}: batch {args.batch}, {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-          + f", torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+          + f", torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s; fbnas from "
+          f"{CODE}", flush=True)
     trainers, batch, saved, warm = {}, {}, {}, {}
     try:
         for v in variants:

@@ -1,0 +1,100 @@
+"""Search epochs end to end (data path, steps, validation) per fbnas checkout, side by side.
+
+Issue 14's small-supernet figure: a quickstart-size supernet (6 layers x 7 ops) on 28x28 grey
+images, images/s over whole search epochs, where per-kernel launches, host reads and the data
+loader (not arithmetic) set the pace. Each --code checkout runs `SearchTrainer.fit` in its own
+process (alternating, --repeats times, so drift hits all alike) on the same config; printed
+per checkout: each θ-active epoch's seconds and images/s (weight + θ steps x batch / epoch
+seconds), the median, and its ratio to the first checkout's.
+
+    git worktree add /tmp/base e4987fe         # fbnas before issue 14's changes
+    python scripts/bench_search_epochs.py --code /tmp/base --code .     # on a GPU
+    python scripts/bench_search_epochs.py --code . --device cpu --size 2000 --epochs 2
+
+Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DRIVER = """
+import json, sys
+from fbnas.config import load_config
+from fbnas.run import close_logger
+from fbnas.search import SearchTrainer
+cfg = load_config(sys.argv[1], sys.argv[3:])
+t = SearchTrainer(cfg, cfg.run.dir)
+try:
+    t.fit()
+finally:
+    close_logger(t.log)
+steps = len(t.data.w_loader) + len(t.data.theta_loader)
+json.dump({"seconds": [h["seconds"] for h in t.history],
+           "theta": [bool(h.get("theta_active")) for h in t.history],
+           "images": steps * cfg.data.batch_size, "device": str(t.device)}, open(sys.argv[2], "w"))
+"""
+
+
+def run(code: Path, args, work: Path, tag: str) -> dict:
+    out = work / f"{tag}.json"
+    sets = [f"space.input_size={args.input_size}", "space.in_channels=1",
+            "data.dataset=synthetic", f"data.synthetic_size={args.size}",
+            f"data.batch_size={args.batch}", f"search.epochs={args.epochs}",
+            "search.warmup_epochs=1", f"search.device={args.device}", "latency.cost=flops",
+            "run.progress=false", "run.tensorboard=false",
+            f"run.dir={work / tag}", *args.set]
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    r = subprocess.run([sys.executable, "-c", DRIVER, str(args.config), str(out), *sets],
+                       env=env, cwd=code, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"{code}: the search failed:\n{r.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--code", action="append", default=[], metavar="DIR",
+                    help="an fbnas checkout (repeat; the first is the reference)")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--input-size", type=int, default=28)
+    ap.add_argument("--size", type=int, default=60000, help="synthetic images in all")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=3, help="the first is weights only")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--set", action="append", default=[], help="extra config overrides")
+    args = ap.parse_args()
+    codes = [Path(c).resolve() for c in (args.code or [str(ROOT)])]
+    per: dict[Path, list[float]] = {c: [] for c in codes}
+    with tempfile.TemporaryDirectory(prefix="fbnas_bench_epochs_") as tmp:
+        for rep in range(args.repeats):
+            for c in codes if rep % 2 == 0 else codes[::-1]:
+                res = run(c, args, Path(tmp), f"r{rep}_{codes.index(c)}")
+                rates = [res["images"] / s for s, th in zip(res["seconds"], res["theta"],
+                                                            strict=True) if th]
+                per[c] += rates
+                print(f"repeat {rep + 1}, {c} on {res['device']}: θ epochs "
+                      + ", ".join(f"{s:.2f} s" for s, th in zip(res["seconds"], res["theta"],
+                                                                 strict=True) if th)
+                      + f" ({res['images']} images each)", flush=True)
+    ref = statistics.median(per[codes[0]])
+    print(f"\n{'checkout':<50}{'images/s median (min-max)':>30}{'x first':>9}")
+    for c in codes:
+        r = per[c]
+        med = statistics.median(r)
+        print(f"{str(c):<50}{med:12.0f} ({min(r):.0f}-{max(r):.0f}){'':>5}{med / ref:9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
