@@ -300,6 +300,22 @@ def test_an_inf_on_one_rank_stops_every_rank_at_its_step_under_the_deferred_chec
     assert observed(tmp / "out_nan", 1)["writes"] == []
 
 
+def test_under_the_deferred_check_ranks_agree_on_a_stop_at_the_poll_steps(full_run):
+    """A SIGTERM to rank 1 alone under run.nan_check deferred: agreeing on it is a collective
+    read, so it waits for the next poll step (every 32 steps or a checkpoint) or the epoch's
+    end, and both ranks stop and save there together."""
+    tmp, _, _ = full_run
+    cfg = write_config(tmp, "cut_deferred", run={"nan_check": "deferred", "tensorboard": False})
+    r = torchrun(tmp, tmp / "out_cut_d", ["train", "--config", str(cfg)], stop_at="1:2")
+    assert r.returncode != 0
+    assert observed(tmp / "out_cut_d", 0)["rcs"] == observed(tmp / "out_cut_d", 1)["rcs"] \
+        == [130]
+    ck = torch.load(tmp / "runs" / "cut_deferred" / "checkpoint.pt", weights_only=True)
+    # sent in epoch 2's w phase; a phase here is under 32 steps: agreed at the epoch's end
+    assert (ck["epoch"], ck["phase"], ck["step"]) == (2, "w", 0)
+    assert_same_tensors(state(tmp / "out_cut_d", 0)["theta"], state(tmp / "out_cut_d", 1)["theta"])
+
+
 # ---- single-process pieces (no process group) -------------------------------------------------
 def test_single_process_context_is_a_no_op(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -245,3 +245,39 @@ def test_a_torch_without_the_fused_skip_is_probed_and_refused(tmp_path, monkeypa
     t = _trainer(tmp_path, "s", "step")  # the per-step check needs no fused kernel
     close_logger(t.log)
     assert not t.guard.deferred
+
+
+@pytest.mark.parametrize("make", [torch.optim.SGD, torch.optim.AdamW])
+def test_resumed_state_takes_the_parameters_layout_for_the_fused_kernels(make):
+    """A checkpoint written with contiguous weights, resumed with channels_last (allowed on
+    resume): load_state_dict keeps the saved buffers' layout, which the fused kernels misread
+    (they assume parameter, gradient and state share strides); keep_fused re-lays them out, so
+    a fused step equals the unfused one."""
+    from fbnas.run.guard import keep_fused
+
+    torch.manual_seed(0)
+    kw = {"lr": 0.1, "momentum": 0.9} if make is torch.optim.SGD else {"lr": 0.1}
+    w = torch.nn.Parameter(torch.randn(4, 3, 3, 3))
+    old = make([w], **kw)
+    for _ in range(2):
+        w.grad = torch.randn_like(w)
+        old.step()
+    saved = copy.deepcopy(old.state_dict())
+    start = w.detach().contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(4, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+    after = {}
+    for fused in (False, True):
+        p = torch.nn.Parameter(start.clone(memory_format=torch.channels_last))
+        opt = make([p], fused=True, **kw) if fused else make([p], **kw)
+        opt.load_state_dict(copy.deepcopy(saved))
+        keep_fused(opt, fused)
+        for v in opt.state[p].values():
+            if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                assert v.stride() == p.stride()
+        if "step" in opt.state[p]:
+            assert opt.state[p]["step"].dtype == torch.float32
+            assert opt.state[p]["step"].device == (p.device if fused else torch.device("cpu"))
+        p.grad = grad.clone(memory_format=torch.channels_last)
+        opt.step()
+        after[fused] = p.detach()
+    torch.testing.assert_close(after[True], after[False], rtol=1e-5, atol=1e-6)

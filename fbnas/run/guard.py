@@ -73,12 +73,28 @@ def fused_optimizer(make: Any, params: Any, deferred: bool, **kw: Any) -> torch.
 
 
 def keep_fused(opt: torch.optim.Optimizer, deferred: bool) -> None:
-    """After `load_state_dict` (which restores the saved groups' flags): this run's kernels, so
-    a checkpoint written under one `nan_check` resumes under another."""
+    """After `load_state_dict`: this run's kernels and the state they expect, so a checkpoint
+    written under one `nan_check`, device or `channels_last` resumes under another.
+
+    `load_state_dict` restores the saved groups' flags, places Adam's step counters by the
+    *saved* flags (a non-fused run's on the CPU, where fused CUDA kernels refuse them) and
+    keeps each buffer's saved memory layout (where fused kernels, which assume parameter,
+    gradient and state share strides, compute wrong values on the CPU and refuse on CUDA)."""
     for g in opt.param_groups:
         g["fused"] = True if deferred else None
         if deferred:
             g["foreach"] = None
+        for p in g["params"]:
+            st = opt.state.get(p)
+            if not st:
+                continue
+            for k, v in list(st.items()):
+                if not isinstance(v, torch.Tensor):
+                    continue
+                if k == "step":  # fused: a float32 counter on the parameter's device
+                    st[k] = v.to(p.device if deferred else "cpu", torch.float32)
+                elif v.shape == p.shape and v.stride() != p.stride():
+                    st[k] = torch.empty_like(p).copy_(v)  # the parameter's layout
     if deferred:
         _fill_momentum(opt)
 

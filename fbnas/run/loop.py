@@ -159,6 +159,9 @@ class EpochRunner:
         `policy` is what a non-finite step does: stop the run, or skip the step."""
         setting = self.cfg.run.nan_check
         deferred = deferred_wanted(setting, self.device, self.prec.precision)
+        if setting == "deferred" and self.prec.precision == "fp16":
+            self.log.info("run.nan_check deferred: fp16's loss scaler checks every step on the "
+                          "host; the check stays per step")
         if deferred and (why := fused_missing(self.device)) is not None:
             if setting == "deferred":
                 raise FbnasError(f"run.nan_check: deferred needs fused optimizers that skip an "
@@ -205,7 +208,8 @@ class EpochRunner:
             self._non_finite(found.terms, found.first, found.count)
 
     def _poll_due(self) -> bool:
-        """Every 0.5 s; under torchrun every 32 steps (each rank must decide at the same step)."""
+        """Every 0.5 s; under torchrun every 32 steps (each rank must decide at the same step,
+        and a Ctrl-C is agreed on at these steps too)."""
         if self.dist.distributed:
             return self.step % 32 == 0
         return time.monotonic() - self._polled_at >= 0.5
@@ -325,8 +329,12 @@ class EpochRunner:
                         shown_at = time.monotonic()
                         bar.set_postfix({k: f"{v:.3g}" for k, v in host_values(shown).items()})
                 save = bool(every) and self.step % every == 0
-                stop = self._agreed_stop()
-                if self.guard.deferred and (save or stop or self._poll_due()):
+                poll = self.guard.deferred and (save or self._poll_due())
+                # under torchrun agreeing on a stop is a collective read; with the deferred
+                # check it waits for the poll steps (every 32), so no step waits for the device
+                agree = not (self.guard.deferred and self.dist.distributed) or poll
+                stop = agree and self._agreed_stop()
+                if self.guard.deferred and (poll or stop):
                     self._poll_guard()  # a non-finite step found here stops before any save
                 if save:
                     self.save()
