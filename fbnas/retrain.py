@@ -186,13 +186,11 @@ class ChildTrainer(EpochRunner):
                 logits = self.forward(self.prec.input(x))
             logits = logits.float()  # the loss in float32 under any retrain.precision
             loss = F.cross_entropy(logits, y, label_smoothing=r.label_smoothing)
-            # every rank stops at the same step (the flags are all-reduced)
-            _, skip = self._nan_check({"loss": loss})
             self.opt.zero_grad(set_to_none=True)
             self.prec.scale(loss).backward()
-        if r.grad_clip:
-            self.prec.unscale_(self.opt)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.grad_clip)
+        grads = self._grad_terms(self.opt, 0, list(self.model.parameters()), r.grad_clip)
+        # nothing applied yet; every rank stops at the same step (the flags are all-reduced)
+        _, skip = self._nan_check({"loss": loss, **grads})
         self._apply_step(self.opt, 0, skip)
         if self._averager is not None:
             self._averager.after_step()
@@ -205,9 +203,11 @@ class ChildTrainer(EpochRunner):
     def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
         self._rewind(step)  # deferred check: back to the bad step, whose update was skipped
         self.save()  # nothing was applied from that step on: this is the last good state
-        raise NonFiniteLoss(f"non-finite loss at epoch {self.epoch + 1}/{self.cfg.retrain.epochs}"
-                            f" step {step + 1}; stopped after saving the last good state in "
-                            f"{self.run_dir / CHECKPOINT} (lower retrain.lr?)")
+        what = "loss" if "loss" in terms else "gradient (the loss was finite)"
+        raise NonFiniteLoss(f"non-finite {what} at epoch {self.epoch + 1}/"
+                            f"{self.cfg.retrain.epochs} step {step + 1}; stopped after saving "
+                            f"the last good state in {self.run_dir / CHECKPOINT} (lower "
+                            "retrain.lr?)")
 
     def train_epoch(self) -> dict[str, Any]:
         r = self.cfg.retrain

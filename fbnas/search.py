@@ -44,7 +44,7 @@ from fbnas.distributed import (
 )
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
-from fbnas.run.guard import fused_optimizer, keep_fused, masked
+from fbnas.run.guard import fused_optimizer, keep_fused, masked, non_finite_what
 from fbnas.run.loop import (
     CHECKPOINT,
     EpochRunner,
@@ -212,16 +212,17 @@ class SearchTrainer(EpochRunner):
     # ---- one step of each kind ---------------------------------------------------------------
     def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
         where = f"epoch {self.epoch + 1}/{self.cfg.search.epochs}, {self.phase} step {step + 1}"
+        what = non_finite_what(terms)
         if self.cfg.search.nan_policy == "skip":
             self.skipped_steps += count
             more = f" (and {count - 1} more steps since)" if count > 1 else ""
-            self.log.warning(f"non-finite {', '.join(terms)} at {where}{more}: step skipped")
+            self.log.warning(f"non-finite {what} at {where}{more}: step skipped")
             return
         self._rewind(step)  # deferred check: back to the bad step, whose update was skipped
         self.save()  # nothing was applied from that step on: this is the last good state
-        raise NonFiniteLoss(f"non-finite loss term {', '.join(terms)} at {where}; stopped after "
-                            f"saving the last good state in {self.run_dir / CHECKPOINT} "
-                            "(set search.nan_policy: skip to skip such steps)")
+        raise NonFiniteLoss(f"non-finite {what} at {where}; stopped after saving the last good "
+                            f"state in {self.run_dir / CHECKPOINT} (set search.nan_policy: skip "
+                            "to skip such steps)")
 
     def _rewind(self, step: int) -> None:
         # the steps from `step` on were all skipped (the stop latched): drop them from the sums
@@ -261,18 +262,17 @@ class SearchTrainer(EpochRunner):
                 logits, cost = self.model(self.prec.input(x), m=m, active=active, cost_m=m)
             logits = logits.float()
             ce = self.loss.ce(logits, y)
-            if not self.guard.deferred and not self._nan_check({"ce": ce})[0]:
-                self.w_opt.zero_grad(set_to_none=True)
-                return {}
             ces.append(ce)
             self.prec.scale(ce, 0).backward()
             ce_sum = ce_sum + metric(ce)
             acc_sum = acc_sum + metric((logits.detach().argmax(1) == y).float().mean())
             cost_sum = cost_sum + metric(cost)
-        skip = self._nan_check({"ce": torch.stack(ces)})[1] if self.guard.deferred else None
-        if self.cfg.search.grad_clip:
-            self.prec.unscale_(self.w_opt, 0)
-            nn.utils.clip_grad_norm_(self.model.weight_parameters(), self.cfg.search.grad_clip)
+        grads = self._grad_terms(self.w_opt, 0, self.model.weight_parameters(),
+                                 self.cfg.search.grad_clip)
+        apply, skip = self._nan_check({"ce": torch.stack(ces), **grads})
+        if not apply:
+            self.w_opt.zero_grad(set_to_none=True)
+            return {}
         self._apply_step(self.w_opt, 0, skip)
         k = len(paths)
         return self._figures({"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k}, skip)
@@ -289,15 +289,14 @@ class SearchTrainer(EpochRunner):
                                       cost_m=p.cost_m)
         logits = logits.float()  # the losses in float32 under any search.precision
         ce = self.loss.ce(logits, y)
-        apply, skip = self._nan_check({"ce": ce})
-        if not apply:
-            return {}
-        params = self.model.weight_parameters()
         self.w_opt.zero_grad(set_to_none=True)
         self.prec.scale(ce, 0).backward()
-        if self.cfg.search.grad_clip:
-            self.prec.unscale_(self.w_opt, 0)
-            nn.utils.clip_grad_norm_(params, self.cfg.search.grad_clip)
+        grads = self._grad_terms(self.w_opt, 0, self.model.weight_parameters(),
+                                 self.cfg.search.grad_clip)
+        apply, skip = self._nan_check({"ce": ce, **grads})  # nothing applied yet
+        if not apply:
+            self.w_opt.zero_grad(set_to_none=True)
+            return {}
         self._apply_step(self.w_opt, 0, skip)
         acc = (logits.detach().argmax(1) == y).float().mean()
         return self._figures({"ce": metric(ce), "acc": metric(acc), "cost": metric(cost)}, skip)
@@ -311,10 +310,6 @@ class SearchTrainer(EpochRunner):
         if self.loss.on_expected:  # Σ softmax(θ)·LAT: deterministic, reaches every θ
             cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
         terms = self.loss(logits.float(), y, cost.float())
-        apply, skip = self._nan_check({"ce": terms.ce, "cost_term": terms.cost_term,
-                                       "total": terms.total})
-        if not apply:
-            return {}
         theta = self.model.arch_parameters()
         # weights get no gradient here. A layer's θ can be absent from the graph: in
         # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0), and
@@ -327,6 +322,12 @@ class SearchTrainer(EpochRunner):
         if self.dist.distributed and self.prec.scalers:
             # fp16: average before the scaler's overflow check, so every rank skips alike
             self.dist.all_reduce_mean([t.grad for t in theta])
+        apply, skip = self._nan_check({"ce": terms.ce, "cost_term": terms.cost_term,
+                                       "total": terms.total,
+                                       **self._grad_terms(self.theta_opt, 1, theta, 0.0)})
+        if not apply:
+            self.theta_opt.zero_grad(set_to_none=True)
+            return {}
         self._apply_step(self.theta_opt, 1, skip)
         self.theta_opt.zero_grad(set_to_none=True)
         acc = (logits.detach().argmax(1) == y).float().mean()

@@ -50,6 +50,19 @@ _DIGITS_RUN = {
 }
 
 
+class NanGradient(torch.autograd.Function):
+    """Identity forward, NaN backward: a finite loss whose gradient is not (the non-finite
+    gradient tests)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
 def digits_run_config(retrain: dict | None = None, **sections: dict) -> dict:
     """A fresh copy of the tiny digits run config; each of `sections` (space, data, latency,
     loss, search, run) updates that section's keys, and `retrain`, when given, is the whole

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config
+from conftest import NanGradient, digits_run_config
 
 from fbnas.arch import Architecture
 from fbnas.checkpoint import load_checkpoint
@@ -365,11 +365,13 @@ def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy, ch
         close_logger(t.log)
 
 
+@pytest.mark.parametrize("bad", ["loss", "gradient"])
 @pytest.mark.parametrize("check", ["step", "deferred"])
 def test_a_non_finite_retrain_loss_stops_at_its_step(finished_run, tmp_path, monkeypatch,
-                                                     capsys, check):
-    """`fbnas retrain` whose 3rd training loss is NaN: one error line naming the step, the
-    last good state saved (finite), and the run resumable; checked at once or on the device."""
+                                                     capsys, check, bad):
+    """`fbnas retrain` whose 3rd training loss is NaN (or finite with a NaN gradient): one
+    error line naming the step, the last good state saved (finite), and the run resumable;
+    checked at once or on the device."""
     import torch.nn.functional as F
 
     cfg = tmp_path / "c.yaml"
@@ -384,7 +386,7 @@ def test_a_non_finite_retrain_loss_stops_at_its_step(finished_run, tmp_path, mon
         if "label_smoothing" in kw:  # the training loss, not the evaluation's
             calls["n"] += 1
             if calls["n"] == 3:
-                return out * float("nan")
+                return out * float("nan") if bad == "loss" else NanGradient.apply(out)
         return out
 
     monkeypatch.setattr(F, "cross_entropy", cross_entropy)
@@ -393,7 +395,8 @@ def test_a_non_finite_retrain_loss_stops_at_its_step(finished_run, tmp_path, mon
                "--out", str(tmp_path / "rt")])
     assert rc == 2
     line = _one_error_line(capsys.readouterr().err, "retrain")
-    assert "non-finite loss at epoch 1/1 step 3" in line and "checkpoint.pt" in line
+    what = "loss" if bad == "loss" else "gradient (the loss was finite)"
+    assert f"non-finite {what} at epoch 1/1 step 3" in line and "checkpoint.pt" in line
     state = load_checkpoint(tmp_path / "rt" / "checkpoint.pt", kind="child")
     assert (state["epoch"], state["step"]) == (0, 2)
     assert all(torch.isfinite(v).all() for v in state["model"].values()

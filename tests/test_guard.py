@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import digits_run_config
+from conftest import NanGradient, digits_run_config
 
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
@@ -281,3 +281,34 @@ def test_resumed_state_takes_the_parameters_layout_for_the_fused_kernels(make):
         opt.step()
         after[fused] = p.detach()
     torch.testing.assert_close(after[True], after[False], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("check", ["step", "deferred"])
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_a_finite_loss_with_a_nan_gradient_is_caught_before_the_update(tmp_path, check,
+                                                                        policy):
+    """The loss alone would let this step through and put NaN into every weight it reaches:
+    the gradients' norm is checked too, so the step stops (or is skipped) like a NaN loss."""
+    t = _trainer(tmp_path, "r", check, nan_policy=policy, epochs=2)
+    orig, calls = t.loss.ce, itertools.count(1)
+
+    def ce(logits, y):
+        out = orig(logits, y)
+        return NanGradient.apply(out) if next(calls) == 3 else out
+
+    t.loss.ce = ce
+    try:
+        if policy == "stop":
+            with pytest.raises(NonFiniteLoss, match=r"non-finite gradient \(the loss was "
+                                                    r"finite\) at epoch 1/2, w step 3"):
+                t.fit()
+            state = load_checkpoint(tmp_path / "r" / "checkpoint.pt", kind="search")
+            assert (state["epoch"], state["phase"], state["step"]) == (0, "w", 2)
+            assert all(torch.isfinite(v).all() for v in state["model"].values()
+                       if v.is_floating_point())
+        else:
+            t.fit()
+            assert t.skipped_steps == 1
+            assert all(torch.isfinite(p).all() for p in t.model.parameters())
+    finally:
+        close_logger(t.log)

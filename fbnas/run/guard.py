@@ -187,6 +187,29 @@ class NonFiniteGuard:
         return Finding(int(vals[0]), int(vals[1]), names)
 
 
+def non_finite_what(terms: list[str]) -> str:
+    """How an error names the non-finite `terms` of a step: its loss terms (a non-finite
+    gradient follows from those), or the gradient alone when the loss was finite."""
+    loss = [t for t in terms if t != "gradient"]
+    return f"loss term {', '.join(loss)}" if loss else "gradient (the loss was finite)"
+
+
+def grad_norm(params: list[torch.Tensor], clip: float = 0.0) -> torch.Tensor:
+    """The total 2-norm of the parameters' gradients (clipped to `clip` when > 0, which
+    `clip_grad_norm_` does while computing it): what the non-finite check reads of the
+    gradients, since a finite loss can still give a NaN/inf gradient that would corrupt the
+    weights. One fused reduction over all gradients where torch has `_foreach_norm`."""
+    ps = [p for p in params if p.grad is not None]
+    if clip:
+        return torch.nn.utils.clip_grad_norm_(ps, clip)
+    if not ps:
+        return torch.zeros(())
+    grads = [p.grad for p in ps]
+    norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [
+        g.norm() for g in grads]
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
 def step_unless(opt: torch.optim.Optimizer, skip: torch.Tensor | None) -> None:
     """`opt.step()`, skipped on the device where `skip` is true (fused kernels' `found_inf`)."""
     if skip is None:

@@ -36,7 +36,13 @@ from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.precision import Precision
-from fbnas.run.guard import NonFiniteGuard, deferred_wanted, fused_missing, step_unless
+from fbnas.run.guard import (
+    NonFiniteGuard,
+    deferred_wanted,
+    fused_missing,
+    grad_norm,
+    step_unless,
+)
 from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
 from fbnas.run.resume import ResumePolicy
 
@@ -181,6 +187,19 @@ class EpochRunner:
             self._non_finite(bad, self.step)
             return False, None
         return True, None
+
+    def _grad_terms(self, opt: torch.optim.Optimizer, i: int, params: list[torch.Tensor],
+                    clip: float) -> dict[str, torch.Tensor]:
+        """After backward: unscale (fp16) and clip the gradients as configured, and return
+        {"gradient": their total norm} for `_nan_check`; empty under fp16, whose loss scaler
+        skips a step with non-finite gradients (and lowers its scale) itself."""
+        if clip:
+            self.prec.unscale_(opt, i)
+        if self.prec.scalers:
+            if clip:
+                nn.utils.clip_grad_norm_(params, clip)
+            return {}
+        return {"gradient": grad_norm(params, clip)}
 
     def _apply_step(self, opt: torch.optim.Optimizer, i: int, skip: torch.Tensor | None) -> None:
         """The optimizer step: through the precision's scaler, or skipped on the device where
