@@ -63,6 +63,30 @@ class NanGradient(torch.autograd.Function):
         return g * float("nan")
 
 
+def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
+    """Fit search trainer `t`, which meets one non-finite step: under `nan_policy: stop` the
+    error matches `match` and the checkpoint holds `position` (epoch, phase, step) and finite
+    values; under `skip` the run ends with that one step skipped and finite weights. Closes
+    `t`'s log."""
+    from fbnas.checkpoint import load_checkpoint
+    from fbnas.run import NonFiniteLoss, close_logger
+
+    try:
+        if policy == "stop":
+            with pytest.raises(NonFiniteLoss, match=match):
+                t.fit()
+            state = load_checkpoint(t.run_dir / "checkpoint.pt", kind="search")
+            assert (state["epoch"], state["phase"], state["step"]) == position
+            assert all(torch.isfinite(v).all() for v in state["model"].values()
+                       if v.is_floating_point())
+        else:
+            t.fit()
+            assert t.skipped_steps == 1
+            assert all(torch.isfinite(p).all() for p in t.model.parameters())
+    finally:
+        close_logger(t.log)
+
+
 def digits_run_config(retrain: dict | None = None, **sections: dict) -> dict:
     """A fresh copy of the tiny digits run config; each of `sections` (space, data, latency,
     loss, search, run) updates that section's keys, and `retrain`, when given, is the whole

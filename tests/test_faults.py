@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import NanGradient, digits_run_config
+from conftest import NanGradient, digits_run_config, fit_through_a_bad_step
 
 from fbnas.arch import Architecture
 from fbnas.checkpoint import load_checkpoint
@@ -333,7 +333,6 @@ def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy, ch
     """test_trainer covers a NaN in a θ step; this is an inf in a weight step (CE), checked
     at once or on the device (run.nan_check)."""
     from fbnas.config import config_from_dict
-    from fbnas.run import NonFiniteLoss, close_logger
     from fbnas.search import SearchTrainer
 
     d = copy.deepcopy(TINY)
@@ -349,20 +348,7 @@ def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy, ch
         return out * float("inf") if calls["n"] == 3 else out
 
     t.loss.ce = ce
-    try:
-        if policy == "stop":
-            with pytest.raises(NonFiniteLoss, match=r"ce at epoch 1/2, w step 3"):
-                t.fit()
-            state = load_checkpoint(tmp_path / "run" / "checkpoint.pt", kind="search")
-            assert (state["epoch"], state["phase"], state["step"]) == (0, "w", 2)
-            assert all(torch.isfinite(v).all() for v in state["model"].values()
-                       if v.is_floating_point())
-        else:
-            t.fit()
-            assert t.skipped_steps == 1
-            assert all(torch.isfinite(p).all() for p in t.model.parameters())
-    finally:
-        close_logger(t.log)
+    fit_through_a_bad_step(t, policy, r"ce at epoch 1/2, w step 3", (0, "w", 2))
 
 
 @pytest.mark.parametrize("bad", ["loss", "gradient"])

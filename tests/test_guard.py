@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NanGradient, digits_run_config
+from conftest import NanGradient, digits_run_config, fit_through_a_bad_step
 
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
@@ -297,18 +297,6 @@ def test_a_finite_loss_with_a_nan_gradient_is_caught_before_the_update(tmp_path,
         return NanGradient.apply(out) if next(calls) == 3 else out
 
     t.loss.ce = ce
-    try:
-        if policy == "stop":
-            with pytest.raises(NonFiniteLoss, match=r"non-finite gradient \(the loss was "
-                                                    r"finite\) at epoch 1/2, w step 3"):
-                t.fit()
-            state = load_checkpoint(tmp_path / "r" / "checkpoint.pt", kind="search")
-            assert (state["epoch"], state["phase"], state["step"]) == (0, "w", 2)
-            assert all(torch.isfinite(v).all() for v in state["model"].values()
-                       if v.is_floating_point())
-        else:
-            t.fit()
-            assert t.skipped_steps == 1
-            assert all(torch.isfinite(p).all() for p in t.model.parameters())
-    finally:
-        close_logger(t.log)
+    fit_through_a_bad_step(
+        t, policy, r"non-finite gradient \(the loss was finite\) at epoch 1/2, w step 3",
+        (0, "w", 2))

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config
+from conftest import digits_run_config, fit_through_a_bad_step
 
 from fbnas.arch import Architecture, build_child
 from fbnas.checkpoint import load_checkpoint
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.run import Interrupted, NonFiniteLoss, close_logger
+from fbnas.run import Interrupted, close_logger
 from fbnas.search import SearchTrainer
 
 TINY = digits_run_config(data={"limit": 300},
@@ -256,21 +256,9 @@ def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy, check):
         return out * float("nan") if count["n"] == 2 else out
 
     t.loss.cost_term = bad_term
-    try:
-        if policy == "stop":
-            # warm-up epoch 1 has no θ step; epoch 2's θ step is call 1, epoch 3's call 2
-            with pytest.raises(NonFiniteLoss, match=r"cost_term.* at epoch 3/3, theta step 1"):
-                t.fit()
-            state = torch.load(Path(cfg.run.dir) / "checkpoint.pt", weights_only=True)
-            assert (state["epoch"], state["phase"], state["step"]) == (2, "theta", 0)
-            assert all(torch.isfinite(v).all() for v in state["model"].values()
-                       if v.is_floating_point())
-        else:
-            t.fit()
-            assert t.skipped_steps == 1
-            assert all(torch.isfinite(p).all() for p in t.model.parameters())
-    finally:
-        close_logger(t.log)
+    # warm-up epoch 1 has no θ step; epoch 2's θ step is call 1, epoch 3's call 2
+    fit_through_a_bad_step(t, policy, r"cost_term.* at epoch 3/3, theta step 1",
+                           (2, "theta", 0))
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
