@@ -113,6 +113,8 @@ class EpochRunner:
         self._rank_bn: list[torch.Tensor] | None = None
         self._averager: Any = None  # distributed runs: fbnas.distributed.PeriodicAverager
         self._polled_at = 0.0  # the deferred non-finite flags' last read (fbnas.run.guard)
+        # the per-step check until the trainer's _setup calls _init_guard with its device
+        self.guard = NonFiniteGuard(False, "stop", torch.device("cpu"), self.dist)
         # the console only until every input is validated: a refused run writes nothing
         keep = run_log_handlers(self.run_dir, self.dist.rank)
         self._own_log = log is None
