@@ -200,10 +200,10 @@ def grad_norm(params: list[torch.Tensor], clip: float = 0.0) -> torch.Tensor:
     gradients, since a finite loss can still give a NaN/inf gradient that would corrupt the
     weights. One fused reduction over all gradients where torch has `_foreach_norm`."""
     ps = [p for p in params if p.grad is not None]
+    if not ps:  # nothing to read (on the parameters' device, beside the other flags)
+        return torch.zeros((), device=params[0].device if params else "cpu")
     if clip:
         return torch.nn.utils.clip_grad_norm_(ps, clip)
-    if not ps:
-        return torch.zeros(())
     grads = [p.grad for p in ps]
     norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [
         g.norm() for g in grads]
