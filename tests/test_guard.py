@@ -300,3 +300,30 @@ def test_a_finite_loss_with_a_nan_gradient_is_caught_before_the_update(tmp_path,
     fit_through_a_bad_step(
         t, policy, r"non-finite gradient \(the loss was finite\) at epoch 1/2, w step 3",
         (0, "w", 2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device: what this checks is that a CUDA step never waits")
+def test_on_cuda_a_full_mode_step_never_synchronises_and_a_bad_one_stops(tmp_path):
+    """On a GPU, `auto` defers; under torch's sync debug mode set to "error", any host read
+    in 3 full-mode weight + θ steps raises. Then a NaN loss stops the run as on the CPU."""
+    t = _trainer(tmp_path, "r", "auto", loss={"kind": "target", "target": "0.5x"}, epochs=2,
+                 warmup_epochs=0, device="cuda")
+    assert t.guard.deferred
+    x = torch.randn(12, 1, 8, 8, device="cuda")
+    y = torch.randint(0, 10, (12,), device="cuda")
+    t.weight_step(x, y)
+    t.theta_step(x, y)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            t.weight_step(x, y)
+            t.theta_step(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    close_logger(t.log)
+    u = _trainer(tmp_path, "nan", "auto", epochs=2, device="cuda")
+    orig, calls = u.loss.ce, itertools.count(1)
+    u.loss.ce = lambda logits, y: orig(logits, y) * (float("nan") if next(calls) == 3 else 1.0)
+    fit_through_a_bad_step(u, "stop", r"ce at epoch 1/2, w step 3", (0, "w", 2))
