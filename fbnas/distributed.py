@@ -114,7 +114,7 @@ class DistContext:
         if not self.distributed:
             return bool(flag)
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        self.all_reduce_max_(t)
         return bool(t.item())
 
     def all_reduce_max_(self, t: torch.Tensor) -> None:
