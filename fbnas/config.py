@@ -31,6 +31,8 @@ from fbnas.latency.allocator import resolve as resolve_allocator
 from fbnas.latency.timers import DEVICES as TIMER_DEVICES
 from fbnas.latency.timers import HOST_DEVICES, Timer
 from fbnas.loss import LossConfig
+from fbnas.modes import MODES
+from fbnas.precision import PRECISIONS
 from fbnas.search_space import SearchSpace
 
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
@@ -51,8 +53,6 @@ def _refuse_xla(d: Any, where: str) -> None:
         raise FbnasError(XLA_TRAINING.format(where=where))
 NAN_POLICIES = ("stop", "skip")
 NAN_CHECKS = ("auto", "step", "deferred")  # fbnas.run.guard
-SEARCH_MODES = ("full", "single_path", "two_path")  # fbnas.supernet.SEARCH_MODES
-PRECISIONS = ("float32", "bf16", "fp16")  # fbnas.precision.PRECISIONS
 WARMUP_SAMPLING = ("mode", "uniform", "fair")
 
 
@@ -131,7 +131,7 @@ class SearchConfig:
     nan_policy: str = setting("stop", "str", choices=NAN_POLICIES)
     # re-estimate BN stats of the argmax path before validation
     bn_calib_samples: int = setting(1024, "int", min=0)
-    mode: str = setting("full", "str", choices=SEARCH_MODES)
+    mode: str = setting("full", "str", choices=MODES)
     checkpoint_activations: bool = setting(False, "bool")
     precision: str = setting("float32", "str", choices=PRECISIONS)
     channels_last: bool = setting(False, "bool")

@@ -25,6 +25,7 @@ from torch import nn
 
 from fbnas.errors import FbnasError
 from fbnas.io import Fields, show
+from fbnas.registry import Registry
 
 
 @dataclass
@@ -35,9 +36,24 @@ class LossTerms:
 
 
 class CostLoss(nn.Module):
-    """Base class: cross-entropy (with optional label smoothing) combined with a cost term."""
+    """Base class: cross-entropy (with optional label smoothing) combined with a cost term.
+
+    A loss is one subclass registered in LOSSES under its `loss.kind`: `keys` are the `loss:`
+    keys it reads (in the order the resolved config lists them; readers in `_KEY_READERS`),
+    `from_config` builds it from a LossConfig and the space's cost bounds."""
 
     on_expected = False  # the cost term takes Σ softmax(θ)·LAT instead of the sampled Σ m·LAT
+    keys: tuple[str, ...] = ("label_smoothing",)
+    default_lambda = 0.1  # `lambda`'s default, for the kinds that read it
+
+    @classmethod
+    def from_config(cls, c: LossConfig, bounds: tuple[float, float] | None) -> CostLoss:
+        """The loss `c` describes (`bounds`: the space's cheapest and dearest cost)."""
+        return cls(resolve_target(c.target, bounds), c.lam, c.label_smoothing)
+
+    @classmethod
+    def check_config(cls, c: LossConfig, f: Fields) -> None:
+        """Raise naming the key if the values read are inconsistent for this kind."""
 
     def __init__(self, label_smoothing: float = 0.0):
         super().__init__()
@@ -62,8 +78,16 @@ class CostLoss(nn.Module):
         return LossTerms(self.combine(ce, term), ce, term)
 
 
+LOSSES: Registry[type[CostLoss]] = Registry("loss kind", "loss.kind")
+
+
+@LOSSES.register("ce")
 class CELoss(CostLoss):
     """No cost term: L = CE (a search that ignores the cost, for comparison)."""
+
+    @classmethod
+    def from_config(cls, c: LossConfig, bounds: tuple[float, float] | None) -> CostLoss:
+        return cls(c.label_smoothing)
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(cost)
@@ -81,6 +105,7 @@ def _refuse_at_most(cost: torch.Tensor, limit: float, msg: str) -> None:
         raise FbnasError(msg.format(float(cost.min())))
 
 
+@LOSSES.register("fbnet")
 class FBNetLoss(CostLoss):
     """FBNet (Wu et al. 2019, eq. 2): L = CE · α · (log LAT)^β, LAT in microseconds.
 
@@ -96,6 +121,13 @@ class FBNetLoss(CostLoss):
     CE·α whatever β and the unit (β = 16 would otherwise read ~10^11). A constant factor
     changes no minimiser and, under Adam, no step: the search is the paper's.
     """
+
+    keys = ("alpha", "beta", "label_smoothing")
+
+    @classmethod
+    def from_config(cls, c: LossConfig, bounds: tuple[float, float] | None) -> CostLoss:
+        ref = math.sqrt(bounds[0] * bounds[1]) if bounds and bounds[0] > 0 else None
+        return cls(c.alpha, c.beta, c.label_smoothing, ref=ref)
 
     def __init__(self, alpha: float = 0.2, beta: float = 0.6, label_smoothing: float = 0.0,
                  ref: float | None = None):
@@ -119,8 +151,24 @@ class FBNetLoss(CostLoss):
                              "or another loss.kind")
 
 
+@LOSSES.register("normalized")
 class NormalizedLoss(CostLoss):
     """Normalised multiplicative: L = CE · (log LAT / log T)^β, T the target cost (T > 1)."""
+
+    keys = ("beta", "target", "label_smoothing")
+
+    @classmethod
+    def from_config(cls, c: LossConfig, bounds: tuple[float, float] | None) -> CostLoss:
+        target = resolve_target(c.target, bounds)
+        if not target > 1:
+            raise FbnasError(f"loss.target: normalized loss needs a target > 1, got "
+                             f"{target:.4g}")
+        return cls(target, c.beta, c.label_smoothing)
+
+    @classmethod
+    def check_config(cls, c: LossConfig, f: Fields) -> None:
+        if isinstance(c.target, float) and not c.target > 1.0:
+            raise FbnasError(f"{f.at('target')}: must be > 1.0, got {c.target}")
 
     def __init__(self, target: float, beta: float = 0.6, label_smoothing: float = 0.0):
         super().__init__(label_smoothing)
@@ -144,6 +192,8 @@ class NormalizedLoss(CostLoss):
 class _TargetLoss(CostLoss):
     """Base of the additive losses: CE plus λ times a function of LAT relative to a target T."""
 
+    keys = ("target", "lambda", "label_smoothing")
+
     def __init__(self, target: float, lam: float = 0.1, label_smoothing: float = 0.0):
         super().__init__(label_smoothing)
         if not target > 0:
@@ -154,6 +204,7 @@ class _TargetLoss(CostLoss):
         return ce + term
 
 
+@LOSSES.register("additive")
 class AdditiveLoss(_TargetLoss):
     """Additive (ProxylessNAS-style): L = CE + λ · (LAT − T) / T."""
 
@@ -161,6 +212,7 @@ class AdditiveLoss(_TargetLoss):
         return self.lam * (cost - self.target) / self.target
 
 
+@LOSSES.register("abs_target")
 class AbsTargetLoss(_TargetLoss):
     """Absolute target (TuNAS `abs` reward): L = CE + λ · |LAT / T − 1|."""
 
@@ -168,29 +220,31 @@ class AbsTargetLoss(_TargetLoss):
         return self.lam * torch.abs(cost / self.target - 1.0)
 
 
+@LOSSES.register("target")
 class TargetLoss(_TargetLoss):
     """Latency target (TuNAS's absolute reward on the expected cost):
     L = CE + λ · |E[LAT] / T − 1|, E[LAT] = Σ softmax(θ)·LAT. Its scale depends on neither
     the unit nor the range: a 10% miss costs 0.1·λ, either side."""
 
     on_expected = True
+    default_lambda = 1.0  # scripts/bench_target.py
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return self.lam * torch.abs(cost / self.target - 1.0)
 
 
+@LOSSES.register("hinge")
 class HingeLoss(_TargetLoss):
     """Latency budget (one-sided): L = CE + λ · max(0, E[LAT] / T − 1), E[LAT] as in
     TargetLoss: no penalty at or under T."""
 
     on_expected = True
+    default_lambda = 1.0
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return self.lam * torch.relu(cost / self.target - 1.0)
 
 
-LOSSES = {"ce": CELoss, "fbnet": FBNetLoss, "normalized": NormalizedLoss, "additive": AdditiveLoss,
-          "abs_target": AbsTargetLoss, "target": TargetLoss, "hinge": HingeLoss}
 TIME_UNITS = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 _TARGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|s|x)\s*$")
 
@@ -232,20 +286,29 @@ def resolve_target(raw: Any, bounds: tuple[float, float] | None, where: str = "l
     return value
 
 
-# The keys each kind reads, in the order the file's resolved config lists them.
-KIND_KEYS = {"ce": ("label_smoothing",), "fbnet": ("alpha", "beta", "label_smoothing"),
-             "normalized": ("beta", "target", "label_smoothing"),
-             "additive": ("target", "lambda", "label_smoothing"),
-             "abs_target": ("target", "lambda", "label_smoothing"),
-             "target": ("target", "lambda", "label_smoothing"),
-             "hinge": ("target", "lambda", "label_smoothing")}
-TARGET_LAMBDA = 1.0  # λ of kind target / hinge (scripts/bench_target.py)
+def _target_key(f: Fields, cls: type[CostLoss]) -> float | str:
+    """`loss.target` as written (checked now; resolved against the table by `build`)."""
+    raw = f.raw("target", required=True)
+    parse_target(raw, f.at("target"))
+    return float(raw) if isinstance(raw, int) else raw
+
+
+# How each `loss:` key is read: (LossConfig attribute, reader of the kind's value)
+_KEY_READERS: dict[str, tuple[str, Any]] = {
+    "alpha": ("alpha", lambda f, cls: f.float("alpha", 0.2, gt=0.0)),
+    "beta": ("beta", lambda f, cls: f.float("beta", 0.6, gt=0.0)),
+    "target": ("target", _target_key),
+    "lambda": ("lam", lambda f, cls: f.float("lambda", cls.default_lambda, min=0.0)),
+    "label_smoothing": ("label_smoothing",
+                        lambda f, cls: f.float("label_smoothing", 0.0, min=0.0, max=0.99)),
+}
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The `loss:` section, typed: `kind` picks the formula (one class above) and the keys it
-    reads (KIND_KEYS); keys of other kinds are errors. Built once into a CostLoss by `build`."""
+    """The `loss:` section, typed: `kind` picks the formula (a class registered in LOSSES) and
+    the keys it reads (its `keys`); keys of other kinds are errors. Built once into a CostLoss
+    by `build`."""
 
     kind: str = "fbnet"
     alpha: float = 0.2
@@ -257,20 +320,17 @@ class LossConfig:
     @classmethod
     def from_dict(cls, d: Any, where: str = "loss") -> LossConfig:
         f = Fields({} if d is None else d, where)
-        kind = f.str("kind", "fbnet", choices=tuple(LOSSES))
-        ls = f.float("label_smoothing", 0.0, min=0.0, max=0.99)
-        kw: dict[str, Any] = {"kind": kind, "label_smoothing": ls}
-        if kind == "fbnet":
-            kw.update(alpha=f.float("alpha", 0.2, gt=0.0), beta=f.float("beta", 0.6, gt=0.0))
-        elif kind == "normalized":
-            kw.update(target=_target_key(f), beta=f.float("beta", 0.6, gt=0.0))
-            if isinstance(kw["target"], float) and not kw["target"] > 1.0:
-                raise FbnasError(f"{f.at('target')}: must be > 1.0, got {kw['target']}")
-        elif kind != "ce":
-            kw.update(target=_target_key(f), lam=f.float(
-                "lambda", TARGET_LAMBDA if kind in ("target", "hinge") else 0.1, min=0.0))
+        kind = f.str("kind", "fbnet", choices=LOSSES)
+        loss_cls = LOSSES.get(kind)
+        kw: dict[str, Any] = {"kind": kind}
+        # label_smoothing first, then the kind's own keys
+        for key in sorted(loss_cls.keys, key=lambda k: k != "label_smoothing"):
+            attr, read = _KEY_READERS[key]
+            kw[attr] = read(f, loss_cls)
+        c = cls(**kw)
+        loss_cls.check_config(c, f)
         f.done()
-        return cls(**kw)
+        return c
 
     @property
     def time_target(self) -> bool:
@@ -280,35 +340,13 @@ class LossConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved section: `kind` and the keys it reads, defaults filled in."""
-        values = {"alpha": self.alpha, "beta": self.beta, "target": self.target,
-                  "lambda": self.lam, "label_smoothing": self.label_smoothing}
-        return {"kind": self.kind, **{k: values[k] for k in KIND_KEYS[self.kind]}}
+        return {"kind": self.kind, **{k: getattr(self, _KEY_READERS[k][0])
+                                      for k in LOSSES.get(self.kind).keys}}
 
     def build(self, bounds: tuple[float, float] | None = None) -> CostLoss:
         """The loss; `bounds` (the space's cheapest and dearest cost under the installed
         table) resolve an `0.6x` target and set the FBNet formula's scale reference."""
-        ls = self.label_smoothing
-        if self.kind == "ce":
-            return CELoss(ls)
-        if self.kind == "fbnet":
-            ref = math.sqrt(bounds[0] * bounds[1]) if bounds and bounds[0] > 0 else None
-            return FBNetLoss(self.alpha, self.beta, ls, ref=ref)
-        target = resolve_target(self.target, bounds)
-        if self.kind == "normalized":
-            if not target > 1:
-                raise FbnasError(f"loss.target: normalized loss needs a target > 1, got "
-                                 f"{target:.4g}")
-            return NormalizedLoss(target, self.beta, ls)
-        cls = {"additive": AdditiveLoss, "abs_target": AbsTargetLoss, "target": TargetLoss,
-               "hinge": HingeLoss}[self.kind]
-        return cls(target, self.lam, ls)
-
-
-def _target_key(f: Fields) -> float | str:
-    """`loss.target` as written (checked now; resolved against the table by `build`)."""
-    raw = f.raw("target", required=True)
-    parse_target(raw, f.at("target"))
-    return float(raw) if isinstance(raw, int) else raw
+        return LOSSES.get(self.kind).from_config(self, bounds)
 
 
 def build_loss(cfg: LossConfig | Any, where: str = "loss") -> CostLoss:

@@ -23,35 +23,18 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
 from fbnas.errors import FbnasError
+from fbnas.modes import PathSample, SearchMode, get_mode, gumbel_weights
 from fbnas.search_space import SearchSpace
 
 CostRows = Sequence[Mapping[str, float]] | Sequence[Sequence[float]]
-SEARCH_MODES = ("full", "single_path", "two_path")
-
-
-@dataclass
-class PathSample:
-    """One draw of the architecture weights for a forward.
-
-    m:      per-layer mixing weights of the candidates' outputs.
-    active: per layer, the candidate indices actually computed (None: all of them); the
-            others have m_i = 0 in value.
-    cost_m: per-layer weights of the expected cost Σ_i cost_m_i · cost_i (often `m` itself).
-    """
-
-    m: list[torch.Tensor]
-    active: list[list[int]] | None
-    cost_m: list[torch.Tensor]
 
 
 @contextmanager
@@ -169,12 +152,16 @@ class Supernet(nn.Module):
     # ---- how paths are sampled and stored ----------------------------------------------------
     @property
     def mode(self) -> str:
-        return self._mode
+        return self._mode.name
 
     @mode.setter
     def mode(self, mode: str) -> None:
-        _check_mode(mode)
-        self._mode = mode
+        self._mode = get_mode(mode)
+
+    @property
+    def search_mode(self) -> SearchMode:
+        """The registered mode object (fbnas.modes): how a step samples paths."""
+        return self._mode
 
     @property
     def checkpoint_activations(self) -> bool:
@@ -268,81 +255,17 @@ class Supernet(nn.Module):
         return lo, hi
 
     # ---- sampling -------------------------------------------------------------------------------
-    def _stacked_theta(self) -> torch.Tensor:
-        """θ of every layer as one [L, K_max] tensor, -inf past a layer's candidates (their
-        probability is 0 under any softmax), so that sampling is one op for all layers."""
-        return pad_sequence(list(self.theta), batch_first=True, padding_value=float("-inf"))
-
-    @staticmethod
-    def _perturbed(logits: torch.Tensor) -> torch.Tensor:
-        """logits + Gumbel noise, the padding kept at -inf (noise of +inf on a pad, from an
-        exponential draw of 0, would otherwise make it NaN)."""
-        return (logits + _gumbel_like(logits)).masked_fill(torch.isneginf(logits),
-                                                           float("-inf"))
-
-    def _unstack(self, t: torch.Tensor) -> list[torch.Tensor]:
-        return [t[i, :len(th)] for i, th in enumerate(self.theta)]
-
-    def _gumbel_soft(self, logits: torch.Tensor, tau: float) -> torch.Tensor:
-        """softmax((θ + Gumbel noise) / τ) of every row of the stacked θ."""
-        if not tau > 0:
-            raise FbnasError(f"temperature must be > 0, got {tau}")
-        return torch.softmax(self._perturbed(logits) / tau, -1)
-
-    @staticmethod
-    def _argmax_one_hot(soft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(one-hot of each row's argmax, the argmax indices as an [L, 1] tensor)."""
-        idx = soft.detach().argmax(-1, keepdim=True)
-        return torch.zeros_like(soft).scatter_(-1, idx, 1.0), idx
-
     def sample_weights(self, tau: float, hard: bool = False) -> list[torch.Tensor]:
         """m_l = GumbelSoftmax(θ_l, τ); `hard` gives one-hot samples with straight-through grads.
         All layers in one batched op (no host synchronisation)."""
-        soft = self._gumbel_soft(self._stacked_theta(), tau)
-        if not hard:
-            return self._unstack(soft)
-        one, _ = self._argmax_one_hot(soft)
-        return self._unstack(one - soft.detach() + soft)
+        return gumbel_weights(self.theta, tau, hard)
 
     def sample_path(self, tau: float, hard: bool = False, mode: str | None = None) -> PathSample:
         """Sample the weights (and the candidates to compute) for one forward in `mode`
-        (default: this supernet's mode). Gradients reach θ unless called under no_grad.
-        Every layer is sampled in one batched op; the sampled modes read the chosen indices
-        back to the host once (they decide which blocks run), full mode not at all.
-
-        full:        m = GumbelSoftmax(θ, τ) (one-hot straight-through if `hard`); all
-                     candidates computed; cost weights = m.
-        single_path: s = GumbelSoftmax(θ, τ) soft, i = argmax s, m = onehot(i) + s − sg(s)
-                     (value exactly one-hot, gradient of s: straight-through); only candidate
-                     i computed; cost weights = m, so the cost's gradient reaches every θ_l.
-                     `hard` is implied.
-        two_path:    {i, j} drawn from softmax(θ) without replacement (Gumbel-top-2),
-                     m_i, m_j = softmax(θ_i, θ_j), 0 elsewhere; only i, j computed; cost
-                     weights = softmax(θ) (the expected cost over all candidates, as in
-                     ProxylessNAS), so the cost's gradient reaches every θ_l. `tau` and
-                     `hard` are not used.
-        """
-        mode = self.mode if mode is None else mode
-        _check_mode(mode)
-        if mode == "full":
-            m = self.sample_weights(tau, hard)
-            return PathSample(m, None, m)
-        logits = self._stacked_theta()
-        if mode == "single_path":
-            soft = self._gumbel_soft(logits, tau)
-            one, idx = self._argmax_one_hot(soft)
-            m = self._unstack(one + (soft - soft.detach()))
-            return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], m)
-        k = min(2, logits.shape[-1])
-        idx = self._perturbed(logits.detach()).topk(k, -1).indices.sort(-1).values
-        # p_i / (p_i + p_j): the renormalised probabilities (a pad drawn for a one-candidate
-        # layer has θ = -inf, so weight 0; it is dropped from `active` below)
-        w = torch.softmax(logits.gather(-1, idx), -1)
-        m = self._unstack(torch.zeros_like(logits).scatter(-1, idx, w))
-        active = [[i for i in row if i < len(t)]
-                  for row, t in zip(idx.tolist(), self.theta, strict=True)]
-        probs = self._unstack(torch.softmax(logits, -1))
-        return PathSample(m, active, probs)
+        (default: this supernet's mode; the modes of fbnas.modes say how). Gradients reach θ
+        unless called under no_grad."""
+        m = self._mode if mode is None else get_mode(mode)
+        return m.sample(self.theta, tau, hard)
 
     def argmax_weights(self) -> list[torch.Tensor]:
         """One-hot at argmax θ per layer: the deterministic architecture used for validation."""
@@ -404,13 +327,3 @@ class Supernet(nn.Module):
                 b.momentum = mo
             self.train(was_training)
         return n
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in SEARCH_MODES:
-        raise FbnasError(f"search.mode: must be one of {', '.join(SEARCH_MODES)}; got {mode!r}")
-
-
-def _gumbel_like(t: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise shaped like `t` (drawn as F.gumbel_softmax draws it)."""
-    return -torch.empty_like(t, memory_format=torch.legacy_contiguous_format).exponential_().log()

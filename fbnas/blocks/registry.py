@@ -18,6 +18,7 @@ from torch import nn
 
 from fbnas.errors import FbnasError
 from fbnas.io import show
+from fbnas.registry import Registry
 
 
 class BlockFactory(Protocol):
@@ -27,10 +28,15 @@ class BlockFactory(Protocol):
 # A family parser returns (canonical_name, factory), or raises FbnasError naming the op.
 FamilyParser = Callable[[str], tuple[str, BlockFactory]]
 
-_EXACT: dict[str, BlockFactory] = {}
-_ALIASES: dict[str, str] = {}
-_FAMILIES: dict[str, FamilyParser] = {}
-_FAMILY_EXAMPLES: dict[str, list[str]] = {}
+# exact op names -> factory; other spellings -> the name they stand for (which may be a
+# family member); family prefixes -> parser (attribute `examples`: canonical members)
+BLOCKS: Registry[BlockFactory] = Registry("op")
+ALIASES: Registry[str] = Registry("op alias")
+FAMILIES: Registry[FamilyParser] = Registry("block family")
+
+
+def _taken(name: str) -> bool:
+    return name in BLOCKS or name in ALIASES
 
 
 def register_block(name: str, *aliases: str) -> Callable[[BlockFactory], BlockFactory]:
@@ -38,11 +44,11 @@ def register_block(name: str, *aliases: str) -> Callable[[BlockFactory], BlockFa
 
     def deco(factory: BlockFactory) -> BlockFactory:
         for n in (name, *aliases):
-            if n in _EXACT or n in _ALIASES:
+            if _taken(n):
                 raise ValueError(f"block name '{n}' is already registered")
-        _EXACT[name] = factory
+        BLOCKS.register(name, factory)
         for a in aliases:
-            _ALIASES[a] = name
+            ALIASES.register(a, name)
         return factory
 
     return deco
@@ -50,9 +56,9 @@ def register_block(name: str, *aliases: str) -> Callable[[BlockFactory], BlockFa
 
 def register_alias(alias: str, target: str) -> None:
     """Register `alias` as another spelling of op `target` (which may be a family member)."""
-    if alias in _EXACT or alias in _ALIASES:
+    if _taken(alias):
         raise ValueError(f"block name '{alias}' is already registered")
-    _ALIASES[alias] = target
+    ALIASES.register(alias, target)
 
 
 def register_family(prefix: str, parse: FamilyParser, examples: list[str]) -> None:
@@ -60,10 +66,7 @@ def register_family(prefix: str, parse: FamilyParser, examples: list[str]) -> No
 
     `examples` are canonical members that tests and docs iterate over.
     """
-    if prefix in _FAMILIES:
-        raise ValueError(f"block family '{prefix}' is already registered")
-    _FAMILIES[prefix] = parse
-    _FAMILY_EXAMPLES[prefix] = list(examples)
+    FAMILIES.register(prefix, parse, examples=list(examples))
 
 
 MAX_NAME = 100
@@ -75,16 +78,17 @@ def _resolve(name: str) -> tuple[str, BlockFactory]:
     if len(name) > MAX_NAME or not name.isprintable():
         raise FbnasError(f"unknown op {show(name)} (op names are short printable words such "
                          "as ir_k3_e6 or skip)")
-    name = _ALIASES.get(name, name)
-    if name in _EXACT:
-        return name, _EXACT[name]
+    if name in ALIASES:
+        name = ALIASES.get(name)
+    if name in BLOCKS:
+        return name, BLOCKS.get(name)
     prefix = name.split("_", 1)[0]
-    if prefix in _FAMILIES:
-        return _FAMILIES[prefix](name)
+    if prefix in FAMILIES:
+        return FAMILIES.get(prefix)(name)
     # The paper writes candidates without the ir_ prefix (k3_e1, k5_e1_g2).
-    if name.startswith("k") and "ir" in _FAMILIES:
-        return _FAMILIES["ir"]("ir_" + name)
-    known = ", ".join(sorted(_EXACT)) + ", " + ", ".join(f"{p}_..." for p in sorted(_FAMILIES))
+    if name.startswith("k") and "ir" in FAMILIES:
+        return FAMILIES.get("ir")("ir_" + name)
+    known = ", ".join(sorted(BLOCKS)) + ", " + ", ".join(f"{p}_..." for p in sorted(FAMILIES))
     raise FbnasError(f"unknown op '{name}' (known: {known})")
 
 
@@ -104,8 +108,8 @@ def build_block(name: str, c_in: int, c_out: int, stride: int, **kw) -> nn.Modul
 
 def registered_ops() -> list[str]:
     """Exact names plus each family's examples (tests loop over this)."""
-    return sorted(_EXACT) + [n for ex in _FAMILY_EXAMPLES.values() for n in ex]
+    return sorted(BLOCKS) + [n for p in FAMILIES for n in FAMILIES.attr(p, "examples")]
 
 
 def aliases() -> dict[str, str]:
-    return dict(_ALIASES)
+    return dict(ALIASES.items())

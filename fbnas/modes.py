@@ -1,0 +1,154 @@
+"""Search modes: how one training step samples the architecture weights, and which candidate
+blocks it computes (`search.mode`, docs/search_modes.md).
+
+A mode is an object registered in MODES. `sample(theta, tau, hard)` turns the per-layer logits
+θ into a `PathSample` (the mixing weights m, the candidates computed, the cost weights);
+`all_paths` says whether every candidate runs in every step (so every weight gets a gradient,
+which DistributedDataParallel needs to know). Every layer is sampled in one batched op over
+θ stacked into one [L, K_max] tensor; the sampled modes read their chosen indices back to the
+host once per step (they decide which blocks run), `full` not at all.
+
+To add a mode: a `SearchMode` subclass with `sample`, registered with `@MODES.register(name)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from fbnas.errors import FbnasError
+from fbnas.registry import Registry
+
+
+@dataclass
+class PathSample:
+    """One draw of the architecture weights for a forward.
+
+    m:      per-layer mixing weights of the candidates' outputs.
+    active: per layer, the candidate indices actually computed (None: all of them); the
+            others have m_i = 0 in value.
+    cost_m: per-layer weights of the expected cost Σ_i cost_m_i · cost_i (often `m` itself).
+    """
+
+    m: list[torch.Tensor]
+    active: list[list[int]] | None
+    cost_m: list[torch.Tensor]
+
+
+# ---- one batched op over every layer ------------------------------------------------------------
+def stacked(theta: Sequence[torch.Tensor]) -> torch.Tensor:
+    """θ of every layer as one [L, K_max] tensor, -inf past a layer's candidates (their
+    probability is 0 under any softmax), so that sampling is one op for all layers."""
+    return pad_sequence(list(theta), batch_first=True, padding_value=float("-inf"))
+
+
+def unstack(t: torch.Tensor, theta: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Rows of a stacked tensor cut back to each layer's candidate count."""
+    return [t[i, :len(th)] for i, th in enumerate(theta)]
+
+
+def gumbel_like(t: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise shaped like `t` (drawn as F.gumbel_softmax draws it)."""
+    return -torch.empty_like(t, memory_format=torch.legacy_contiguous_format).exponential_().log()
+
+
+def perturbed(logits: torch.Tensor) -> torch.Tensor:
+    """logits + Gumbel noise, the padding kept at -inf (noise of +inf on a pad, from an
+    exponential draw of 0, would otherwise make it NaN)."""
+    return (logits + gumbel_like(logits)).masked_fill(torch.isneginf(logits), float("-inf"))
+
+
+def gumbel_soft(logits: torch.Tensor, tau: float) -> torch.Tensor:
+    """softmax((θ + Gumbel noise) / τ) of every row of the stacked θ."""
+    if not tau > 0:
+        raise FbnasError(f"temperature must be > 0, got {tau}")
+    return torch.softmax(perturbed(logits) / tau, -1)
+
+
+def argmax_one_hot(soft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(one-hot of each row's argmax, the argmax indices as an [L, 1] tensor)."""
+    idx = soft.detach().argmax(-1, keepdim=True)
+    return torch.zeros_like(soft).scatter_(-1, idx, 1.0), idx
+
+
+def gumbel_weights(theta: Sequence[torch.Tensor], tau: float, hard: bool = False
+                   ) -> list[torch.Tensor]:
+    """m_l = GumbelSoftmax(θ_l, τ); `hard` gives one-hot samples with straight-through grads.
+    All layers in one batched op (no host synchronisation)."""
+    soft = gumbel_soft(stacked(theta), tau)
+    if not hard:
+        return unstack(soft, theta)
+    one, _ = argmax_one_hot(soft)
+    return unstack(one - soft.detach() + soft, theta)
+
+
+# ---- the modes -----------------------------------------------------------------------------------
+class SearchMode:
+    """How a step samples paths (see the module docstring)."""
+
+    name = ""
+    all_paths = False  # every candidate computed (and given a gradient) in every step
+
+    def sample(self, theta: Sequence[torch.Tensor], tau: float, hard: bool) -> PathSample:
+        raise NotImplementedError
+
+
+MODES: Registry[type[SearchMode]] = Registry("search mode", "search.mode")
+
+
+def get_mode(name: str) -> SearchMode:
+    """The registered mode `name`; an unknown one is a one-line error naming search.mode."""
+    return MODES.get(name)()
+
+
+@MODES.register("full")
+class Full(SearchMode):
+    """FBNet: m = GumbelSoftmax(θ, τ) (one-hot straight-through if `hard`); all candidates
+    computed; cost weights = m."""
+
+    name, all_paths = "full", True
+
+    def sample(self, theta, tau, hard):
+        m = gumbel_weights(theta, tau, hard)
+        return PathSample(m, None, m)
+
+
+@MODES.register("single_path")
+class SinglePath(SearchMode):
+    """GDAS: s = GumbelSoftmax(θ, τ) soft, i = argmax s, m = onehot(i) + s − sg(s) (value
+    exactly one-hot, gradient of s: straight-through); only candidate i computed; cost weights
+    = m, so the cost's gradient reaches every θ_l. `hard` is implied."""
+
+    name = "single_path"
+
+    def sample(self, theta, tau, hard):
+        soft = gumbel_soft(stacked(theta), tau)
+        one, idx = argmax_one_hot(soft)
+        m = unstack(one + (soft - soft.detach()), theta)
+        return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], m)
+
+
+@MODES.register("two_path")
+class TwoPath(SearchMode):
+    """ProxylessNAS: {i, j} drawn from softmax(θ) without replacement (Gumbel-top-2),
+    m_i, m_j = softmax(θ_i, θ_j), 0 elsewhere; only i, j computed; cost weights = softmax(θ)
+    (the expected cost over all candidates), so the cost's gradient reaches every θ_l. `tau`
+    and `hard` are not used."""
+
+    name = "two_path"
+
+    def sample(self, theta, tau, hard):
+        logits = stacked(theta)
+        k = min(2, logits.shape[-1])
+        idx = perturbed(logits.detach()).topk(k, -1).indices.sort(-1).values
+        # p_i / (p_i + p_j): the renormalised probabilities (a pad drawn for a one-candidate
+        # layer has θ = -inf, so weight 0; it is dropped from `active` below)
+        w = torch.softmax(logits.gather(-1, idx), -1)
+        m = unstack(torch.zeros_like(logits).scatter(-1, idx, w), theta)
+        active = [[i for i in row if i < len(t)]
+                  for row, t in zip(idx.tolist(), theta, strict=True)]
+        probs = unstack(torch.softmax(logits, -1), theta)
+        return PathSample(m, active, probs)
