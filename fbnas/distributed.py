@@ -11,14 +11,15 @@ What the trainers synchronise (docs/distributed.md has the full story):
 - weights: DistributedDataParallel averages their gradients every step, or, with
   `run.ddp_sync_every: K > 1`, each rank steps on its own gradients and the weights (and the
   optimizer's per-parameter state) are averaged every K steps (`PeriodicAverager`, local SGD);
-- θ: kept out of DDP; its gradients are averaged by `all_reduce_mean` in a step pre-hook of the
-  θ optimizer, so every rank applies the same Adam step and θ stays bitwise identical;
-- the Gumbel noise: drawn inside `SharedSampling`, from a stream seeded by
+- θ: kept out of DDP; its gradients are averaged by `all_reduce_mean` before each θ update
+  (fbnas.run.step, `Update.average`), so every rank applies the same Adam step and θ stays
+  bitwise identical;
+- the Gumbel noise: drawn inside `SharedNoise`, from a stream seeded by
   (seed, epoch, phase, step), identical on every rank and independent of the run's history;
 - BatchNorm running statistics: averaged at the end of each phase (`sync_bn_stats`);
 - stopping: a Ctrl-C/SIGTERM flag is OR-ed over the ranks each step (`any_true`).
 
-Why one module of ~540 lines: every piece here is one side of a collective that another piece
+Why one module of ~520 lines: every piece here is one side of a collective that another piece
 of this file must match (same order of calls, same tensors, same seeds on every rank), and
 reading them together is how that is checked; nothing outside imports torch.distributed.
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -427,19 +427,6 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-# ---- θ: averaged gradients ---------------------------------------------------------------------
-def average_grads_before_step(ctx: DistContext, opt: torch.optim.Optimizer) -> Any:
-    """Register a step pre-hook on `opt` that replaces its parameters' gradients by their mean
-    over the ranks (one collective), so every rank takes the same step. Returns the handle."""
-    params = [p for g in opt.param_groups for p in g["params"]]
-
-    def hook(_opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        grads = [p.grad for p in params if p.grad is not None]
-        ctx.all_reduce_mean(grads)
-
-    return opt.register_step_pre_hook(hook)
-
-
 # ---- local SGD: periodic averaging of weights and optimizer state -----------------------------
 class PeriodicAverager:
     """`run.ddp_sync_every: K`: the weights and the optimizer's per-parameter state (momentum,
@@ -506,47 +493,28 @@ def shared_random(device: torch.device, seed: int) -> Iterator[None]:
         yield
 
 
-class SharedSampling:
-    """Make `net`'s sampling methods draw from a stream that is the same on every rank.
+class SharedNoise:
+    """Random draws that are the same on every rank: `with noise(): ...` runs the block on a
+    stream seeded by `key()` (the trainer's seed, epoch, phase and step) and the call's number
+    within that key (fbnas.trainer samples its paths so). Identical θ (kept so by the averaged
+    θ gradients) and identical noise give every rank the same sampled architecture, and the
+    noise of a step does not depend on what ran before it, so a resumed run draws what an
+    uninterrupted one would."""
 
-    The methods (`sample_path`, `sample_weights`) are replaced on the instance by wrappers that
-    run them under `shared_random` with a seed from `key()` (the trainer's seed, epoch, phase and
-    step) and the call's number within that step. Identical θ (kept so by the θ optimizer's
-    averaged gradients) and identical noise give every rank the same sampled architecture, and
-    the noise of a step does not depend on what ran before it, so a resumed run draws what an
-    uninterrupted one would.
-    """
-
-    METHODS = ("sample_path", "sample_weights")
-
-    def __init__(self, net: nn.Module, key: Callable[[], Sequence[int]], device: torch.device):
+    def __init__(self, key: Callable[[], Sequence[int]], device: torch.device):
         self.key, self.device = key, device
-        self._depth = 0
         self._last: tuple[int, ...] | None = None
         self._n = 0
-        for name in self.METHODS:
-            fn = getattr(net, name, None)
-            if fn is not None:
-                object.__setattr__(net, name, self._wrap(fn))
 
-    def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if self._depth:  # sample_path calling sample_weights: already on the shared stream
-                return fn(*args, **kwargs)
-            key = tuple(int(k) for k in self.key())
-            self._n = self._n + 1 if key == self._last else 0
-            self._last = key
-            self._depth += 1
-            try:
-                with shared_random(self.device, seed_from(*key, self._n)):
-                    return fn(*args, **kwargs)
-            finally:
-                self._depth -= 1
-
-        return wrapped
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        key = tuple(int(k) for k in self.key())
+        self._n = self._n + 1 if key == self._last else 0
+        self._last = key
+        with shared_random(self.device, seed_from(*key, self._n)):
+            yield
 
 
-__all__ = ["BACKENDS", "DDP", "DistContext", "PeriodicAverager", "SharedSampling",
-           "average_grads_before_step", "bn_buffers", "current", "init_from_env", "rank_entry",
-           "rank_seed", "seed_from", "shared_random", "sync_bn_stats", "unwrap", "wrap_ddp"]
+__all__ = ["BACKENDS", "DDP", "DistContext", "PeriodicAverager", "SharedNoise", "bn_buffers",
+           "current", "init_from_env", "rank_entry", "rank_seed", "seed_from", "shared_random",
+           "sync_bn_stats", "unwrap", "wrap_ddp"]

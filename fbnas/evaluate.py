@@ -1,6 +1,8 @@
 """A trained child: its accuracy on a split (`evaluate`, used by `fbnas eval` and retrain),
 loading it from a retrain checkpoint (`load_child`), and taking a child's weights out of a
-supernet checkpoint (`supernet_child_state`, for `fbnas retrain --init-from-supernet`)."""
+supernet checkpoint (`supernet_child_state`, for `fbnas retrain --init-from-supernet`); and
+one path of a supernet on a split (`path_sums`, the search's validation and `fbnas
+fidelity`)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import torch.nn.functional as F
 from fbnas.arch import Architecture, ChildNet, build_child
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
+from fbnas.data.loaders import take_images
+from fbnas.distributed import sync_bn_stats
 from fbnas.errors import FbnasError
 from fbnas.run.loop import CHECKPOINT
+from fbnas.run.step import host_values, metric
 
 
 # ---- evaluation ------------------------------------------------------------------------------
@@ -37,6 +42,45 @@ def evaluate(model: torch.nn.Module, loader, device: torch.device | str = "cpu"
         top5 += int((pred == y[:, None]).any(1).sum())
         n += len(y)
     return {"top1": top1 / max(n, 1), "top5": top5 / max(n, 1), "ce": ce / max(n, 1), "n": n}
+
+
+@torch.no_grad()
+def path_sums(net: torch.nn.Module, loader, device: torch.device, m, active
+              ) -> dict[str, float]:
+    """{"correct", "ce" (summed), "n"} of the supernet path `m` / `active` over `loader`, in
+    eval mode (BatchNorm as re-estimated for that path, if it was); summed on the device and
+    read once."""
+    net.eval()
+    n = 0
+    sums: dict[str, Any] = {"correct": 0.0, "ce": 0.0}
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits, _ = net(x, m=m, active=active)
+        sums["ce"] = sums["ce"] + metric(F.cross_entropy(logits, y, reduction="sum"))
+        sums["correct"] = sums["correct"] + metric((logits.argmax(1) == y).sum())
+        n += len(y)
+    return {**host_values(sums), "n": n}
+
+
+@torch.no_grad()
+def validate_path(net: torch.nn.Module, data: Any, device: torch.device, indices: list[int],
+                  calib_samples: int, dist: Any) -> dict[str, float]:
+    """{"val_acc", "val_ce"} of the supernet's single path `indices` on the validation split,
+    after re-estimating its BatchNorm statistics on `calib_samples` un-augmented weight-split
+    images; under torchrun each rank takes its shard of both and the figures are combined."""
+    m, active = net.path(indices)
+    if calib_samples and data.calib_loader is not None:
+        limit = calib_samples
+        if dist.distributed:  # each rank calibrates on its shard; the same total
+            limit = -(-limit // dist.world_size)
+        used = net.recalibrate_bn(take_images(data.calib_loader, limit, device), m, active)
+        if dist.distributed:  # the ranks' estimates, weighted by their samples
+            sync_bn_stats(dist, net, weight=used)
+    s = path_sums(net, data.val_loader, device, m, active)
+    correct, n, ce_sum = int(s["correct"]), s["n"], s["ce"]
+    if dist.distributed:  # each rank evaluated its shard of the validation split
+        correct, n, ce_sum = dist.sum_floats([correct, n, ce_sum])
+    return {"val_acc": correct / max(n, 1), "val_ce": ce_sum / max(n, 1)}
 
 
 # ---- child checkpoints -------------------------------------------------------------------------

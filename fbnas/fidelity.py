@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from scipy import stats
-from torch import nn
 
 from fbnas.arch import Architecture
 from fbnas.checkpoint import load_checkpoint
@@ -29,6 +28,7 @@ from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.data import build_search_data
 from fbnas.data.loaders import take_images
 from fbnas.errors import FbnasError
+from fbnas.evaluate import path_sums
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import RESULTS, ChildTrainer
 from fbnas.run import CHECKPOINT, close_logger
@@ -48,21 +48,12 @@ def supernet_accuracy(net: Supernet, arch: Architecture, cfg: Config, data,
                       device: torch.device) -> float:
     """Validation accuracy of `arch`'s path on the supernet weights, BN re-estimated."""
     cands = cfg.space.layer_candidates()
-    idx = [c.index(op) for c, op in zip(cands, arch.ops, strict=True)]
-    m = [nn.functional.one_hot(torch.tensor(i), len(c)).float().to(device)
-         for i, c in zip(idx, cands, strict=True)]
-    active = [[i] for i in idx]
+    m, active = net.path([c.index(op) for c, op in zip(cands, arch.ops, strict=True)])
     limit = cfg.search.bn_calib_samples
-    with torch.no_grad():
-        if limit:
-            net.recalibrate_bn(take_images(data.calib_loader, limit, device), m, active)
-        net.eval()
-        correct = n = 0
-        for x, y in data.val_loader:
-            logits, _ = net(x.to(device), m=m, active=active)
-            correct += int((logits.argmax(1) == y.to(device)).sum())
-            n += len(y)
-    return correct / max(n, 1)
+    if limit:
+        net.recalibrate_bn(take_images(data.calib_loader, limit, device), m, active)
+    s = path_sums(net, data.val_loader, device, m, active)
+    return s["correct"] / max(s["n"], 1)
 
 
 class Fidelity:

@@ -17,7 +17,6 @@ epoch's weights.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from datetime import datetime
 from pathlib import Path
@@ -33,13 +32,14 @@ from fbnas.checkpoint import load_checkpoint, rng_state, seed_everything
 from fbnas.config import Config
 from fbnas.costs import find_latency_table, measure_child_ms, predict_ms
 from fbnas.data import build_train_data
-from fbnas.distributed import PeriodicAverager, rank_seed, sync_bn_stats, wrap_ddp
+from fbnas.distributed import PeriodicAverager, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
 from fbnas.io import write_json_atomic
-from fbnas.run.guard import fused_optimizer, keep_fused, masked
-from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss, host_partial, host_values, metric
+from fbnas.run.guard import fused_optimizer, keep_fused
+from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
+from fbnas.run.step import StepFigures, Update, metric
 
 RESULTS = "results.json"
 RESULTS_SCHEMA = 1
@@ -158,7 +158,7 @@ class ChildTrainer(EpochRunner):
         self.prec.load_state_dict(state.get("scalers"))
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.history = list(state["history"])
-        self.partial = dict(state.get("partial") or {})
+        self._load_partial(state.get("partial"))
         self.extra = dict(state.get("extra") or self.extra)
         # a distributed checkpoint holds each rank's RNG, partial sums and BN statistics
         self._restore_ranks(state, at_epoch_start=not self.step, seed=self.cfg.retrain.seed)
@@ -168,37 +168,32 @@ class ChildTrainer(EpochRunner):
                 "model": self.model.state_dict(), "opt": self.opt.state_dict(),
                 "rng": rng_state(), "config": self.cfg.resolved(), "arch": self.arch.to_dict(),
                 "arch_hash": self.arch.hash(), "history": self.history,
-                "partial": host_partial(self.partial),
+                "partial": self._partial_state(),
                 "init_from": self.init_from, "extra": self.extra,
                 "scalers": self.prec.state_dict()}
 
     # ---- training ---------------------------------------------------------------------------
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> StepFigures:
         r = self.cfg.retrain
         lr = r.lr_at(self.epoch * self.steps_per_epoch + self.step, self.steps_per_epoch)
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.model.train()
-        local = self._averager is not None and self._averager.active
-        # run.ddp_sync_every > 1: no gradient all-reduce; weights averaged every K steps
-        with self._ddp.no_sync() if local else contextlib.nullcontext():
+        update = Update(self.opt, list(self.model.parameters()), 0, r.grad_clip,
+                        ddp=self._ddp, averager=self._averager)
+        # every rank stops at the same step (the non-finite flags are all-reduced)
+        with self.stepper.update(update) as u:
             with self.prec.autocast():
                 logits = self.forward(self.prec.input(x))
             logits = logits.float()  # the loss in float32 under any retrain.precision
             loss = F.cross_entropy(logits, y, label_smoothing=r.label_smoothing)
-            self.opt.zero_grad(set_to_none=True)
             self.prec.scale(loss).backward()
-        grads = self._grad_terms(self.opt, 0, list(self.model.parameters()), r.grad_clip)
-        # nothing applied yet; every rank stops at the same step (the flags are all-reduced)
-        _, skip = self._nan_check({"loss": loss, **grads})
-        self._apply_step(self.opt, 0, skip)
-        if self._averager is not None:
-            self._averager.after_step()
+            u.terms = {"loss": loss}
         acc = (logits.detach().argmax(1) == y).float().mean()
-        # loss and acc stay on the device (no sync per step; read at the epoch's end); a step
-        # the deferred check skipped counts no samples
-        n = float(len(y)) if skip is None else metric(~skip) * len(y)
-        return masked({"loss": metric(loss), "acc": metric(acc), "lr": lr, "n": n}, skip)
+        # loss and acc stay on the device (no sync per step; read at the epoch's end), weighted
+        # by the batch's samples; a step the deferred check skipped counts none
+        return StepFigures({"loss": metric(loss), "acc": metric(acc)}, weight=float(len(y)),
+                           skip=u.skip, shown={"lr": lr})
 
     def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
         self._rewind(step)  # deferred check: back to the bad step, whose update was skipped
@@ -214,38 +209,20 @@ class ChildTrainer(EpochRunner):
         self.data.set_epoch(self.epoch)
         if not self.step:
             self.partial = {}
-        sums: dict[str, float] = dict(self.partial.get("sums", {}))
         t0 = time.perf_counter()
 
-        def record(out: dict[str, Any]) -> dict[str, Any]:
-            n = out["n"]
-            sums["loss"] = sums.get("loss", 0.0) + out["loss"] * n
-            sums["acc"] = sums.get("acc", 0.0) + out["acc"] * n
-            sums["n"] = sums.get("n", 0.0) + n
-            sums["seconds"] = sums.get("seconds", 0.0)
-            self.partial = {"sums": sums}
-            return {"loss": out["loss"], "lr": out["lr"]}
+        def before_stop() -> None:  # the time spent so far survives the interruption
+            self.partial["seconds"] = self.partial.get("seconds", 0.0) + time.perf_counter() - t0
 
-        def before_stop() -> None:
-            sums["seconds"] = sums.get("seconds", 0.0) + time.perf_counter() - t0
-
-        self._run_steps(self.data.iterate(self.data.train_loader, start=self.step),
-                        self.steps_per_epoch, f"retrain {self.epoch + 1}/{r.epochs}",
-                        self.train_step, record, before_stop)
-        seconds = sums.get("seconds", 0.0) + time.perf_counter() - t0
-        sums = host_values(sums)
-        if self.dist.distributed:
-            self._averager.sync()  # ddp_sync_every > 1: one model again
-            sync_bn_stats(self.dist, self.model)  # the ranks' BN statistics, averaged
-            # the epoch's figures over every rank's samples (rank 0's clock)
-            keys = ("loss", "acc", "n")
-            sums = {**sums, **dict(zip(keys, self.dist.sum_floats(
-                [sums.get(k, 0.0) for k in keys]), strict=True))}
-        n = max(sums.get("n", 0.0), 1.0)
-        rec: dict[str, Any] = {"epoch": self.epoch + 1, "train_loss": sums.get("loss", 0.0) / n,
-                               "train_acc": sums.get("acc", 0.0) / n,
+        sums = self._run_phase(self.data.iterate(self.data.train_loader, start=self.step),
+                               self.steps_per_epoch, f"retrain {self.epoch + 1}/{r.epochs}",
+                               self.train_step, ("loss",), before_stop)
+        seconds = self.partial.get("seconds", 0.0) + time.perf_counter() - t0
+        means = sums.means()
+        rec: dict[str, Any] = {"epoch": self.epoch + 1, "train_loss": means.get("loss", 0.0),
+                               "train_acc": means.get("acc", 0.0),
                                "lr": self.opt.param_groups[0]["lr"], "seconds": seconds,
-                               "images_per_s": sums.get("n", 0.0) / max(seconds, 1e-9)}
+                               "images_per_s": sums.weight / max(seconds, 1e-9)}
         if self.data.val_loader is not None:
             v = self._evaluate(self.data.val_loader)
             rec.update({"val_top1": v["top1"], "val_top5": v["top5"], "val_ce": v["ce"]})

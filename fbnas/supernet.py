@@ -271,6 +271,13 @@ class Supernet(nn.Module):
         """One-hot at argmax θ per layer: the deterministic architecture used for validation."""
         return [F.one_hot(t.detach().argmax(), len(t)).to(t.dtype) for t in self.theta]
 
+    def path(self, indices: Sequence[int]) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """(m, active) of the single path choosing candidate `indices[l]` in layer l: one-hot
+        weights on θ's device and dtype, and that candidate alone computed."""
+        m = [F.one_hot(torch.tensor(int(i)), len(t)).to(t.dtype).to(t.device)
+             for i, t in zip(indices, self.theta, strict=True)]
+        return m, [[int(i)] for i in indices]
+
     def probabilities(self) -> list[torch.Tensor]:
         return [torch.softmax(t.detach(), -1) for t in self.theta]
 

@@ -50,7 +50,7 @@ from fbnas.plots import _plt
 from fbnas.retrain import RESULTS, ChildTrainer
 from fbnas.run import close_logger
 from fbnas.runs import load_results
-from fbnas.search import SearchTrainer
+from fbnas.trainer import SearchTrainer
 
 WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
 PARAMS = WEIGHTS + ("target",)

@@ -1,22 +1,447 @@
-"""Compatibility names for code written against fbnas <= 0.1's `fbnas.trainer`.
+"""SearchTrainer: the FBNet alternating search.
 
-The search trainer lives in fbnas.search, the run infrastructure in fbnas.run and cost
-resolution in fbnas.costs (docs/architecture.md); new code imports from there.
+Per epoch: weight steps (SGD + momentum, cosine schedule) on the weight split, then — after
+`warmup_epochs` of weights only — θ steps (Adam) on the disjoint θ split. Weight steps use
+the cross-entropy of the paths the search mode samples (fbnas.modes; θ gets no gradient); θ
+steps use the cost-aware loss (weights get no gradient). Both go through the one update step
+of fbnas.run.step. τ is annealed after warm-up (`TauSchedule`). Validation uses the argmax
+architecture, deterministically, on the held-out validation split (never the test split).
+
+Checkpoints are written atomically at the end of every epoch (and every
+`run.checkpoint_every_steps` steps if set, and on Ctrl-C), holding the model, both optimizers,
+the scheduler, RNG states, the position (epoch, phase, step), the resolved config and the cost
+table's fingerprint: `fbnas train --resume RUN_DIR` continues and ends with the same θ as an
+uninterrupted run. The loop, signals, run directory and logging are fbnas.run.loop's.
+
+Under `torchrun` (fbnas.distributed, docs/distributed.md) each rank trains on its shard: weight
+steps run through DistributedDataParallel, θ's gradients are averaged before each Adam step,
+the Gumbel noise is the same on every rank (`SharedNoise`), and rank 0 alone writes the run
+directory.
 """
 
-from fbnas.costs import CostSource, cached_table_path, resolve_costs
-from fbnas.run import (
-    CHECKPOINT,
-    Interrupted,
-    NonFiniteLoss,
-    attach_log_file,
-    check_kept_settings,
-    close_logger,
-    resolve_device,
-    run_trainer,
-)
-from fbnas.search import SearchTrainer, TauSchedule
+from __future__ import annotations
 
-__all__ = ["CHECKPOINT", "CostSource", "Interrupted", "NonFiniteLoss", "SearchTrainer",
-           "TauSchedule", "attach_log_file", "cached_table_path", "check_kept_settings",
-           "close_logger", "resolve_device", "resolve_costs", "run_trainer"]
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+from fbnas.arch import Architecture, arch_from_indices, sample_hard
+from fbnas.checkpoint import rng_state, seed_everything
+from fbnas.config import Config
+from fbnas.costs import CostSource, shared_costs
+from fbnas.data import build_search_data
+from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
+from fbnas.errors import FbnasError
+from fbnas.evaluate import validate_path
+from fbnas.io import write_json_atomic
+from fbnas.modes import PathSample
+from fbnas.run.guard import fused_optimizer, keep_fused, non_finite_what
+from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
+from fbnas.run.resume import ResumePolicy
+from fbnas.run.step import StepFigures, Update, metric
+from fbnas.schedules import TauSchedule, warmup_paths
+from fbnas.supernet import Supernet
+from fbnas.target import cost_lists, fit_to_target, range_warning
+
+
+class SearchTrainer(EpochRunner):
+    KIND, SECTION, NEW_RUN_HINT = "search", "search", "run.dir"
+    RESUME_CMD = "fbnas train --resume"
+    POLICY = ResumePolicy(
+        compared=("data", "latency", "loss", "search", "run"),
+        # where and how it runs, not what it computes
+        resumable=frozenset({
+            ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
+            ("run", "checkpoint_every_steps"), ("search", "device"), ("data", "workers"),
+            ("data", "root"), ("data", "eval_batch_size"), ("run", "ddp_backend"),
+            ("search", "checkpoint_activations"), ("search", "channels_last"),
+            # the final fit to a target is applied from θ and the table after the last epoch
+            ("search", "fit_target"), ("search", "fit_tolerance"),
+            ("search", "compile"), ("search", "compile_backend"), ("run", "nan_check")}),
+        added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
+               ("search", "warmup_sampling"): "mode",
+               ("search", "checkpoint_activations"): False,
+               ("search", "precision"): "float32", ("search", "channels_last"): False,
+               ("data", "placement"): "auto", ("search", "compile"): False,
+               ("search", "compile_backend"): "inductor", ("run", "nan_check"): "auto"})
+
+    def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
+                 log=None, resume: bool = False, dist=None):
+        super().__init__(cfg, run_dir, log, dist, resume=resume, costs=costs)
+
+    def _setup(self, resume: bool, costs: CostSource | None) -> None:
+        cfg = self.cfg
+        s = cfg.search
+        self._init_device(s.device)
+        # autocast and layout (fbnas.precision); scaler 0 for the weights, 1 for θ under fp16
+        self._init_precision(s.precision, s.channels_last, scalers=2)
+        state = self._open_checkpoint(resume)
+        if state is not None:
+            self._check_resume(state)
+        self.costs = costs or shared_costs(cfg, self.dist, self.log.info, self.run_dir, resume)
+        # seeded after the costs: measuring a table draws random numbers, a cached one does not
+        seed_everything(s.seed)
+        if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
+            raise FbnasError(f"{self.run_dir / CHECKPOINT}: the run was searched with another "
+                             f"cost table (fingerprint {state['cost_fingerprint'][:12]}, now "
+                             f"{self.costs.fingerprint[:12]}); resume with the original table")
+        self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
+                              checkpoint_activations=s.checkpoint_activations).to(self.device)
+        self.prec.model(self.model)
+        if s.compile:
+            n = self.model.compile_blocks(s.compile_backend)
+            self.log.info(f"search.compile: {n} blocks compiled with {s.compile_backend} (each "
+                          "compiles at its first call)")
+        bounds = self.model.cost_bounds()
+        self.loss = cfg.loss.build(bounds)
+        self.loss.check_range(*bounds)
+        if (warn := range_warning(self.cfg.loss.target, self.loss, bounds,
+                                  self.costs.unit)) is not None:
+            self.log.warning(warn)
+        self.tau_schedule = TauSchedule.from_config(s)
+        # run.nan_check (fbnas.run.guard): deferred needs the fused optimizers, which skip a
+        # non-finite step's update on the device
+        self._init_guard(s.nan_policy)
+        fused = self.guard.deferred
+        self.w_opt = fused_optimizer(torch.optim.SGD, self.model.weight_parameters(), fused,
+                                     lr=s.w_lr, momentum=s.w_momentum,
+                                     weight_decay=s.w_weight_decay,
+                                     nesterov=s.w_nesterov and s.w_momentum > 0)
+        self.w_sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            self.w_opt, T_max=s.epochs, eta_min=s.w_lr_min)
+        self.theta_opt = fused_optimizer(torch.optim.Adam, self.model.arch_parameters(), fused,
+                                         lr=s.theta_lr, weight_decay=s.theta_weight_decay)
+        self.data = build_search_data(
+            cfg.data, input_size=cfg.space.macro.input_size,
+            in_channels=cfg.space.macro.in_channels, num_classes=cfg.space.macro.num_classes,
+            seed=s.seed, distributed=self.dist.shard, pin_memory=self.device.type == "cuda",
+            device=self.device)
+        self._open_run_dir()  # every input is valid: now the run directory
+        if self.dist.is_main and state is None and self.costs.table is not None:
+            self.costs.table.save(self.run_dir / "cost_table.json")
+        self.phase = "w"
+        self.skipped_steps = 0
+        # distributed runs (_setup_distributed): the weight steps' forward through DDP, and
+        # Gumbel noise that is the same on every rank
+        self._ddp: Any = None
+        self.w_forward: Any = self.model
+        self.noise: Any = contextlib.nullcontext
+        if state is not None:
+            self._restore(state)
+        else:
+            self._write_config()
+        if self.dist.distributed:
+            if s.warmup_sampling != "mode":
+                raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "
+                                 "under torchrun yet; use mode (the default)")
+            self._setup_distributed(fresh=state is None)
+
+    # ---- resume ---------------------------------------------------------------------------
+    def _check_resume(self, state: dict[str, Any]) -> None:
+        saved, now = state["config"], self.cfg.resolved()
+        if saved["space"] != now["space"]:
+            diff = next((k for k in saved["space"]
+                         if saved["space"].get(k) != now["space"].get(k)), "space")
+            raise FbnasError(f"{self.run_dir / CHECKPOINT}: was searched in another search "
+                             f"space (space.{diff} differs); resume with the original config")
+        super()._check_resume(state)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.w_opt.load_state_dict(state["w_opt"])
+        self.theta_opt.load_state_dict(state["theta_opt"])
+        for opt in (self.w_opt, self.theta_opt):  # this run's kernels, whatever wrote it
+            keep_fused(opt, self.guard.deferred)
+        self.w_sched.load_state_dict(state["w_sched"])
+        self.epoch, self.phase, self.step = state["epoch"], state["phase"], state["step"]
+        self.history = list(state["history"])
+        self._load_partial(state.get("partial"))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.prec.load_state_dict(state.get("scalers"))
+        # a distributed checkpoint holds each rank's RNG, partial sums and BN statistics
+        self._restore_ranks(state, at_epoch_start=self.phase == "w" and not self.step,
+                            seed=self.cfg.search.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "search", "epoch": self.epoch, "phase": self.phase, "step": self.step,
+            "model": self.net.state_dict(), "w_opt": self.w_opt.state_dict(),
+            "theta_opt": self.theta_opt.state_dict(), "w_sched": self.w_sched.state_dict(),
+            "tau": self.tau, "rng": rng_state(), "config": self.cfg.resolved(),
+            "cost_fingerprint": self.costs.fingerprint, "history": self.history,
+            "partial": self._partial_state(), "skipped_steps": self.skipped_steps,
+            "scalers": self.prec.state_dict(),
+        }
+
+    def _after_save(self) -> None:
+        write_json_atomic(self.run_dir / "theta.json", {
+            "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.layer_candidates()],
+            "theta": [t.detach().cpu().tolist() for t in self.net.theta]})
+
+    @property
+    def net(self) -> Supernet:
+        """The supernet (`self.model`; under torchrun, weight steps run it through
+        `self.w_forward`, its DDP wrapper)."""
+        return self.model
+
+    @property
+    def bn_module(self) -> nn.Module:
+        return self.net
+
+    # ---- schedule ---------------------------------------------------------------------------
+    @property
+    def tau(self) -> float:
+        return self.tau_schedule(self.epoch)
+
+    def theta_active(self, epoch: int | None = None) -> bool:
+        return (self.epoch if epoch is None else epoch) >= self.cfg.search.warmup_epochs
+
+    # ---- one step of each kind ---------------------------------------------------------------
+    def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
+        where = f"epoch {self.epoch + 1}/{self.cfg.search.epochs}, {self.phase} step {step + 1}"
+        what = non_finite_what(terms)
+        if self.cfg.search.nan_policy == "skip":
+            self.skipped_steps += count
+            more = f" (and {count - 1} more steps since)" if count > 1 else ""
+            self.log.warning(f"non-finite {what} at {where}{more}: step skipped")
+            return
+        self._rewind(step)  # deferred check: back to the bad step, whose update was skipped
+        self.save()  # nothing was applied from that step on: this is the last good state
+        raise NonFiniteLoss(f"non-finite {what} at {where}; stopped after saving the last good "
+                            f"state in {self.run_dir / CHECKPOINT} (set search.nan_policy: skip "
+                            "to skip such steps)")
+
+    def _sample(self) -> PathSample:
+        """The paths of one step, as search.mode samples them (on the ranks' shared noise)."""
+        with self.noise():
+            return self.net.sample_path(self.tau, self.cfg.search.hard)
+
+    def _w_update(self) -> Update:
+        return Update(self.w_opt, self.net.weight_parameters(), 0, self.cfg.search.grad_clip,
+                      ddp=self._ddp, averager=self._averager)
+
+    def _warmup_paths(self) -> list[list[list[int]]] | None:
+        """The single paths a warm-up weight step trains, or None (fbnas.schedules)."""
+        if self.theta_active():
+            return None
+        return warmup_paths(self.cfg.search.warmup_sampling, [len(t) for t in self.net.theta])
+
+    def _path_weight_step(self, x: torch.Tensor, y: torch.Tensor,
+                          paths: list[list[list[int]]]) -> StepFigures:
+        """One weight step on the given single paths, gradients summed over them (FairNAS: each
+        candidate gets a whole step's update; the shared stem and head get K of them, which
+        search.grad_clip bounds)."""
+        ce_sum = acc_sum = cost_sum = 0.0
+        with self.stepper.update(self._w_update()) as u:
+            ces = []
+            for path in paths:
+                m, active = self.net.path([a[0] for a in path])
+                with self.prec.autocast():
+                    logits, cost = self.w_forward(self.prec.input(x), m=m, active=active,
+                                                  cost_m=m)
+                logits = logits.float()
+                ce = self.loss.ce(logits, y)
+                ces.append(ce)
+                self.prec.scale(ce, 0).backward()
+                ce_sum = ce_sum + metric(ce)
+                acc_sum = acc_sum + metric((logits.detach().argmax(1) == y).float().mean())
+                cost_sum = cost_sum + metric(cost)
+            u.terms = {"ce": torch.stack(ces)}
+        if not u.applied:
+            return StepFigures()
+        k = len(paths)
+        return StepFigures({"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k},
+                           skip=u.skip)
+
+    def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> StepFigures:
+        self.model.train()
+        paths = self._warmup_paths()
+        if paths is not None:
+            return self._path_weight_step(x, y, paths)
+        with torch.no_grad():  # search.mode decides which paths are sampled and computed
+            p = self._sample()
+        with self.stepper.update(self._w_update()) as u:
+            with self.prec.autocast():
+                logits, cost = self.w_forward(self.prec.input(x), m=p.m, active=p.active,
+                                              cost_m=p.cost_m)
+            logits = logits.float()  # the losses in float32 under any search.precision
+            ce = self.loss.ce(logits, y)
+            self.prec.scale(ce, 0).backward()
+            u.terms = {"ce": ce}
+        if not u.applied:
+            return StepFigures()
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return StepFigures({"ce": metric(ce), "acc": metric(acc), "cost": metric(cost)},
+                           skip=u.skip)
+
+    def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> StepFigures:
+        self.model.train()
+        theta = self.net.arch_parameters()
+        with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:
+            p = self._sample()
+            with self.prec.autocast():
+                logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
+                                          cost_m=p.cost_m)
+            if self.loss.on_expected:  # Σ softmax(θ)·LAT: deterministic, reaches every θ
+                cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
+            terms = self.loss(logits.float(), y, cost.float())
+            # weights get no gradient here. A layer's θ can be absent from the graph: in
+            # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0),
+            # and with `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
+            total = self.prec.scale(terms.total, 1)
+            grads = (torch.autograd.grad(total, theta, allow_unused=True) if total.requires_grad
+                     else [None] * len(theta))
+            for t, g in zip(theta, grads, strict=True):
+                t.grad = torch.zeros_like(t) if g is None else g
+            u.terms = {"ce": terms.ce, "cost_term": terms.cost_term, "total": terms.total}
+        if not u.applied:
+            return StepFigures()
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return StepFigures({"loss": metric(terms.total), "ce": metric(terms.ce),
+                            "cost_term": metric(terms.cost_term), "acc": metric(acc),
+                            "cost": metric(cost)}, skip=u.skip)
+
+    def validate(self) -> dict[str, float]:
+        """Accuracy and CE of the argmax architecture on the validation split, after
+        re-estimating its BatchNorm statistics on (un-augmented) weight-split images."""
+        indices = self.net.argmax_indices()
+        out = {"argmax_cost": float(self.net.expected_cost(self.net.path(indices)[0]))}
+        if self.data.val_loader is None:  # val_fraction 0: no selection split
+            return out
+        return {**out, **validate_path(self.net, self.data, self.device, indices,
+                                       self.cfg.search.bn_calib_samples, self.dist)}
+
+    # ---- epochs ----------------------------------------------------------------------------------
+    def _phase(self, phase: str, loader, step_fn) -> dict[str, float]:
+        """Run (or finish) one phase of the epoch; the means of its step figures."""
+        sums = self._run_phase(self.data.iterate(loader, start=self.step), len(loader),
+                               f"epoch {self.epoch + 1}/{self.cfg.search.epochs} {phase}",
+                               step_fn, shown=("ce", "acc", "cost"))
+        return sums.means()
+
+    def train_epoch(self) -> dict[str, Any]:
+        """Run (or finish) the current epoch; returns its metrics."""
+        e = self.epoch
+        self.data.set_epoch(e)
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = self.partial.setdefault("rec", {})
+        if self.phase == "w":
+            w = self._phase("w", self.data.w_loader, self.weight_step)
+            rec.update({f"w_{k}": v for k, v in w.items()})
+            rec["w_lr"] = self.w_opt.param_groups[0]["lr"]
+            self.w_sched.step()
+            self.phase, self.step, self.partial = "theta", 0, {"rec": rec}
+            # the step counter restarts: with run.checkpoint_every_steps N a kill loses at most
+            # N - 1 steps only if each phase's end is saved too
+            if self.cfg.run.checkpoint_every_steps and self.theta_active(e):
+                self.save()
+        if self.phase == "theta":
+            if self.theta_active(e):
+                th = self._phase("theta", self.data.theta_loader, self.theta_step)
+                rec.update({f"theta_{k}": v for k, v in th.items()})
+            self.phase, self.step, self.partial = "val", 0, {"rec": rec}
+            if self.cfg.run.checkpoint_every_steps:
+                self.save()
+        rec.update(self.validate())
+        rec.update({"epoch": e + 1, "tau": self.tau, "theta_lr": self.theta_opt.param_groups[0]
+                    ["lr"], "theta_active": self.theta_active(e),
+                    "seconds": time.perf_counter() - t0,
+                    "probs": [p.cpu().tolist() for p in self.model.probabilities()],
+                    "entropy": self.model.entropy().cpu().tolist()})
+        return rec
+
+    def fit(self) -> dict[str, Any]:
+        """Run to the last epoch. Ctrl-C finishes the current step, saves the exact position
+        and raises Interrupted; `--resume` continues from there."""
+        s = self.cfg.search
+        self.log.info(f"search '{self.cfg.space.name}': {s.epochs} epochs ({s.warmup_epochs} "
+                      f"warm-up), {self.costs.description}, device {self.device}"
+                      + (f", {s.precision}" if s.precision != "float32" else "")
+                      + (", channels_last" if s.channels_last else ""))
+        if (warn := self.prec.warning("search")) is not None:
+            self.log.warning(warn)
+        self._run_epochs(s.epochs)
+        arch = self.final_arch()
+        if self.dist.is_main:
+            arch.save(self.run_dir / "arch_hard.yaml")
+        result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
+                  "predicted_cost": self.costs.fixed + sum(
+                      r[o] for r, o in zip(self.costs.rows, arch.ops, strict=True))}
+        self.log.info(f"done: argmax architecture {arch.short_hash} "
+                      f"({result['predicted_cost']:.1f} {self.costs.unit} predicted) -> "
+                      f"{self.run_dir / 'arch_hard.yaml'}")
+        return result
+
+    def _next_epoch(self) -> None:
+        super()._next_epoch()
+        self.phase = "w"
+
+    def _position(self) -> str:
+        return f"epoch {self.epoch} phase {self.phase} step {self.step}"
+
+    def final_arch(self) -> Architecture:
+        """argmax θ, fitted to the loss's target when there is one (`search.fit_target`)."""
+        name, meta = f"{self.cfg.space.name}_search", {"run": str(self.run_dir)}
+        a = sample_hard(self.cfg.space, self.model.theta, name=name)
+        target = getattr(self.loss, "target", None)
+        if target is None or not self.cfg.search.fit_target:
+            return Architecture(a.macro, a.ops, a.name, a.space, meta)
+        rows = cost_lists(self.costs.rows, self.cfg.space.layer_candidates())
+        fit = fit_to_target(self.net.theta, rows, self.costs.fixed, target,
+                            self.cfg.search.fit_tolerance)
+        self.log.info(fit.describe(self.cfg.loss.target, target, self.costs.unit))
+        meta.update(target=float(target), fitted_layers=fit.changes)
+        return arch_from_indices(self.cfg.space, fit.indices, name, **meta)
+
+    # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
+    def _setup_distributed(self, fresh: bool) -> None:
+        """DDP for the weight path, averaged θ gradients, rank-identical Gumbel noise."""
+        d, net = self.dist, self.net
+        theta = net.arch_parameters()
+        # θ stays outside DDP: weight steps give it no gradient, and its own gradients (θ
+        # steps, which bypass DDP) are averaged before each Adam step (Update.average).
+        d.broadcast_tensors(theta)
+        # a mode that computes some candidates only leaves the others without a gradient
+        self._ddp = self.w_forward = wrap_ddp(
+            net, d, ignore=theta, find_unused_parameters=not net.search_mode.all_paths)
+        self._load_rank_bn()  # after DDP's broadcast
+        phases = {"w": 1, "theta": 2, "val": 3}
+        self.noise = SharedNoise(lambda: (self.cfg.search.seed, self.epoch,
+                                          phases.get(self.phase, 0), self.step), self.device)
+        self._averager = PeriodicAverager(d, net.weight_parameters(), self.w_opt,
+                                          self.cfg.run.ddp_sync_every)
+        if fresh:  # each rank its own augmentation stream (the model is already built)
+            seed_everything(rank_seed(self.cfg.search.seed, d.rank, 0))
+
+    # ---- logging ---------------------------------------------------------------------------------
+    def epoch_line(self, rec: dict[str, Any]) -> str:
+        msg = (f"epoch {rec['epoch']}/{self.cfg.search.epochs} tau {rec['tau']:.3f} "
+               f"w_ce {rec.get('w_ce', float('nan')):.3f} w_acc {rec.get('w_acc', 0):.3f}")
+        if "theta_loss" in rec:
+            msg += (f" theta_loss {rec['theta_loss']:.3f} E[cost] {rec['theta_cost']:.1f}"
+                    f"{self.costs.unit}")
+        if "val_acc" in rec:
+            msg += f" val_acc {rec['val_acc']:.3f}"
+        return msg + (f" argmax_cost {rec['argmax_cost']:.1f}{self.costs.unit} "
+                      f"({rec['seconds']:.1f}s)")
+
+    def tb_scalars(self, w: SummaryWriter, rec: dict[str, Any]) -> None:
+        e = rec["epoch"]
+        for k, v in rec.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
+                group = ("loss" if k.endswith(("ce", "loss", "cost_term")) else
+                         "acc" if k.endswith("acc") else "cost" if "cost" in k else "sched")
+                w.add_scalar(f"{group}/{k}", v, e)
+        for li, (probs, ent) in enumerate(zip(rec["probs"], rec["entropy"], strict=True)):
+            ops = self.cfg.space.layer_candidates()[li]
+            w.add_scalars(f"theta/layer{li:02d}", dict(zip(ops, probs, strict=True)), e)
+            w.add_scalar(f"entropy/layer{li:02d}", ent, e)
+        w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
+
+
+__all__ = ["Interrupted", "NonFiniteLoss", "SearchTrainer", "TauSchedule"]

@@ -39,7 +39,7 @@ def worker(args: argparse.Namespace) -> None:
     from fbnas.config import load_config
     from fbnas.distributed import init_from_env
     from fbnas.run import close_logger
-    from fbnas.search import SearchTrainer
+    from fbnas.trainer import SearchTrainer
 
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", [
         "data.dataset=synthetic", f"data.synthetic_size={args.samples}",

@@ -61,7 +61,7 @@ sys.path.insert(0, str(CODE))
 
 from fbnas.config import load_config  # noqa: E402
 from fbnas.run import close_logger  # noqa: E402
-from fbnas.search import SearchTrainer  # noqa: E402
+from fbnas.trainer import SearchTrainer  # noqa: E402
 
 
 def sync(device: torch.device) -> None:

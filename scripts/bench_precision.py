@@ -44,7 +44,7 @@ from fbnas.config import config_from_dict  # noqa: E402
 from fbnas.io import load_yaml  # noqa: E402
 from fbnas.retrain import ChildTrainer  # noqa: E402
 from fbnas.run import close_logger  # noqa: E402
-from fbnas.search import SearchTrainer  # noqa: E402
+from fbnas.trainer import SearchTrainer  # noqa: E402
 
 
 def variants(device: str) -> list[tuple[str, bool]]:

@@ -31,7 +31,7 @@ DRIVER = """
 import json, sys
 from fbnas.config import load_config
 from fbnas.run import close_logger
-from fbnas.search import SearchTrainer
+from fbnas.trainer import SearchTrainer
 cfg = load_config(sys.argv[1], sys.argv[3:])
 t = SearchTrainer(cfg, cfg.run.dir)
 try:

@@ -34,8 +34,8 @@ from fbnas.config import load_config  # noqa: E402
 from fbnas.latency.build import measure_archs  # noqa: E402
 from fbnas.loss import resolve_target  # noqa: E402
 from fbnas.run import close_logger  # noqa: E402
-from fbnas.search import SearchTrainer  # noqa: E402
 from fbnas.sweep import random_archs  # noqa: E402
+from fbnas.trainer import SearchTrainer  # noqa: E402
 
 
 def main() -> None:

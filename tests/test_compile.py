@@ -11,7 +11,7 @@ from conftest import digits_run_config
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.run import close_logger
-from fbnas.search import SearchTrainer
+from fbnas.trainer import SearchTrainer
 
 
 def _run(tmp_path, name: str, mode: str, compile_: bool) -> SearchTrainer:

@@ -10,7 +10,7 @@ from fbnas.config import (
     load_config,
 )
 from fbnas.errors import FbnasError
-from fbnas.search import TauSchedule
+from fbnas.trainer import TauSchedule
 
 ROOT = Path(__file__).parents[1]
 RUN_CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml"))

@@ -76,7 +76,7 @@ DRIVER = textwrap.dedent('''
 
     from fbnas.retrain import ChildTrainer
     from fbnas.supernet import Supernet
-    from fbnas.search import SearchTrainer
+    from fbnas.trainer import SearchTrainer
 
     samples = []
     orig_sample = Supernet.sample_path

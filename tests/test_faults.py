@@ -333,7 +333,7 @@ def test_an_infinite_weight_step_loss_is_caught_at_its_step(tmp_path, policy, ch
     """test_trainer covers a NaN in a θ step; this is an inf in a weight step (CE), checked
     at once or on the device (run.nan_check)."""
     from fbnas.config import config_from_dict
-    from fbnas.search import SearchTrainer
+    from fbnas.trainer import SearchTrainer
 
     d = copy.deepcopy(TINY)
     d["search"].update(epochs=2, nan_policy=policy)

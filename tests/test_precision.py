@@ -14,7 +14,7 @@ from fbnas.errors import FbnasError
 from fbnas.precision import Precision
 from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
-from fbnas.search import SearchTrainer
+from fbnas.trainer import SearchTrainer
 
 TINY = digits_run_config(
     search={"w_lr": 0.05, "theta_lr": 0.05, "bn_calib_samples": 64},

@@ -162,7 +162,7 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path / "nope.pt")]) == 2
     assert "no checkpoint there" in capsys.readouterr().err
     cfg = make_cfg(tmp_path, search={"epochs": 2})
-    from fbnas.search import SearchTrainer
+    from fbnas.trainer import SearchTrainer
 
     s = SearchTrainer(cfg, tmp_path / "search")
     s.fit()
@@ -173,7 +173,7 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
 
 def test_init_from_supernet_copies_the_chosen_paths(tmp_path):
     cfg = make_cfg(tmp_path)
-    from fbnas.search import SearchTrainer
+    from fbnas.trainer import SearchTrainer
 
     s = SearchTrainer(cfg, tmp_path / "search")
     s.fit()

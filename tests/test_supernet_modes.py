@@ -15,9 +15,9 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.modes import MODES
 from fbnas.run import close_logger
-from fbnas.search import SearchTrainer
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
+from fbnas.trainer import SearchTrainer
 
 COSTS = [[1.0, 5.0, 2.0], [3.0, 8.0, 1.0], [2.0, 4.0, 9.0]]
 PATHS_PER_LAYER = {"single_path": 1, "two_path": 2, "full": 3}

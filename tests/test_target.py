@@ -16,8 +16,8 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.loss import FBNetLoss, HingeLoss, LossConfig, TargetLoss, parse_target, resolve_target
 from fbnas.run import close_logger
-from fbnas.search import SearchTrainer
 from fbnas.target import fit_to_target, predicted_cost
+from fbnas.trainer import SearchTrainer
 
 
 def run_config(loss: dict | None = None, **sections: dict) -> dict:

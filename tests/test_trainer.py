@@ -14,7 +14,7 @@ from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.run import Interrupted, close_logger
-from fbnas.search import SearchTrainer
+from fbnas.trainer import SearchTrainer
 
 TINY = digits_run_config(data={"limit": 300},
                          search={"epochs": 4, "w_lr": 0.05, "theta_lr": 0.05})

@@ -11,7 +11,7 @@ from pathlib import Path
 from fbnas.config import load_config
 from fbnas.errors import FbnasError
 from fbnas.run import run_trainer
-from fbnas.search import SearchTrainer
+from fbnas.trainer import SearchTrainer
 
 
 def add_parser(sub) -> None:

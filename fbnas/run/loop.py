@@ -1,11 +1,12 @@
 """EpochRunner: what every fbnas trainer does around its algorithm.
 
 The epoch loop (train an epoch, save, log, stop on Ctrl-C/SIGTERM with every rank agreeing),
-the step loop inside an epoch (progress bar, a checkpoint every `run.checkpoint_every_steps`
-steps, the stop check), the device and precision, the resume guard, the run directory with
-its config.yaml and train.log, per-rank state in distributed checkpoints, and the TensorBoard
-writer. A trainer subclasses it and supplies `_setup` (its model, optimizers, data),
-`train_epoch`, `state_dict`, `epoch_line` and `tb_scalars`.
+a phase's step loop (progress bar, a checkpoint every `run.checkpoint_every_steps` steps, the
+stop check, the step figures summed on the device and, under torchrun, over the ranks), the
+device and precision, the update step (`self.stepper`, fbnas.run.step), the resume guard, the
+run directory with its config.yaml and train.log, per-rank state in distributed checkpoints,
+and the TensorBoard writer. A trainer subclasses it and supplies `_setup` (its model,
+optimizers, data), `train_epoch`, `state_dict`, `epoch_line` and `tb_scalars`.
 """
 
 from __future__ import annotations
@@ -31,20 +32,16 @@ from fbnas.distributed import (
     init_from_env,
     load_rank_bn,
     restore_rank_rng,
+    sync_bn_stats,
 )
 from fbnas.distributed import current as dist_current
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.precision import Precision
-from fbnas.run.guard import (
-    NonFiniteGuard,
-    deferred_wanted,
-    fused_missing,
-    grad_norm,
-    step_unless,
-)
+from fbnas.run.guard import NonFiniteGuard, deferred_wanted, fused_missing
 from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
 from fbnas.run.resume import ResumePolicy
+from fbnas.run.step import PhaseSums, StepFigures, Stepper, host_values
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -55,30 +52,6 @@ class NonFiniteLoss(FbnasError):
 
 class Interrupted(Exception):
     """The run was stopped by Ctrl-C after saving its exact position."""
-
-
-def metric(t: torch.Tensor) -> torch.Tensor:
-    """A step's figure kept on its device (float64, detached): steps return these instead of
-    `.item()`, so that a step does not wait for the device; they are read back in one go by
-    `host_values` at a phase's end, a checkpoint or a progress-bar refresh."""
-    return t.detach().to(torch.float64)
-
-
-def host_values(d: dict[str, Any]) -> dict[str, Any]:
-    """`d` with its tensor values (device-side sums) as Python floats, read in one sync."""
-    keys = [k for k, v in d.items() if isinstance(v, torch.Tensor)]
-    if not keys:
-        return dict(d)
-    vals = torch.stack([d[k].reshape(()).to("cpu", torch.float64) for k in keys]).tolist()
-    return {**d, **dict(zip(keys, vals, strict=True))}
-
-
-def host_partial(partial: dict[str, Any]) -> dict[str, Any]:
-    """A trainer's `partial` (its running sums) as it is saved: plain floats."""
-    p = dict(partial)
-    if isinstance(p.get("sums"), dict):
-        p["sums"] = host_values(p["sums"])
-    return p
 
 
 def resolve_device(name: str, key: str = "search.device") -> torch.device:
@@ -106,7 +79,9 @@ class EpochRunner:
         self.dist = dist or dist_current()
         self.epoch, self.step = 0, 0
         self.history: list[dict[str, Any]] = []
+        # the epoch in progress: what the trainer keeps (partial) and the phase's sums
         self.partial: dict[str, Any] = {}
+        self.sums = PhaseSums()
         self.writer: SummaryWriter | None = None
         self._stop_requested = False
         self._stop_time = 0.0
@@ -114,7 +89,7 @@ class EpochRunner:
         self._averager: Any = None  # distributed runs: fbnas.distributed.PeriodicAverager
         self._polled_at = 0.0  # the deferred non-finite flags' last read (fbnas.run.guard)
         # the per-step check until the trainer's _setup calls _init_guard with its device
-        self.guard = NonFiniteGuard(False, "stop", torch.device("cpu"), self.dist)
+        self._set_guard(NonFiniteGuard(False, "stop", torch.device("cpu"), self.dist))
         # the console only until every input is validated: a refused run writes nothing
         keep = run_log_handlers(self.run_dir, self.dist.rank)
         self._own_log = log is None
@@ -176,40 +151,12 @@ class EpochRunner:
                                  f"update on {self.device.type} ({why}); use step")
             self.log.info(f"run.nan_check auto: checking each step on the host ({why})")
             deferred = False
-        self.guard = NonFiniteGuard(deferred, policy, self.device, self.dist)
+        self._set_guard(NonFiniteGuard(deferred, policy, self.device, self.dist))
 
-    def _nan_check(self, terms: dict[str, torch.Tensor]) -> tuple[bool, torch.Tensor | None]:
-        """(apply, skip) for the current step's loss terms. `step` check: apply is False for a
-        non-finite step that `nan_policy: skip` skips (stop raises in `_non_finite`); skip is
-        None. Deferred: apply is True and skip a device flag for `_apply_step`."""
-        if self.guard.deferred:
-            return True, self.guard.check(terms, self.step)
-        bad = self.guard.check_now(terms)
-        if bad:
-            self._non_finite(bad, self.step)
-            return False, None
-        return True, None
-
-    def _grad_terms(self, opt: torch.optim.Optimizer, i: int, params: list[torch.Tensor],
-                    clip: float) -> dict[str, torch.Tensor]:
-        """After backward: unscale (fp16) and clip the gradients as configured, and return
-        {"gradient": their total norm} for `_nan_check`; empty under fp16, whose loss scaler
-        skips a step with non-finite gradients (and lowers its scale) itself."""
-        if clip:
-            self.prec.unscale_(opt, i)
-        if self.prec.scalers:
-            if clip:
-                nn.utils.clip_grad_norm_(params, clip)
-            return {}
-        return {"gradient": grad_norm(params, clip)}
-
-    def _apply_step(self, opt: torch.optim.Optimizer, i: int, skip: torch.Tensor | None) -> None:
-        """The optimizer step: through the precision's scaler, or skipped on the device where
-        the deferred check's `skip` is true."""
-        if skip is None:
-            self.prec.step(opt, i)
-        else:
-            step_unless(opt, skip)
+    def _set_guard(self, guard: NonFiniteGuard) -> None:
+        self.guard = guard
+        self.stepper = Stepper(getattr(self, "prec", None), guard, self.dist,
+                               self._non_finite, lambda: self.step)
 
     def _non_finite(self, terms: list[str], step: int, count: int = 1) -> None:
         """Non-finite `terms` at `step` (0-based, in the current phase; `count` steps since the
@@ -271,7 +218,7 @@ class EpochRunner:
                                 epoch=self.epoch, where=str(self.run_dir / CHECKPOINT),
                                 log=self.log)
         if mine is not None:
-            self.partial = dict(mine.get("partial") or {})
+            self._load_partial(mine.get("partial"))
             self._rank_bn = list(mine.get("bn") or [])
         self.log.info(f"resumed {self.run_dir} at {self._position()}")
 
@@ -287,7 +234,7 @@ class EpochRunner:
         if self.dist.distributed:
             if self._averager is not None:
                 self._averager.sync()  # ddp_sync_every > 1: the ranks' weights may differ
-            ranks = gather_rank_states(self.dist, self.bn_module, host_partial(self.partial))
+            ranks = gather_rank_states(self.dist, self.bn_module, self._partial_state())
         if not self.dist.is_main:
             return
         state = self.state_dict()
@@ -323,14 +270,17 @@ class EpochRunner:
             if self.writer is not None:
                 self.writer.flush()
 
-    def _run_steps(self, batches: Iterable[Any], total: int, desc: str,
-                   step: Callable[[torch.Tensor, torch.Tensor], dict[str, float]],
-                   record: Callable[[dict[str, float]], dict[str, float]],
-                   before_stop: Callable[[], None] | None = None) -> None:
+    def _run_phase(self, batches: Iterable[Any], total: int, desc: str,
+                   step: Callable[[torch.Tensor, torch.Tensor], StepFigures],
+                   shown: tuple[str, ...] = (),
+                   before_stop: Callable[[], None] | None = None) -> PhaseSums:
         """The rest of one pass over `batches` (resumed at `self.step`): `step` on each batch
-        moved to the device, then `record` of its output (which returns the progress bar's
-        figures); a checkpoint every `run.checkpoint_every_steps` steps; on a stop request,
-        `before_stop`, save and raise Interrupted."""
+        moved to the device, its figures summed in `self.sums` (on the device); a checkpoint
+        every `run.checkpoint_every_steps` steps; on a stop request, `before_stop`, save and
+        raise Interrupted. Returns the phase's sums as host floats, over every rank (after
+        averaging what ranks keep locally: local-SGD weights, BN statistics)."""
+        if not self.step:
+            self.sums = PhaseSums()
         bar = None
         if self.cfg.run.progress and self.dist.is_main:
             bar = tqdm(total=total, initial=min(self.step, total), leave=False,
@@ -343,12 +293,13 @@ class EpochRunner:
                 y = y.to(self.device, non_blocking=True)
                 out = step(x, y)
                 self.step += 1
-                shown = record(out)
+                self.sums.add(out)
                 if bar is not None:
                     bar.update(1)
-                    if shown and time.monotonic() - shown_at >= 0.5:
+                    if out and time.monotonic() - shown_at >= 0.5:
                         shown_at = time.monotonic()
-                        bar.set_postfix({k: f"{v:.3g}" for k, v in host_values(shown).items()})
+                        figs = {**{k: out[k] for k in shown if k in out}, **out.shown}
+                        bar.set_postfix({k: f"{v:.3g}" for k, v in host_values(figs).items()})
                 save = bool(every) and self.step % every == 0
                 poll = self.guard.deferred and (save or self._poll_due())
                 # under torchrun agreeing on a stop is a collective read; with the deferred
@@ -369,9 +320,31 @@ class EpochRunner:
         finally:
             if bar is not None:
                 bar.close()
+        sums = self.sums.host()  # one read of the phase's sums
+        self.sums = PhaseSums()  # the phase is done: a checkpoint from here on holds none
+        if self.dist.distributed:
+            if self._averager is not None:
+                self._averager.sync()  # ddp_sync_every > 1: one model again
+            sync_bn_stats(self.dist, self.bn_module)  # the ranks' BN statistics, averaged
+            sums = sums.all_reduce(self.dist)
+        return sums
+
+    def _partial_state(self) -> dict[str, Any]:
+        """The epoch in progress as a checkpoint keeps it (plain floats)."""
+        return {**self.partial, **self.sums.state()}
+
+    def _load_partial(self, partial: dict[str, Any] | None) -> None:
+        p = dict(partial or {})
+        old = p.get("sums") or {}
+        if "seconds" in old and "seconds" not in p:  # fbnas <= 0.1 kept it among the sums
+            p["seconds"] = old["seconds"]
+        self.sums = PhaseSums.from_state(p)
+        for k in ("sums", "weight", "count"):
+            p.pop(k, None)
+        self.partial = p
 
     def _next_epoch(self) -> None:
-        self.epoch, self.step, self.partial = self.epoch + 1, 0, {}
+        self.epoch, self.step, self.partial, self.sums = self.epoch + 1, 0, {}, PhaseSums()
 
     def _position(self) -> str:
         return f"epoch {self.epoch} step {self.step}"
