@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from fbnas.blocks.shared import WEIGHT_SHARING
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, read_fields, setting
@@ -139,6 +140,10 @@ class SearchConfig:
     # `uniform` (one uniformly drawn path per step, SPOS) or `fair` (every candidate of every
     # layer once per step, in shuffled paths, gradients summed: FairNAS strict fairness)
     warmup_sampling: str = setting("mode", "str", choices=WARMUP_SAMPLING)
+    # which paths the weight steps train on after the warm-up: as `mode` samples them, or as
+    # another registered mode does (e.g. `single_path`: each weight step trains one path drawn
+    # from softmax(θ) while the θ steps use `mode`'s relaxation; GDAS / TF-NAS)
+    weight_sampling: str = setting("mode", "str", choices=("mode", *MODES))
     # with a loss.target: move the final argmax onto the target (fbnas.target), within ±tol
     fit_target: bool = setting(True, "bool")
     fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5)
@@ -146,6 +151,9 @@ class SearchConfig:
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
     compile: bool = setting(False, "bool")
     compile_backend: str = setting("inductor", "str")  # any torch.compile backend
+    # `separate`: each candidate its own weights (FBNet); `shared`: a layer's plain IRF
+    # candidates are slices of one superkernel (fbnas.blocks.shared, docs/search_modes.md)
+    weights: str = setting("separate", "str", choices=WEIGHT_SHARING)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:

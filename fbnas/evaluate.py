@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fbnas.arch import Architecture, ChildNet, build_child
+from fbnas.blocks.shared import child_state, sharable
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.data.loaders import take_images
@@ -63,12 +64,12 @@ def path_sums(net: torch.nn.Module, loader, device: torch.device, m, active
 
 
 @torch.no_grad()
-def validate_path(net: torch.nn.Module, data: Any, device: torch.device, indices: list[int],
-                  calib_samples: int, dist: Any) -> dict[str, float]:
-    """{"val_acc", "val_ce"} of the supernet's single path `indices` on the validation split,
-    after re-estimating its BatchNorm statistics on `calib_samples` un-augmented weight-split
+def validate_weights(net: torch.nn.Module, data: Any, device: torch.device, m, active,
+                     calib_samples: int, dist: Any) -> dict[str, float]:
+    """{"acc", "ce"} of the supernet with mixing weights `m` over candidates `active` (a
+    single path, or the relaxation with active None) on the validation split, after
+    re-estimating its BatchNorm statistics on `calib_samples` un-augmented weight-split
     images; under torchrun each rank takes its shard of both and the figures are combined."""
-    m, active = net.path(indices)
     if calib_samples and data.calib_loader is not None:
         limit = calib_samples
         if dist.distributed:  # each rank calibrates on its shard; the same total
@@ -80,7 +81,14 @@ def validate_path(net: torch.nn.Module, data: Any, device: torch.device, indices
     correct, n, ce_sum = int(s["correct"]), s["n"], s["ce"]
     if dist.distributed:  # each rank evaluated its shard of the validation split
         correct, n, ce_sum = dist.sum_floats([correct, n, ce_sum])
-    return {"val_acc": correct / max(n, 1), "val_ce": ce_sum / max(n, 1)}
+    return {"acc": correct / max(n, 1), "ce": ce_sum / max(n, 1)}
+
+
+def validate_path(net: torch.nn.Module, data: Any, device: torch.device, indices: list[int],
+                  calib_samples: int, dist: Any) -> dict[str, float]:
+    """{"val_acc", "val_ce"} of the supernet's single path `indices` (validate_weights)."""
+    r = validate_weights(net, data, device, *net.path(indices), calib_samples, dist)
+    return {"val_acc": r["acc"], "val_ce": r["ce"]}
 
 
 # ---- child checkpoints -------------------------------------------------------------------------
@@ -115,9 +123,15 @@ def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
     for k, v in src.items():
         if k.startswith(("stem.", "head.")):
             out[k] = v
+    layers = cfg.space.layers()
     for i, (op, cands) in enumerate(zip(arch.ops, cfg.space.layer_candidates(), strict=True)):
         prefix = f"mixed.{i}.candidates.{cands.index(op)}."
         for k, v in src.items():
             if k.startswith(prefix):
                 out[f"blocks.{i}.{k[len(prefix):]}"] = v
+        shared = {k: src.get(f"mixed.{i}.shared.{k}") for k in ("pw", "dw", "pwl")}
+        if all(v is not None for v in shared.values()) and sharable(op) is not None:
+            # search.weights: shared: this candidate's convs are slices of the superkernel
+            for k, v in child_state(shared, op, layers[i].c_in).items():
+                out[f"blocks.{i}.{k}"] = v
     return out

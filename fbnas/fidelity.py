@@ -4,7 +4,7 @@ training each of them alone (`fbnas fidelity RUN_DIR`).
 For N architectures of a search run's space (uniformly random, distinct; the run's own
 arch_hard.yaml first when it is there), the supernet estimate is the accuracy of that single
 path on the validation split with the supernet's weights, after re-estimating its BatchNorm
-statistics on un-augmented weight-split images (exactly what the search logs as `val_acc`).
+statistics on un-augmented weight-split images (exactly what the search logs as `argmax_path_acc`).
 The stand-alone accuracy is the validation top-1 of the same architecture retrained from
 scratch with the config's retrain recipe (`--retrain-epochs` to shorten it). Both use the
 search's validation split, which neither the weights nor θ were trained on. The report gives
@@ -40,20 +40,23 @@ from fbnas.sweep import random_archs
 class Point:
     arch: Architecture
     supernet_acc: float = float("nan")
+    supernet_ce: float = float("nan")
     standalone_acc: float = float("nan")
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 def supernet_accuracy(net: Supernet, arch: Architecture, cfg: Config, data,
-                      device: torch.device) -> float:
-    """Validation accuracy of `arch`'s path on the supernet weights, BN re-estimated."""
+                      device: torch.device) -> tuple[float, float]:
+    """Validation (accuracy, mean CE) of `arch`'s path on the supernet weights, BN
+    re-estimated. The CE resolves what a few hundred images' accuracy cannot (two paths that
+    get the same images right differ in how sure they are)."""
     cands = cfg.space.layer_candidates()
     m, active = net.path([c.index(op) for c, op in zip(cands, arch.ops, strict=True)])
     limit = cfg.search.bn_calib_samples
     if limit:
         net.recalibrate_bn(take_images(data.calib_loader, limit, device), m, active)
     s = path_sums(net, data.val_loader, device, m, active)
-    return s["correct"] / max(s["n"], 1)
+    return s["correct"] / max(s["n"], 1), s["ce"] / max(s["n"], 1)
 
 
 class Fidelity:
@@ -87,16 +90,18 @@ class Fidelity:
     def run(self) -> dict[str, Any]:
         ensure_dir(self.out)
         device = torch.device("cpu")
-        net = Supernet(self.cfg.space, mode=self.cfg.search.mode)  # costs play no part here
+        net = Supernet(self.cfg.space, mode=self.cfg.search.mode,  # costs play no part here
+                       weights=self.cfg.search.weights)
         net.load_state_dict(self.state["model"])
         data = build_search_data(self.cfg.data, self.cfg.space.macro.input_size,
                                  self.cfg.space.macro.in_channels,
                                  self.cfg.space.macro.num_classes, seed=self.cfg.search.seed)
         points = [Point(a) for a in self.archs()]
         for i, p in enumerate(points):
-            p.supernet_acc = supernet_accuracy(net, p.arch, self.cfg, data, device)
+            p.supernet_acc, p.supernet_ce = supernet_accuracy(net, p.arch, self.cfg, data,
+                                                              device)
             self.log(f"[{i + 1}/{len(points)}] {p.arch.short_hash} supernet val acc "
-                     f"{p.supernet_acc:.4f}")
+                     f"{p.supernet_acc:.4f}, CE {p.supernet_ce:.4f}")
         for i, p in enumerate(points):
             res = self._retrain(p.arch)
             p.standalone_acc = float(res["val_top1"])
@@ -121,9 +126,12 @@ class Fidelity:
     def _report(self, points: list[Point]) -> dict[str, Any]:
         a = [p.supernet_acc for p in points]
         b = [p.standalone_acc for p in points]
-        tau = rho = None
+        neg_ce = [-p.supernet_ce for p in points]  # lower CE ranks higher
+        tau = rho = tau_ce = None
         if len(set(a)) > 1 and len(set(b)) > 1:  # else the correlations are undefined
             tau, rho = stats.kendalltau(a, b), stats.spearmanr(a, b)
+        if len(set(neg_ce)) > 1 and len(set(b)) > 1:
+            tau_ce = stats.kendalltau(neg_ce, b)
 
         def num(r, key):
             return None if r is None else float(getattr(r, key))
@@ -133,8 +141,9 @@ class Fidelity:
             "retrain_epochs": self.cfg.retrain.epochs,
             "kendall_tau": num(tau, "statistic"), "kendall_p": num(tau, "pvalue"),
             "spearman": num(rho, "statistic"), "spearman_p": num(rho, "pvalue"),
+            "kendall_tau_ce": num(tau_ce, "statistic"), "kendall_p_ce": num(tau_ce, "pvalue"),
             "points": [{"hash": p.arch.hash(), "ops": list(p.arch.ops),
-                        "supernet_val_acc": p.supernet_acc,
+                        "supernet_val_acc": p.supernet_acc, "supernet_val_ce": p.supernet_ce,
                         "standalone_val_top1": p.standalone_acc, **p.extra} for p in points],
         }
         write_json_atomic(self.out / "fidelity.json", summary)
@@ -146,5 +155,9 @@ class Fidelity:
         else:
             self.log(head + f"Kendall tau {summary['kendall_tau']:.3f} (p "
                      f"{summary['kendall_p']:.3g}), Spearman {summary['spearman']:.3f} (p "
-                     f"{summary['spearman_p']:.3g}) -> {self.out / 'fidelity.json'}")
+                     f"{summary['spearman_p']:.3g})"
+                     + ("" if tau_ce is None else
+                        f"; by supernet val CE: Kendall tau {summary['kendall_tau_ce']:.3f} "
+                        f"(p {summary['kendall_p_ce']:.3g})")
+                     + f" -> {self.out / 'fidelity.json'}")
         return summary

@@ -73,7 +73,10 @@ class CostLoss(nn.Module):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor,
                 cost: torch.Tensor) -> LossTerms:
-        ce = self.ce(logits, targets)
+        return self.with_ce(self.ce(logits, targets), cost)
+
+    def with_ce(self, ce: torch.Tensor, cost: torch.Tensor) -> LossTerms:
+        """The loss of an already computed cross-entropy (or an estimator standing for it)."""
         term = self.cost_term(cost)
         return LossTerms(self.combine(ce, term), ce, term)
 

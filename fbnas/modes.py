@@ -91,6 +91,9 @@ class SearchMode:
 
     name = ""
     all_paths = False  # every candidate computed (and given a gradient) in every step
+    # 0: θ's CE gradient flows through the relaxation (m); k > 0: a θ step draws k single
+    # paths and estimates the CE gradient by the score function (no backward through the net)
+    score_paths = 0
 
     def sample(self, theta: Sequence[torch.Tensor], tau: float, hard: bool) -> PathSample:
         raise NotImplementedError
@@ -152,3 +155,31 @@ class TwoPath(SearchMode):
                   for row, t in zip(idx.tolist(), theta, strict=True)]
         probs = unstack(torch.softmax(logits, -1), theta)
         return PathSample(m, active, probs)
+
+
+@MODES.register("reinforce")
+class Reinforce(SearchMode):
+    """Single paths, scored: a path i_l ~ softmax(θ_l) per layer (m one-hot, no gradient; only
+    it computed), cost weights = softmax(θ) (the expected cost's exact gradient). A θ step
+    draws `score_paths` paths on its batch and estimates ∇θ E[CE] by the score function with a
+    leave-one-out baseline, (1/k) Σ_j (CE_j − mean_{j'≠j} CE_j') ∇θ log p(path_j) (REINFORCE;
+    ProxylessNAS's non-differentiable variant). It measures which single paths are accurate,
+    which a relaxation cannot where BatchNorm makes a layer's output scale-free (a candidate
+    that outputs zeros only rescales the mixture). `tau` and `hard` are not used."""
+
+    name, score_paths = "reinforce", 4
+
+    def sample(self, theta, tau, hard):
+        logits = stacked(theta)
+        _, idx = argmax_one_hot(perturbed(logits.detach()))  # Gumbel-max: a draw from softmax
+        m = unstack(torch.zeros_like(logits).scatter_(-1, idx, 1.0), theta)
+        probs = unstack(torch.softmax(logits, -1), theta)
+        return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], probs)
+
+
+def path_log_prob(theta: Sequence[torch.Tensor], active: Sequence[Sequence[int]]
+                  ) -> torch.Tensor:
+    """log p(path) = Σ_l log softmax(θ_l)[i_l] of a single path (`active` one index per layer)."""
+    lp = torch.log_softmax(stacked(theta), -1)
+    idx = torch.tensor([a[0] for a in active], device=lp.device).unsqueeze(-1)
+    return lp.gather(-1, idx).sum()

@@ -124,17 +124,18 @@ def _evolution(plt, hist, ops, path: Path) -> Path:
 def _curves(plt, hist, unit, path: Path) -> Path:
     ep = [h["epoch"] for h in hist]
 
-    def series(k):
-        return [h.get(k, float("nan")) for h in hist]
+    def series(k, old=None):  # `old`: the key a history written before 2026-11-24 used
+        return [h.get(k, h.get(old, float("nan"))) for h in hist]
 
     with _figure(plt, 1, 4, figsize=(16, 3.4)) as (fig, axes):
         axes[0].plot(ep, series("w_ce"), label="weight-step CE")
         axes[0].plot(ep, series("theta_loss"), label="θ-step loss")
-        axes[0].plot(ep, series("val_ce"), label="val CE (argmax arch)")
+        axes[0].plot(ep, series("argmax_path_ce", "val_ce"), label="val CE (argmax path)")
         axes[0].set_yscale("log")  # the θ loss (CE times a cost factor) dwarfs plain CE
         axes[0].set_title("loss (log scale)")
         axes[1].plot(ep, series("w_acc"), label="train (sampled path)")
-        axes[1].plot(ep, series("val_acc"), label="val (argmax arch)")
+        axes[1].plot(ep, series("argmax_path_acc", "val_acc"), label="val (argmax path)")
+        axes[1].plot(ep, series("relaxed_acc"), label="val (relaxed supernet)")
         axes[1].set_title("accuracy")
         axes[2].plot(ep, series("theta_cost"), label="E[cost] in θ steps")
         axes[2].plot(ep, series("argmax_cost"), label="argmax architecture")

@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
+from fbnas.blocks.shared import WEIGHT_SHARING, build_shared
 from fbnas.errors import FbnasError
 from fbnas.modes import PathSample, SearchMode, get_mode, gumbel_weights
 from fbnas.search_space import SearchSpace
@@ -87,10 +88,18 @@ class MixedOp(nn.Module):
     whether the sampled branch helps (docs/search_modes.md).
     """
 
-    def __init__(self, ops: Sequence[str], c_in: int, c_out: int, stride: int):
+    def __init__(self, ops: Sequence[str], c_in: int, c_out: int, stride: int,
+                 weights: str = "separate"):
         super().__init__()
         self.op_names = tuple(ops)
-        self.candidates = nn.ModuleList(build_block(o, c_in, c_out, stride) for o in ops)
+        if weights not in WEIGHT_SHARING:
+            raise FbnasError(f"search.weights: {weights!r} is not one of {WEIGHT_SHARING}")
+        # `shared`: the plain IRF candidates are views of one superkernel (fbnas.blocks.shared)
+        self.shared, sliced = (build_shared(ops, c_in, c_out, stride) if weights == "shared"
+                               else (None, {}))
+        self.candidates = nn.ModuleList(sliced[i] if i in sliced
+                                        else build_block(o, c_in, c_out, stride)
+                                        for i, o in enumerate(ops))
         # x + Σ m_i f_i(x) (see above) when the layer keeps its shape and every candidate
         # can give its residual branch; a custom block that cannot keeps Σ m_i b_i(x)
         self.shortcut = (c_in == c_out and stride == 1
@@ -133,13 +142,14 @@ class Supernet(nn.Module):
 
     def __init__(self, space: SearchSpace, costs: CostRows | None = None,
                  fixed_cost: float = 0.0, mode: str = "full",
-                 checkpoint_activations: bool = False):
+                 checkpoint_activations: bool = False, weights: str = "separate"):
         super().__init__()
         self.space = space
         self.stem = space.macro.build_stem()
         layers = space.layers()
         cands = space.layer_candidates()
-        self.mixed = nn.ModuleList(MixedOp(c, la.c_in, la.c_out, la.stride)
+        self.weights = weights
+        self.mixed = nn.ModuleList(MixedOp(c, la.c_in, la.c_out, la.stride, weights)
                                    for c, la in zip(cands, layers, strict=True))
         self.head = space.macro.build_head()
         init_weights(self)

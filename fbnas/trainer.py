@@ -37,19 +37,20 @@ from fbnas.costs import CostSource, shared_costs
 from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
-from fbnas.evaluate import validate_path
+from fbnas.evaluate import validate_weights
 from fbnas.io import write_json_atomic
-from fbnas.modes import PathSample
+from fbnas.modes import get_mode
 from fbnas.run.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
-from fbnas.run.step import StepFigures, Update, metric
-from fbnas.schedules import TauSchedule, warmup_paths
+from fbnas.schedules import TauSchedule
+from fbnas.search_figures import epoch_line, tb_scalars
+from fbnas.search_steps import SearchSteps
 from fbnas.supernet import Supernet
 from fbnas.target import cost_lists, fit_to_target, range_warning
 
 
-class SearchTrainer(EpochRunner):
+class SearchTrainer(SearchSteps, EpochRunner):
     KIND, SECTION, NEW_RUN_HINT = "search", "search", "run.dir"
     RESUME_CMD = "fbnas train --resume"
     POLICY = ResumePolicy(
@@ -68,7 +69,8 @@ class SearchTrainer(EpochRunner):
                ("search", "checkpoint_activations"): False,
                ("search", "precision"): "float32", ("search", "channels_last"): False,
                ("data", "placement"): "auto", ("search", "compile"): False,
-               ("search", "compile_backend"): "inductor", ("run", "nan_check"): "auto"})
+               ("search", "compile_backend"): "inductor", ("run", "nan_check"): "auto",
+               ("search", "weights"): "separate", ("search", "weight_sampling"): "mode"})
 
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
                  log=None, resume: bool = False, dist=None):
@@ -91,7 +93,8 @@ class SearchTrainer(EpochRunner):
                              f"cost table (fingerprint {state['cost_fingerprint'][:12]}, now "
                              f"{self.costs.fingerprint[:12]}); resume with the original table")
         self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
-                              checkpoint_activations=s.checkpoint_activations).to(self.device)
+                              checkpoint_activations=s.checkpoint_activations,
+                              weights=s.weights).to(self.device)
         self.prec.model(self.model)
         if s.compile:
             n = self.model.compile_blocks(s.compile_backend)
@@ -216,105 +219,24 @@ class SearchTrainer(EpochRunner):
                             f"state in {self.run_dir / CHECKPOINT} (set search.nan_policy: skip "
                             "to skip such steps)")
 
-    def _sample(self) -> PathSample:
-        """The paths of one step, as search.mode samples them (on the ranks' shared noise)."""
-        with self.noise():
-            return self.net.sample_path(self.tau, self.cfg.search.hard)
-
-    def _w_update(self) -> Update:
-        return Update(self.w_opt, self.net.weight_parameters(), 0, self.cfg.search.grad_clip,
-                      ddp=self._ddp, averager=self._averager)
-
-    def _warmup_paths(self) -> list[list[list[int]]] | None:
-        """The single paths a warm-up weight step trains, or None (fbnas.schedules)."""
-        if self.theta_active():
-            return None
-        return warmup_paths(self.cfg.search.warmup_sampling, [len(t) for t in self.net.theta])
-
-    def _path_weight_step(self, x: torch.Tensor, y: torch.Tensor,
-                          paths: list[list[list[int]]]) -> StepFigures:
-        """One weight step on the given single paths, gradients summed over them (FairNAS: each
-        candidate gets a whole step's update; the shared stem and head get K of them, which
-        search.grad_clip bounds)."""
-        ce_sum = acc_sum = cost_sum = 0.0
-        with self.stepper.update(self._w_update()) as u:
-            ces = []
-            for path in paths:
-                m, active = self.net.path([a[0] for a in path])
-                with self.prec.autocast():
-                    logits, cost = self.w_forward(self.prec.input(x), m=m, active=active,
-                                                  cost_m=m)
-                logits = logits.float()
-                ce = self.loss.ce(logits, y)
-                ces.append(ce)
-                self.prec.scale(ce, 0).backward()
-                ce_sum = ce_sum + metric(ce)
-                acc_sum = acc_sum + metric((logits.detach().argmax(1) == y).float().mean())
-                cost_sum = cost_sum + metric(cost)
-            u.terms = {"ce": torch.stack(ces)}
-        if not u.applied:
-            return StepFigures()
-        k = len(paths)
-        return StepFigures({"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k},
-                           skip=u.skip)
-
-    def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> StepFigures:
-        self.model.train()
-        paths = self._warmup_paths()
-        if paths is not None:
-            return self._path_weight_step(x, y, paths)
-        with torch.no_grad():  # search.mode decides which paths are sampled and computed
-            p = self._sample()
-        with self.stepper.update(self._w_update()) as u:
-            with self.prec.autocast():
-                logits, cost = self.w_forward(self.prec.input(x), m=p.m, active=p.active,
-                                              cost_m=p.cost_m)
-            logits = logits.float()  # the losses in float32 under any search.precision
-            ce = self.loss.ce(logits, y)
-            self.prec.scale(ce, 0).backward()
-            u.terms = {"ce": ce}
-        if not u.applied:
-            return StepFigures()
-        acc = (logits.detach().argmax(1) == y).float().mean()
-        return StepFigures({"ce": metric(ce), "acc": metric(acc), "cost": metric(cost)},
-                           skip=u.skip)
-
-    def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> StepFigures:
-        self.model.train()
-        theta = self.net.arch_parameters()
-        with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:
-            p = self._sample()
-            with self.prec.autocast():
-                logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
-                                          cost_m=p.cost_m)
-            if self.loss.on_expected:  # Σ softmax(θ)·LAT: deterministic, reaches every θ
-                cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
-            terms = self.loss(logits.float(), y, cost.float())
-            # weights get no gradient here. A layer's θ can be absent from the graph: in
-            # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0),
-            # and with `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
-            total = self.prec.scale(terms.total, 1)
-            grads = (torch.autograd.grad(total, theta, allow_unused=True) if total.requires_grad
-                     else [None] * len(theta))
-            for t, g in zip(theta, grads, strict=True):
-                t.grad = torch.zeros_like(t) if g is None else g
-            u.terms = {"ce": terms.ce, "cost_term": terms.cost_term, "total": terms.total}
-        if not u.applied:
-            return StepFigures()
-        acc = (logits.detach().argmax(1) == y).float().mean()
-        return StepFigures({"loss": metric(terms.total), "ce": metric(terms.ce),
-                            "cost_term": metric(terms.cost_term), "acc": metric(acc),
-                            "cost": metric(cost)}, skip=u.skip)
-
     def validate(self) -> dict[str, float]:
-        """Accuracy and CE of the argmax architecture on the validation split, after
-        re-estimating its BatchNorm statistics on (un-augmented) weight-split images."""
+        """Figures of the validation split, each named for what it measures: the argmax
+        architecture as a single path on the supernet's weights (`argmax_path_acc` / `_ce`),
+        and in a mode that computes every candidate also the relaxed supernet at softmax(θ)
+        without noise (`relaxed_acc` / `_ce`); each after re-estimating BatchNorm statistics
+        on (un-augmented) weight-split images."""
         indices = self.net.argmax_indices()
         out = {"argmax_cost": float(self.net.expected_cost(self.net.path(indices)[0]))}
         if self.data.val_loader is None:  # val_fraction 0: no selection split
             return out
-        return {**out, **validate_path(self.net, self.data, self.device, indices,
-                                       self.cfg.search.bn_calib_samples, self.dist)}
+        s, net = self.cfg.search, self.net
+        if net.search_mode.all_paths:
+            r = validate_weights(net, self.data, self.device, net.probabilities(), None,
+                                 s.bn_calib_samples, self.dist)
+            out.update(relaxed_acc=r["acc"], relaxed_ce=r["ce"])
+        r = validate_weights(net, self.data, self.device, *net.path(indices),
+                             s.bn_calib_samples, self.dist)
+        return {**out, "argmax_path_acc": r["acc"], "argmax_path_ce": r["ce"]}
 
     # ---- epochs ----------------------------------------------------------------------------------
     def _phase(self, phase: str, loader, step_fn) -> dict[str, float]:
@@ -372,6 +294,15 @@ class SearchTrainer(EpochRunner):
         result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
                   "predicted_cost": self.costs.fixed + sum(
                       r[o] for r, o in zip(self.costs.rows, arch.ops, strict=True))}
+        if self.data.val_loader is not None:  # the architecture returned, as a single path
+            cands = self.cfg.space.layer_candidates()
+            r = validate_weights(self.net, self.data, self.device,
+                                 *self.net.path([c.index(o) for c, o in zip(
+                                     cands, arch.ops, strict=True)]),
+                                 s.bn_calib_samples, self.dist)
+            result["final_path_acc"] = r["acc"]
+            self.log.info(f"final architecture as a path of the supernet (BN re-estimated): "
+                          f"val acc {r['acc']:.3f}, CE {r['ce']:.3f}")
         self.log.info(f"done: argmax architecture {arch.short_hash} "
                       f"({result['predicted_cost']:.1f} {self.costs.unit} predicted) -> "
                       f"{self.run_dir / 'arch_hard.yaml'}")
@@ -407,8 +338,9 @@ class SearchTrainer(EpochRunner):
         # steps, which bypass DDP) are averaged before each Adam step (Update.average).
         d.broadcast_tensors(theta)
         # a mode that computes some candidates only leaves the others without a gradient
+        w_mode = net.search_mode if self._weight_mode is None else get_mode(self._weight_mode)
         self._ddp = self.w_forward = wrap_ddp(
-            net, d, ignore=theta, find_unused_parameters=not net.search_mode.all_paths)
+            net, d, ignore=theta, find_unused_parameters=not w_mode.all_paths)
         self._load_rank_bn()  # after DDP's broadcast
         phases = {"w": 1, "theta": 2, "val": 3}
         self.noise = SharedNoise(lambda: (self.cfg.search.seed, self.epoch,
@@ -418,30 +350,12 @@ class SearchTrainer(EpochRunner):
         if fresh:  # each rank its own augmentation stream (the model is already built)
             seed_everything(rank_seed(self.cfg.search.seed, d.rank, 0))
 
-    # ---- logging ---------------------------------------------------------------------------------
+    # ---- logging (fbnas.search_figures) ---------------------------------------------------
     def epoch_line(self, rec: dict[str, Any]) -> str:
-        msg = (f"epoch {rec['epoch']}/{self.cfg.search.epochs} tau {rec['tau']:.3f} "
-               f"w_ce {rec.get('w_ce', float('nan')):.3f} w_acc {rec.get('w_acc', 0):.3f}")
-        if "theta_loss" in rec:
-            msg += (f" theta_loss {rec['theta_loss']:.3f} E[cost] {rec['theta_cost']:.1f}"
-                    f"{self.costs.unit}")
-        if "val_acc" in rec:
-            msg += f" val_acc {rec['val_acc']:.3f}"
-        return msg + (f" argmax_cost {rec['argmax_cost']:.1f}{self.costs.unit} "
-                      f"({rec['seconds']:.1f}s)")
+        return epoch_line(rec, self.cfg.search.epochs, self.costs.unit)
 
     def tb_scalars(self, w: SummaryWriter, rec: dict[str, Any]) -> None:
-        e = rec["epoch"]
-        for k, v in rec.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
-                group = ("loss" if k.endswith(("ce", "loss", "cost_term")) else
-                         "acc" if k.endswith("acc") else "cost" if "cost" in k else "sched")
-                w.add_scalar(f"{group}/{k}", v, e)
-        for li, (probs, ent) in enumerate(zip(rec["probs"], rec["entropy"], strict=True)):
-            ops = self.cfg.space.layer_candidates()[li]
-            w.add_scalars(f"theta/layer{li:02d}", dict(zip(ops, probs, strict=True)), e)
-            w.add_scalar(f"entropy/layer{li:02d}", ent, e)
-        w.add_scalar("entropy/mean", sum(rec["entropy"]) / len(rec["entropy"]), e)
+        tb_scalars(w, rec, self.cfg.space.layer_candidates())
 
 
 __all__ = ["Interrupted", "NonFiniteLoss", "SearchTrainer", "TauSchedule"]

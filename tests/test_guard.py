@@ -68,7 +68,7 @@ def test_a_deferred_search_equals_the_checked_one(tmp_path, mode, warmup):
     for ta, tb in zip(a.net.theta, b.net.theta, strict=True):
         torch.testing.assert_close(ta, tb, rtol=1e-5, atol=1e-6)
     for ra, rb in zip(a.history[1:], b.history[1:], strict=True):  # after the warm-up
-        for k in ("w_ce", "w_acc", "theta_loss", "val_acc"):
+        for k in ("w_ce", "w_acc", "theta_loss", "argmax_path_acc"):
             assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), k
 
 

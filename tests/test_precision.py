@@ -132,7 +132,8 @@ def test_bf16_search_runs_resumes_bitwise_and_stays_near_float32(tmp_path):
         assert torch.equal(t_full, t_res)
         # one θ epoch of Adam at lr 0.05: θ moved by ~0.2; bf16 keeps it within a quarter of it
         assert (t_full - t_ref).abs().max() < 0.05
-    assert full.history[-1]["val_acc"] == pytest.approx(ref.history[-1]["val_acc"], abs=0.1)
+    key = "argmax_path_acc"
+    assert full.history[-1][key] == pytest.approx(ref.history[-1][key], abs=0.1)
 
 
 def test_precision_cannot_change_on_resume_but_layout_can(tmp_path):
@@ -180,7 +181,8 @@ def test_channels_last_layout_and_equal_results(tmp_path):
     b.fit()
     for ta, tb in zip(a.net.theta, b.net.theta, strict=True):
         torch.testing.assert_close(tb, ta, atol=1e-4, rtol=1e-4)
-    assert b.history[-1]["val_acc"] == pytest.approx(a.history[-1]["val_acc"], abs=0.02)
+    key = "argmax_path_acc"
+    assert b.history[-1][key] == pytest.approx(a.history[-1][key], abs=0.02)
     # the checkpoint loads into a contiguous network with the same values
     st = load_checkpoint(tmp_path / "b" / "checkpoint.pt", kind="search")
     a.model.load_state_dict(st["model"])

@@ -174,7 +174,7 @@ def test_resume_gives_the_same_theta_as_an_uninterrupted_run(tmp_path, stop_at, 
     for a, b in zip(straight.model.arch_parameters(), resumed.model.arch_parameters(),
                     strict=True):
         assert torch.equal(a, b)
-    for key in ("val_acc", "w_ce", "w_acc", "w_cost", "theta_loss", "theta_cost_term"):
+    for key in ("argmax_path_acc", "w_ce", "w_acc", "w_cost", "theta_loss", "theta_cost_term"):
         assert [h.get(key) for h in straight.history] == [h.get(key) for h in resumed.history]
 
 
@@ -340,7 +340,7 @@ def test_resume_does_not_overwrite_the_runs_table_when_refused(tmp_path):
 
 def test_no_validation_split_runs(tmp_path):
     t = run_to_end(make_cfg(tmp_path, search={"epochs": 2}, data={"val_fraction": 0.0}))
-    assert "val_acc" not in t.history[-1] and "argmax_cost" in t.history[-1]
+    assert "argmax_path_acc" not in t.history[-1] and "argmax_cost" in t.history[-1]
 
 
 def test_null_means_default_and_grad_clip_null_disables(tmp_path):

@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
         "fidelity", help="rank correlation of supernet accuracy estimates vs stand-alone training",
         description="For N architectures of a search run's space (its arch_hard.yaml and "
                     "random ones), estimate validation accuracy on the supernet weights (BN "
-                    "re-estimated, as the search's val_acc) and by retraining each from "
+                    "re-estimated, as the search's argmax_path_acc) and by retraining each from "
                     "scratch; print Kendall tau and Spearman between the two and write "
                     "RUN_DIR/fidelity/fidelity.json. Re-running resumes.")
     p.add_argument("run_dir", help="a search run directory")

@@ -9,7 +9,8 @@ from fbnas.io import load_json, load_yaml, show
 from fbnas.plots import plot_run
 from fbnas.search_space import SearchSpace
 
-SERIES = ("w_ce", "w_acc", "theta_loss", "theta_cost", "val_ce", "val_acc", "argmax_cost", "tau")
+SERIES = ("w_ce", "w_acc", "theta_loss", "theta_cost", "argmax_path_ce", "argmax_path_acc",
+          "relaxed_acc", "argmax_cost", "tau")
 
 
 def add_parser(sub) -> None:

@@ -1,0 +1,138 @@
+"""Weight-sharing candidates (`search.weights: shared`): one superkernel per searchable layer.
+
+FBNet gives every candidate of a layer its own weights, so a single path of the supernet is
+only trained when it is sampled: with K candidates a path trains about K times slower than a
+child network. With shared weights (Single-Path NAS, Stamoulis et al. 2019; once-for-all;
+FBNetV2's channel masks) the plain inverted-residual candidates of a layer — `ir_k{K}_e{E}`,
+one group, no SE, no cascade — are views of one superkernel of the largest kernel and
+expansion:
+
+    expand   1x1 conv  W_pw  [c_in·E_max, c_in]        candidate e: the first c_in·e rows
+    depthwise KxK conv W_dw  [c_in·E_max, K_max²]      candidate (k, e): the first c_in·e
+                                                       channels, the centred k×k window
+    project  1x1 conv  W_pwl [c_out, c_in·E_max]       candidate e: the first c_in·e columns
+
+Each candidate keeps its own BatchNorm layers (its statistics and affine parameters: the
+paths see different activations), named as in `IRFBlock`, so that the child network built
+from one candidate (`child_state`) loads the sliced convolutions and that candidate's
+BatchNorms into the same parameter names as a freshly built block. Training any path trains
+the layer's convolutions, which is why single paths train at a child's pace here. Candidates
+of other shapes (grouped, SE, cascaded, `skip`, custom blocks) keep their own weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fbnas.blocks.irf import IRFSpec, parse_irf
+from fbnas.errors import FbnasError
+
+# search.weights: FBNet's separate weights per candidate, or one superkernel per layer
+WEIGHT_SHARING = ("separate", "shared")
+
+
+def sharable(op: str) -> IRFSpec | None:
+    """The IRF spec of `op` when it can be a view of the layer's superkernel, else None."""
+    if not op.startswith("ir_"):
+        return None
+    try:
+        spec = parse_irf(op)
+    except FbnasError:
+        return None
+    if spec.groups != 1 or spec.se or spec.cascade:
+        return None
+    return spec
+
+
+def _slices(pw: torch.Tensor, dw: torch.Tensor, pwl: torch.Tensor, spec: IRFSpec, c_in: int
+            ) -> dict[str, torch.Tensor]:
+    """Candidate `spec`'s three conv weights cut from a superkernel, named as IRFBlock's
+    parameters: the first c_in·e expanded channels, the centred k×k depthwise window."""
+    mid = c_in * spec.expansion
+    off = (dw.shape[-1] - spec.kernel) // 2
+    win = slice(off, off + spec.kernel)
+    return {"pw.0.weight": pw[:mid], "dw.0.0.weight": dw[:mid, :, win, win],
+            "pwl.0.weight": pwl[:, :mid]}
+
+
+class SharedIRFWeights(nn.Module):
+    """The superkernel of one layer: the largest expansion and kernel among its candidates."""
+
+    def __init__(self, c_in: int, c_out: int, specs: Sequence[IRFSpec]):
+        super().__init__()
+        self.kmax = max(s.kernel for s in specs)
+        mid = c_in * max(s.expansion for s in specs)
+        self.pw = nn.Parameter(torch.empty(mid, c_in, 1, 1))
+        self.dw = nn.Parameter(torch.empty(mid, 1, self.kmax, self.kmax))
+        self.pwl = nn.Parameter(torch.empty(c_out, mid, 1, 1))
+        for w in (self.pw, self.dw, self.pwl):  # as init_weights does for a conv
+            nn.init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu")
+
+    def slices(self, spec: IRFSpec, c_in: int) -> dict[str, torch.Tensor]:
+        """The candidate's three conv weights, named as IRFBlock's parameters."""
+        return _slices(self.pw, self.dw, self.pwl, spec, c_in)
+
+
+class _SlicedConv(nn.Module):
+    """A conv whose weight is a slice of the layer's superkernel (it owns no parameters)."""
+
+    def __init__(self, store: SharedIRFWeights, key: str, spec: IRFSpec, c_in: int,
+                 stride: int = 1, depthwise: bool = False):
+        super().__init__()
+        # not registered as a submodule: the MixedOp owns the store, once
+        object.__setattr__(self, "store", store)
+        self.key, self.spec, self.c_in = key, spec, c_in
+        self.stride, self.padding = stride, spec.kernel // 2 if depthwise else 0
+        self.groups = c_in * spec.expansion if depthwise else 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.store.slices(self.spec, self.c_in)[self.key]
+        return F.conv2d(x, w, None, self.stride, self.padding, 1, self.groups)
+
+
+class SlicedIRF(nn.Module):
+    """An `ir_k{K}_e{E}` candidate computed on slices of the layer's superkernel, with its own
+    BatchNorms; the same function as an IRFBlock holding those weights."""
+
+    def __init__(self, store: SharedIRFWeights, c_in: int, c_out: int, stride: int,
+                 spec: IRFSpec):
+        super().__init__()
+        mid = c_in * spec.expansion
+        self.spec = spec
+        self.has_skip = c_in == c_out and stride == 1
+        self.pw = nn.Sequential(_SlicedConv(store, "pw.0.weight", spec, c_in),
+                                nn.BatchNorm2d(mid), nn.ReLU(inplace=True))
+        self.dw = nn.Sequential(nn.Sequential(
+            _SlicedConv(store, "dw.0.0.weight", spec, c_in, stride, depthwise=True),
+            nn.BatchNorm2d(mid), nn.ReLU(inplace=True)))
+        self.pwl = nn.Sequential(_SlicedConv(store, "pwl.0.weight", spec, c_in),
+                                 nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
+        y = self.pwl(self.dw(self.pw(x)))
+        return x + y if self.has_skip and shortcut else y
+
+
+def build_shared(ops: Sequence[str], c_in: int, c_out: int, stride: int
+                 ) -> tuple[SharedIRFWeights | None, dict[int, SlicedIRF]]:
+    """The superkernel of a layer and its sliced candidates by index (the other candidates
+    are built as usual); (None, {}) when fewer than two candidates can share."""
+    specs = {i: s for i, op in enumerate(ops) if (s := sharable(op)) is not None}
+    if len(specs) < 2:
+        return None, {}
+    store = SharedIRFWeights(c_in, c_out, list(specs.values()))
+    return store, {i: SlicedIRF(store, c_in, c_out, stride, s) for i, s in specs.items()}
+
+
+def child_state(shared: dict[str, torch.Tensor], op: str, c_in: int) -> dict[str, torch.Tensor]:
+    """The sliced conv weights of candidate `op`, named as its IRFBlock's parameters, from a
+    layer's superkernel state (`pw`, `dw`, `pwl` tensors)."""
+    spec = sharable(op)
+    if spec is None:
+        raise FbnasError(f"op '{op}' is not a view of a shared superkernel")
+    cut = _slices(shared["pw"], shared["dw"], shared["pwl"], spec, c_in)
+    return {k: v.clone() for k, v in cut.items()}

@@ -1,0 +1,150 @@
+"""One step of each kind of the search (the SearchTrainer's steps, fbnas.trainer): weight
+steps on the paths the mode (or `search.weight_sampling`, or a warm-up) samples, and θ steps
+through the relaxation or, in a scored mode (`reinforce`), by the score function. Every step
+goes through the one update of fbnas.run.step.
+
+A mixin: it uses the trainer's model (`net`, `model`, `w_forward`), `stepper`, `prec`, `loss`,
+optimizers, `noise`, `tau` and `cfg`, all set up by SearchTrainer._setup.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fbnas.modes import PathSample, path_log_prob
+from fbnas.run.step import StepFigures, Update, metric
+from fbnas.schedules import warmup_paths
+
+
+class SearchSteps:
+    def _sample(self, mode: str | None = None) -> PathSample:
+        """The paths of one step, as search.mode (or `mode`) samples them (on the ranks'
+        shared noise)."""
+        with self.noise():
+            return self.net.sample_path(self.tau, self.cfg.search.hard, mode)
+
+    @property
+    def _weight_mode(self) -> str | None:
+        """The mode the weight steps sample in after the warm-up (None: search.mode)."""
+        w = self.cfg.search.weight_sampling
+        return None if w == "mode" else w
+
+    def _w_update(self) -> Update:
+        return Update(self.w_opt, self.net.weight_parameters(), 0, self.cfg.search.grad_clip,
+                      ddp=self._ddp, averager=self._averager)
+
+    def _warmup_paths(self) -> list[list[list[int]]] | None:
+        """The single paths a warm-up weight step trains, or None (fbnas.schedules)."""
+        if self.theta_active():
+            return None
+        return warmup_paths(self.cfg.search.warmup_sampling, [len(t) for t in self.net.theta])
+
+    def _path_weight_step(self, x: torch.Tensor, y: torch.Tensor,
+                          paths: list[list[list[int]]]) -> StepFigures:
+        """One weight step on the given single paths, gradients summed over them (FairNAS: each
+        candidate gets a whole step's update; the shared stem and head get K of them, which
+        search.grad_clip bounds)."""
+        ce_sum = acc_sum = cost_sum = 0.0
+        with self.stepper.update(self._w_update()) as u:
+            ces = []
+            for path in paths:
+                m, active = self.net.path([a[0] for a in path])
+                with self.prec.autocast():
+                    logits, cost = self.w_forward(self.prec.input(x), m=m, active=active,
+                                                  cost_m=m)
+                logits = logits.float()
+                ce = self.loss.ce(logits, y)
+                ces.append(ce)
+                self.prec.scale(ce, 0).backward()
+                ce_sum = ce_sum + metric(ce)
+                acc_sum = acc_sum + metric((logits.detach().argmax(1) == y).float().mean())
+                cost_sum = cost_sum + metric(cost)
+            u.terms = {"ce": torch.stack(ces)}
+        if not u.applied:
+            return StepFigures()
+        k = len(paths)
+        return StepFigures({"ce": ce_sum / k, "acc": acc_sum / k, "cost": cost_sum / k},
+                           skip=u.skip)
+
+    def weight_step(self, x: torch.Tensor, y: torch.Tensor) -> StepFigures:
+        self.model.train()
+        paths = self._warmup_paths()
+        if paths is not None:
+            return self._path_weight_step(x, y, paths)
+        with torch.no_grad():  # the mode decides which paths are sampled and computed
+            p = self._sample(self._weight_mode)
+        with self.stepper.update(self._w_update()) as u:
+            with self.prec.autocast():
+                logits, cost = self.w_forward(self.prec.input(x), m=p.m, active=p.active,
+                                              cost_m=p.cost_m)
+            logits = logits.float()  # the losses in float32 under any search.precision
+            ce = self.loss.ce(logits, y)
+            self.prec.scale(ce, 0).backward()
+            u.terms = {"ce": ce}
+        if not u.applied:
+            return StepFigures()
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return StepFigures({"ce": metric(ce), "acc": metric(acc), "cost": metric(cost)},
+                           skip=u.skip)
+
+    def theta_step(self, x: torch.Tensor, y: torch.Tensor) -> StepFigures:
+        self.model.train()
+        if self.net.search_mode.score_paths:
+            return self._score_theta_step(x, y, self.net.search_mode.score_paths)
+        theta = self.net.arch_parameters()
+        with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:
+            p = self._sample()
+            with self.prec.autocast():
+                logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
+                                          cost_m=p.cost_m)
+            if self.loss.on_expected:  # Σ softmax(θ)·LAT: deterministic, reaches every θ
+                cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
+            terms = self.loss(logits.float(), y, cost.float())
+            # weights get no gradient here. A layer's θ can be absent from the graph: in
+            # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0),
+            # and with `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
+            total = self.prec.scale(terms.total, 1)
+            grads = (torch.autograd.grad(total, theta, allow_unused=True) if total.requires_grad
+                     else [None] * len(theta))
+            for t, g in zip(theta, grads, strict=True):
+                t.grad = torch.zeros_like(t) if g is None else g
+            u.terms = {"ce": terms.ce, "cost_term": terms.cost_term, "total": terms.total}
+        if not u.applied:
+            return StepFigures()
+        acc = (logits.detach().argmax(1) == y).float().mean()
+        return StepFigures({"loss": metric(terms.total), "ce": metric(terms.ce),
+                            "cost_term": metric(terms.cost_term), "acc": metric(acc),
+                            "cost": metric(cost)}, skip=u.skip)
+
+    def _score_theta_step(self, x: torch.Tensor, y: torch.Tensor, k: int) -> StepFigures:
+        """θ step of a scored mode (fbnas.modes.Reinforce): k single paths on this batch, the
+        CE gradient by the score function with a leave-one-out baseline, the cost's exactly."""
+        theta = self.net.arch_parameters()
+        with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:
+            ces, logps, accs = [], [], []
+            for _ in range(k):
+                p = self._sample()
+                with torch.no_grad(), self.prec.autocast():
+                    logits, _ = self.model(self.prec.input(x), m=p.m, active=p.active,
+                                           cost_m=p.cost_m)
+                ces.append(self.loss.ce(logits.float(), y))
+                accs.append((logits.argmax(1) == y).float().mean())
+                logps.append(path_log_prob(theta, p.active))
+            ce, logp = torch.stack(ces), torch.stack(logps)
+            adv = (ce - ce.mean()) * (k / max(k - 1, 1))  # CE_j − mean of the others
+            score = (adv * logp).mean()
+            # value: the paths' mean CE; gradient: the score-function estimate of ∇θ E[CE]
+            est = ce.mean() + score - score.detach()
+            cost = self.net.expected_cost([torch.softmax(t, -1) for t in theta])
+            terms = self.loss.with_ce(est, cost.float())
+            grads = torch.autograd.grad(self.prec.scale(terms.total, 1), theta,
+                                        allow_unused=True)
+            for t, g in zip(theta, grads, strict=True):
+                t.grad = torch.zeros_like(t) if g is None else g
+            u.terms = {"ce": ce, "cost_term": terms.cost_term, "total": terms.total}
+        if not u.applied:
+            return StepFigures()
+        return StepFigures({"loss": metric(terms.total), "ce": metric(ce.mean()),
+                            "cost_term": metric(terms.cost_term),
+                            "acc": metric(torch.stack(accs).mean()), "cost": metric(cost)},
+                           skip=u.skip)

@@ -1,0 +1,151 @@
+"""search.weights: shared — a layer's plain IRF candidates are slices of one superkernel."""
+
+import copy
+
+import pytest
+import torch
+from conftest import TINY_SPACE, digits_run_config
+
+from fbnas.arch import arch_from_indices, build_child
+from fbnas.blocks.shared import SlicedIRF, child_state, sharable
+from fbnas.config import config_from_dict
+from fbnas.errors import FbnasError
+from fbnas.evaluate import supernet_child_state
+from fbnas.modes import MODES
+from fbnas.retrain import ChildTrainer
+from fbnas.run import close_logger
+from fbnas.search_space import SearchSpace
+from fbnas.supernet import MixedOp, Supernet
+from fbnas.trainer import SearchTrainer
+
+SPACE = {**TINY_SPACE, "in_channels": 3,
+         "candidates": ["ir_k3_e1", "ir_k5_e3", "ir_k3_e6", "ir_k5_e6_se", "ir_k3_e1_g2", "skip"]}
+
+
+def _randomise_bn(net: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(1)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g))
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+            m.weight.data.copy_(torch.randn(m.weight.shape, generator=g))
+            m.bias.data.copy_(torch.randn(m.bias.shape, generator=g))
+
+
+def test_which_ops_share():
+    assert sharable("ir_k5_e6") is not None and sharable("ir_k3_e1") is not None
+    for op in ("ir_k5_e6_se", "ir_k3_e1_g2", "ir_k33_e3", "skip", "basic_block"):
+        assert sharable(op) is None, op
+    op = MixedOp(SPACE["candidates"], 8, 8, 1, "shared")
+    kinds = [type(c) for c in op.candidates]
+    assert kinds[:3] == [SlicedIRF] * 3 and SlicedIRF not in kinds[3:]
+    # the superkernel is the largest kernel and expansion: k5, e6
+    assert tuple(op.shared.dw.shape) == (48, 1, 5, 5) and tuple(op.shared.pw.shape) == (48, 8, 1, 1)
+    with pytest.raises(FbnasError, match="search.weights"):
+        MixedOp(SPACE["candidates"], 8, 8, 1, "tied")
+
+
+def test_one_superkernel_per_layer_fewer_parameters():
+    space = SearchSpace.from_dict({**TINY_SPACE, "candidates": [
+        "ir_k3_e1", "ir_k5_e3", "ir_k3_e6", "ir_k5_e6", "skip"]})
+    sep, sh = Supernet(space), Supernet(space, weights="shared")
+    n = [sum(p.numel() for p in net.weight_parameters()) for net in (sep, sh)]
+    assert n[1] < 0.6 * n[0]
+    # every superkernel parameter is one parameter of the supernet (not one per candidate)
+    ids = [id(p) for p in sh.weight_parameters()]
+    assert len(ids) == len(set(ids))
+    assert all(id(op.shared.dw) in ids for op in sh.mixed)
+
+
+def test_training_one_path_trains_the_others():
+    space = SearchSpace.from_dict(SPACE)
+    net = Supernet(space, weights="shared")
+    before = [c.clone() for c in (net.mixed[0].shared.pw,)]
+    m, active = net.path([1] * len(net.theta))  # ir_k5_e3 everywhere
+    net(torch.randn(4, 3, 16, 16), m=m, active=active)[0].sum().backward()
+    g = net.mixed[0].shared.pw.grad
+    # e3's rows of the expansion got a gradient, e6's extra rows did not
+    assert g[:24].abs().sum() > 0 and g[24:].abs().sum() == 0
+    assert torch.equal(before[0], net.mixed[0].shared.pw)
+
+
+@pytest.mark.parametrize("indices", [[0, 1, 2], [1, 0, 5], [2, 3, 4]])
+def test_a_path_equals_the_child_built_from_its_sliced_weights(indices):
+    space = SearchSpace.from_dict(SPACE)
+    torch.manual_seed(0)
+    net = Supernet(space, weights="shared")
+    _randomise_bn(net)
+    net.eval()
+    arch = arch_from_indices(space, indices, "t")
+    child = build_child(arch)
+    cfg = config_from_dict(digits_run_config(space=SPACE, search={"weights": "shared"}), "t")
+    child.load_state_dict(supernet_child_state(
+        {"config": cfg.resolved(), "model": net.state_dict()}, arch))
+    child.eval()
+    x = torch.randn(3, 3, 16, 16)
+    m, active = net.path(indices)
+    with torch.no_grad():
+        torch.testing.assert_close(net(x, m=m, active=active)[0], child(x), rtol=0, atol=1e-5)
+
+
+def test_child_state_refuses_an_op_that_does_not_share():
+    with pytest.raises(FbnasError, match="ir_k3_e1_g2"):
+        child_state({}, "ir_k3_e1_g2", 8)
+
+
+def _tiny_search(tmp_path, **search):
+    d = digits_run_config(data={"limit": 300}, search={"weights": "shared", **search})
+    d["run"]["dir"] = str(tmp_path / "run")
+    cfg = config_from_dict(copy.deepcopy(d), "tiny.yaml")
+    t = SearchTrainer(cfg, tmp_path / "run")
+    try:
+        t.fit()
+    finally:
+        close_logger(t.log)
+    return t
+
+
+@pytest.mark.parametrize("mode", MODES.choices())
+def test_a_shared_weight_search_runs_in_every_mode_deterministically(tmp_path, mode):
+    a = _tiny_search(tmp_path / "a", mode=mode)
+    b = _tiny_search(tmp_path / "b", mode=mode)
+    for x, y in zip(a.model.theta, b.model.theta, strict=True):
+        assert torch.equal(x, y)
+    assert a.history[-1]["w_ce"] == b.history[-1]["w_ce"]
+
+
+def test_weight_sampling_trains_weights_on_single_paths_and_theta_on_the_mode(tmp_path):
+    t = _tiny_search(tmp_path, mode="full", weight_sampling="single_path")
+    # after the warm-up a weight step computes one candidate per layer, a θ step all of them
+    calls = [[0] * len(op.candidates) for op in t.model.mixed]
+    for li, op in enumerate(t.model.mixed):
+        for i, block in enumerate(op.candidates):
+            block.register_forward_hook(lambda *_, li=li, i=i: calls[li].__setitem__(
+                i, calls[li][i] + 1))
+    x, y = next(iter(t.data.w_loader))
+    t.weight_step(x, y)
+    assert all(sum(c) <= 1 for c in calls)
+    for c in calls:
+        c[:] = [0] * len(c)
+    t.theta_step(x, y)
+    assert all(all(n == 1 for n in c) for c in calls)
+
+
+def test_init_from_a_shared_weight_supernet_gets_the_sliced_weights(tmp_path):
+    s = _tiny_search(tmp_path, mode="full")
+    cfg = s.cfg
+    arch = arch_from_indices(cfg.space, [1, 0], "t")  # ir_k5_e3, then ir_k3_e1
+    t = ChildTrainer(cfg, arch, tmp_path / "r", init_from=tmp_path / "run")
+    close_logger(t.log)
+    child = t.model.state_dict()
+    sh0, sh1 = s.model.mixed[0].shared, s.model.mixed[1].shared
+    # layer 0: e3 of 8 channels = 24 expanded rows; its k5 is the whole superkernel window
+    assert torch.equal(child["blocks.0.pw.0.weight"], sh0.pw[:24])
+    assert torch.equal(child["blocks.0.dw.0.0.weight"], sh0.dw[:24])
+    assert torch.equal(child["blocks.0.pwl.0.weight"], sh0.pwl[:, :24])
+    # layer 1: k3 e1 is the centre 3x3 of the first 8 channels
+    assert torch.equal(child["blocks.1.dw.0.0.weight"], sh1.dw[:8, :, 1:4, 1:4])
+    # and the candidate's own BatchNorm
+    sd = s.model.state_dict()
+    assert torch.equal(child["blocks.1.pw.1.running_mean"],
+                       sd["mixed.1.candidates.0.pw.1.running_mean"])
