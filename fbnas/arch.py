@@ -17,9 +17,10 @@ from typing import Any
 import torch
 import yaml
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from fbnas.blocks import build_block, canonical_op, init_weights
+from fbnas.cost_kinds import count_flops as _count_flops
+from fbnas.cost_kinds import count_params
 from fbnas.errors import FbnasError
 from fbnas.io import Fields, load_yaml, show, write_yaml_atomic
 from fbnas.search_space import MacroSpec, SearchSpace, parse_macro
@@ -207,22 +208,16 @@ def build_child(arch: Architecture) -> ChildNet:
     return ChildNet(arch)
 
 
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 @torch.no_grad()
 def count_flops(model: nn.Module, input_size: tuple[int, int], in_channels: int = 3) -> int:
-    """FLOPs of one forward at batch 1, by torch.utils.flop_counter (2 FLOPs per multiply-add;
-    convolutions and linear layers only, as is usual for FLOP counts)."""
+    """FLOPs of one forward at batch 1 in eval mode (fbnas.cost_kinds.count_flops: torch's
+    FlopCounterMode, 2 FLOPs per multiply-add of the convolutions and linear layers)."""
 
     was_training = model.training
     model.eval()
-    x = torch.zeros(1, in_channels, *input_size)
-    with FlopCounterMode(display=False) as counter:
-        model(x)
+    flops = _count_flops(model, (in_channels, *input_size))
     model.train(was_training)
-    return int(counter.get_total_flops())
+    return flops
 
 
 def child_stats(arch: Architecture) -> dict[str, Any]:

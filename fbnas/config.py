@@ -23,14 +23,13 @@ from typing import Any
 
 import yaml
 
+from fbnas.backends import DTYPES, TIMERS, Timer, make_timer
+from fbnas.backends.allocator import resolve as resolve_allocator
 from fbnas.blocks.shared import WEIGHT_SHARING
+from fbnas.cost_kinds import COST_KINDS
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, read_fields, setting
-from fbnas.latency import make_timer
-from fbnas.latency.allocator import resolve as resolve_allocator
-from fbnas.latency.timers import DEVICES as TIMER_DEVICES
-from fbnas.latency.timers import HOST_DEVICES, Timer
 from fbnas.loss import LossConfig
 from fbnas.modes import MODES
 from fbnas.precision import PRECISIONS
@@ -38,7 +37,6 @@ from fbnas.search_space import SearchSpace
 
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
-COSTS = ("latency", "flops", "params")
 DEVICES = ("auto", "cpu", "cuda")
 # Training on XLA is refused, not half supported: search.mode single_path / two_path change the
 # graph every step, and XLA recompiles each (measured on PJRT CPU, quickstart: 14 compilations
@@ -66,15 +64,15 @@ class LatencyConfig:
     a cached table for the same space signatures and device settings from `cache_dir`).
     """
 
-    cost: str = setting("latency", "str", choices=COSTS)
+    cost: str = setting("latency", "str", choices=COST_KINDS)
     table: str | None = setting(None, "str")
-    # executorch / ort: the exported runtimes of fbnas.latency.runtimes (docs/latency.md)
-    device: str = setting("cpu", "str", choices=TIMER_DEVICES)
+    # a timer backend of fbnas.backends (executorch / ort: exported runtimes, docs/latency.md)
+    device: str = setting("cpu", "str", choices=TIMERS)
     threads: int = setting(1, "int", min=1)
     batch: int = setting(1, "int", min=1)
-    dtype: str = setting("float32", "str", choices=("float32", "float16", "bfloat16"))
+    dtype: str = setting("float32", "str", choices=tuple(DTYPES))
     channels_last: bool = setting(False, "bool")
-    # cpu: the memory allocator timed under (fbnas.latency.allocator; None: retain on cpu)
+    # cpu: the memory allocator timed under (fbnas.backends.allocator; None: retain on cpu)
     allocator: str | None = setting(None, "str")
     cache_dir: str = setting("~/.cache/fbnas/tables", "str")
 
@@ -82,7 +80,7 @@ class LatencyConfig:
     def from_dict(cls, d: Any, where: str = "latency") -> LatencyConfig:
         cfg = read_fields(cls, d, where)
         if cfg.allocator is not None:
-            if cfg.device not in HOST_DEVICES and cfg.allocator != "system":
+            if not TIMERS.get(cfg.device).host and cfg.allocator != "system":
                 raise FbnasError(f"{where}: allocator: {cfg.allocator!r} applies to device cpu "
                                  f"only; {cfg.device} timings use 'system'")
             resolve_allocator(cfg.allocator, f"{where}: allocator")

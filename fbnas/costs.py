@@ -23,13 +23,12 @@ import torch
 
 from fbnas.arch import Architecture
 from fbnas.config import Config, LatencyConfig
+from fbnas.cost_kinds import COST_KINDS
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.measure import Protocol
 from fbnas.timed_models import measure_modules
-
-UNITS = {"latency": "us", "flops": "FLOPs", "params": "params"}
 
 
 @dataclass
@@ -68,7 +67,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
         table = LatencyTable.load(saved)
         if table.cost == lat.cost:
             rows, fixed = table.costs_for(space)
-            return CostSource(rows, fixed, table.fingerprint(), UNITS[table.cost],
+            return CostSource(rows, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit,
                               f"cost table {saved}", table)
     if lat.table:
         table = LatencyTable.load(lat.table)
@@ -78,7 +77,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
         table.check_run(batch=lat.batch, dtype=lat.dtype,
                         allocator=lat.make_timer().allocator if lat.allocator else None)
         desc = f"{lat.cost} table {lat.table}"
-    elif lat.cost in ("flops", "params"):
+    elif COST_KINDS.get(lat.cost).counted:
         table = build_cost_table(space, lat.cost)
         desc = f"counted {lat.cost} table"
     else:
@@ -96,7 +95,8 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
     if run_dir is not None and save:
         table.save(run_dir / "cost_table.json")
     rows, fixed = table.costs_for(space)
-    return CostSource(rows, fixed, table.fingerprint(), UNITS[table.cost], desc, table)
+    return CostSource(rows, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit, desc,
+                      table)
 
 
 def shared_costs(cfg: Config, dist: DistContext, log: Callable[[str], None], run_dir: Path,

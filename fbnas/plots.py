@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, ensure_dir, load_json, load_yaml
 from fbnas.search_space import SearchSpace
@@ -66,8 +67,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
 
     space = SearchSpace.from_dict(cfg["space"], f"{run_dir / 'config.yaml'}: space")
     ops = space.layer_candidates()
-    unit = {"latency": "µs", "flops": "FLOPs", "params": "params"}.get(
-        (cfg.get("latency") or {}).get("cost", "latency"), "")
+    cost = (cfg.get("latency") or {}).get("cost", "latency")
+    unit = COST_KINDS.get(cost).unit if cost in COST_KINDS else ""
     plt = _plt()
     ensure_dir(out)
     written = [_heatmap(plt, hist[-1]["probs"], ops, out / "theta_final.png"),

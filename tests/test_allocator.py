@@ -13,9 +13,10 @@ import torch
 from conftest import latency_space
 from torch import nn
 
+from fbnas.backends import allocator as alloc
+from fbnas.backends.worker import call_in_worker
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Protocol, build_table, make_timer, measure_archs
-from fbnas.latency import allocator as alloc
 from fbnas.latency.build import sample_spanning
 from fbnas.search_space import SearchSpace
 from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
@@ -29,7 +30,7 @@ def _env_of_worker() -> dict:
 
 
 def test_a_worker_runs_under_the_allocator_environment_and_returns_the_result():
-    got = alloc.call_in_worker("retain", None, _env_of_worker, (), {})
+    got = call_in_worker("retain", None, _env_of_worker, (), {})
     assert got == {**alloc.RETAIN_ENV, alloc.WORKER_ENV: "retain"}
     assert os.environ.get(alloc.WORKER_ENV) is None  # the parent is left as it was
     assert all(os.environ.get(k) != v for k, v in alloc.RETAIN_ENV.items())
@@ -41,7 +42,7 @@ def _fails():
 
 def test_a_worker_error_comes_back_as_the_same_one_line_error():
     with pytest.raises(FbnasError, match="space.yaml: stages: bad"):
-        alloc.call_in_worker("retain", None, _fails, (), {})
+        call_in_worker("retain", None, _fails, (), {})
 
 
 def test_worker_timer_gives_the_in_process_numbers_for_the_fake_backend():

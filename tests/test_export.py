@@ -9,12 +9,12 @@ import torch
 from conftest import TINY_SPACE
 
 from fbnas.arch import arch_from_indices, build_child
+from fbnas.backends import FORMATS
 from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
 from fbnas.errors import FbnasError
 from fbnas.evaluate import load_child
 from fbnas.export import (
-    TOLERANCE,
     check_equivalence,
     export_child,
     exported_metadata,
@@ -77,7 +77,7 @@ def test_export_matches_eager_at_another_batch_size(child_ckpt, tmp_path, fmt):
         got = load_exported(out)(x.clone())
     assert got.shape == (7, TINY_SPACE["num_classes"])
     assert ref.abs().max() > 0.1, "eager outputs are near zero: the comparison would be vacuous"
-    rtol, atol = TOLERANCE[fmt]
+    rtol, atol = FORMATS.get(fmt).tolerance
     torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
     assert torch.equal(got.argmax(1), ref.argmax(1))
 
@@ -98,16 +98,14 @@ def test_check_equivalence_detects_a_different_model(child_ckpt, tmp_path):
     with torch.no_grad():
         model.blocks[1].pwl[1].running_mean.add_(0.5)  # BN statistic of one residual block
     res = check_equivalence(model, out, "torchscript", _inputs(arch, 4))
-    assert not res["ok"] and res["max_abs_diff"] > TOLERANCE["torchscript"][1]
+    assert not res["ok"] and res["max_abs_diff"] > FORMATS.get("torchscript").tolerance[1]
 
 
 def test_failed_verification_writes_nothing(child_ckpt, tmp_path, monkeypatch):
-    import fbnas.export as ex
-
     arch, model, _ = load_child(child_ckpt)
     out = tmp_path / "m.ts"
     out.write_bytes(b"previous export")
-    monkeypatch.setitem(ex.TOLERANCE, "torchscript", (0.0, -1.0))  # nothing can pass
+    monkeypatch.setattr(FORMATS.get("torchscript"), "tolerance", (0.0, -1.0))  # none can pass
     with pytest.raises(FbnasError, match=r"m\.ts: the exported torchscript model differs"):
         export_child(model, arch, "torchscript", out)
     assert out.read_bytes() == b"previous export"
@@ -201,7 +199,7 @@ def test_pt2_export_keeps_a_dynamic_batch_and_names_its_architecture(child_ckpt,
     with torch.no_grad():
         ref = model(x)
         got = load_exported(out)(x.clone())
-    rtol, atol = TOLERANCE["pt2"]
+    rtol, atol = FORMATS.get("pt2").tolerance
     torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
     meta = exported_metadata(out)
     assert meta["arch_hash"] == arch.hash() and meta["record"]["format"] == "pt2"
@@ -216,7 +214,7 @@ def test_pte_export_runs_in_executorch_like_eager(child_ckpt, tmp_path):
     x = _inputs(arch, 1)
     with torch.no_grad():
         ref = model(x)
-    rtol, atol = TOLERANCE["pte"]
+    rtol, atol = FORMATS.get("pte").tolerance
     torch.testing.assert_close(load_exported(out)(x.clone()), ref, rtol=rtol, atol=atol)
     with pytest.raises(FbnasError, match="holds no fbnas metadata"):
         exported_metadata(out)

@@ -12,11 +12,12 @@ import pytest
 import torch
 from conftest import latency_space
 
+from fbnas.backends import TIMERS
+from fbnas.backends import exported as rt
 from fbnas.cli import main
 from fbnas.config import LatencyConfig
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Protocol, build_table, make_timer, validate
-from fbnas.latency import runtimes as rt
 from fbnas.latency.build import sample_spanning
 from fbnas.latency.bundle import write_bundle
 from fbnas.latency.signature import Signature, space_signatures
@@ -25,13 +26,14 @@ from fbnas.search_space import SearchSpace
 FAST = Protocol(rounds=4, extra_rounds=0, sample_s=0.002, ref_sample_s=0.001, warmup_s=0.005)
 SPACE = SearchSpace.from_dict(latency_space())
 SIG = Signature("block", "ir_k3_e3", 8, 16, 2, 8, 8)
+RUNTIMES = tuple(n for n, c in TIMERS.items() if issubclass(c, rt.ExportedTimer))
 
 
 def _timer(runtime: str, tmp_path, **kw):
     return make_timer(runtime, allocator="system", cache_dir=tmp_path / "exported", **kw)
 
 
-@pytest.mark.parametrize("runtime", rt.RUNTIMES)
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_runtime_table_is_built_through_the_runtime_with_its_call_overhead_taken_off(
         runtime, tmp_path):
     lines = []
@@ -55,7 +57,7 @@ def test_a_runtime_table_is_built_through_the_runtime_with_its_call_overhead_tak
     assert all(a["measured_us"] > 0 for a in rep["archs"])
 
 
-@pytest.mark.parametrize("runtime", rt.RUNTIMES)
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_the_runtime_computes_what_eager_computes(runtime, tmp_path):
     torch.manual_seed(1)
     module = SIG.build().eval()
@@ -152,9 +154,9 @@ def test_runtimes_are_measured_side_by_side_with_eager(tmp_path):
     torch.manual_seed(0)
     mods = {"a": (SIG.build(), SIG.input_shape),
             "b": (Signature("block", "ir_k3_e1", 8, 8, 1, 8, 8).build(), (8, 8, 8))}
-    runtimes = [_timer(r, tmp_path) for r in rt.RUNTIMES]
+    runtimes = [_timer(r, tmp_path) for r in RUNTIMES]
     m = measure_runtimes(make_timer("cpu", allocator="system"), mods, runtimes, FAST)
-    assert set(m.entries) == {f"{b}:{k}" for b in ("cpu", *rt.RUNTIMES) for k in mods}
+    assert set(m.entries) == {f"{b}:{k}" for b in ("cpu", *RUNTIMES) for k in mods}
     assert all(len(st.times) == FAST.rounds and min(st.times) > 0 for st in m.entries.values())
     with pytest.raises(FbnasError, match="ort times 2 thread"):
         measure_runtimes(make_timer("cpu", allocator="system"), mods,

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbnas.backends import FORMATS
 from fbnas.errors import FbnasError
 from fbnas.evaluate import load_child
-from fbnas.export import SUFFIX, check_format, default_out, export_child, require_extras
+from fbnas.export import (
+    check_format,
+    default_out,
+    export_child,
+    opset_formats,
+    require_extras,
+)
 
 
 def add_parser(sub) -> None:
@@ -17,8 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="a retrain checkpoint file, or a retrain run directory")
     p.add_argument("--format", required=True, action="append", metavar="FMT", dest="formats",
-                   help="torchscript, onnx, pt2 (torch.export) or pte (ExecuTorch, XNNPACK); "
-                        "a comma list (pt2,pte,onnx) or repeated to export several")
+                   help=f"{', '.join(FORMATS.choices())} (pt2: torch.export, pte: ExecuTorch, "
+                        "XNNPACK); a comma list (pt2,pte,onnx) or repeated to export several")
     p.add_argument("--out", metavar="PATH",
                    help="output file, or a directory for several formats (default: next to "
                         "the checkpoint, RUN_DIR/model.ts and RUN_DIR/model.onnx)")
@@ -44,21 +51,22 @@ def run(args) -> int:
                 if fmt not in formats:
                     formats.append(fmt)
     if not formats:
-        raise FbnasError("--format: give one or more of torchscript, onnx, pt2, pte")
+        raise FbnasError(f"--format: give one or more of {', '.join(FORMATS.choices())}")
     if args.batch < 1:
         raise FbnasError(f"--batch: must be >= 1, got {args.batch}")
-    if args.opset is not None and "onnx" not in formats:
-        raise FbnasError("--opset: only applies to --format onnx")
+    with_opset = opset_formats()
+    if args.opset is not None and not set(formats) & set(with_opset):
+        raise FbnasError(f"--opset: only applies to --format {' or '.join(with_opset)}")
     verify = not args.no_verify
     for fmt in formats:  # before any work, so that a missing extra does not leave half a job
         require_extras(fmt, verify)
-    outs = _outputs(args.out, args.checkpoint, formats, SUFFIX, default_out)
+    outs = _outputs(args.out, args.checkpoint, formats)
 
     arch, model, _ = load_child(args.checkpoint)
     for fmt in formats:
         rec = export_child(model, arch, fmt, outs[fmt], batch=args.batch,
                            dynamic_batch=not args.static_batch,
-                           opset=args.opset if fmt == "onnx" else None, verify=verify)
+                           opset=args.opset if fmt in with_opset else None, verify=verify)
         check = rec["check"]
         verified = (f"max abs diff {check['max_abs_diff']:.2g} (atol {check['atol']:g}), "
                     f"argmax agree {check['argmax_agreement']:.0%} on {check['samples']}"
@@ -70,13 +78,12 @@ def run(args) -> int:
     return 0
 
 
-def _outputs(out: str | None, checkpoint: str, formats: list[str], suffix: dict[str, str],
-             default_out) -> dict[str, Path]:
+def _outputs(out: str | None, checkpoint: str, formats: list[str]) -> dict[str, Path]:
     if out is None:
         return {fmt: default_out(checkpoint, fmt) for fmt in formats}
     o = Path(out)
     if o.is_dir() or out.endswith(("/", "\\")):
-        return {fmt: o / f"model{suffix[fmt]}" for fmt in formats}
+        return {fmt: o / f"model{FORMATS.get(fmt).suffix}" for fmt in formats}
     if len(formats) > 1:
         raise FbnasError(f"--out: {out} is a file name but {len(formats)} formats were asked "
                          f"for; give a directory")

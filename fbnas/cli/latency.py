@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 from fbnas.arch import Architecture
+from fbnas.backends import DTYPES, TIMERS, make_timer
+from fbnas.backends.allocator import ALLOCATORS
+from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.io import Fields, load_yaml, write_json_atomic
 from fbnas.latency import (
@@ -24,14 +27,13 @@ from fbnas.latency import (
     build_table,
     head_signature,
     layer_signatures,
-    make_timer,
     stem_signature,
     validate,
 )
-from fbnas.latency.allocator import ALLOCATORS
 from fbnas.latency.build import check_extend
+from fbnas.latency.bundle import RUNTIMES as BUNDLE_RUNTIMES
+from fbnas.latency.bundle import import_results, write_bundle
 from fbnas.latency.measure import Protocol
-from fbnas.latency.timers import DEVICES as TIMER_DEVICES
 from fbnas.latency.validate import plot_report, public_report, summary_lines
 from fbnas.search_space import load_space
 from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
@@ -39,14 +41,14 @@ from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
 
 def _timer_args(p, with_threads: bool = True) -> None:
     g = p.add_argument_group("timing")
-    g.add_argument("--device", default=None, choices=TIMER_DEVICES,
+    g.add_argument("--device", default=None, choices=TIMERS.choices(),
                    help="backend to time on (default: the table's, else cpu; executorch, ort: "
                         "the exported runtimes; fake: deterministic, for tests)")
     if with_threads:
         g.add_argument("--threads", type=int, default=None,
                        help="CPU threads while timing (default 1; recorded in the table)")
     g.add_argument("--batch", type=int, default=None, help="batch size (default 1)")
-    g.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+    g.add_argument("--dtype", default=None, choices=tuple(DTYPES),
                    help="dtype (default float32)")
     g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     g.add_argument("--allocator", default=None, metavar="NAME|PATH",
@@ -92,10 +94,10 @@ def config_settings(path: str | None) -> dict:
         return {}
     f = Fields(data["latency"], f"{path}: latency")
     out = {"threads": f.int("threads", None, min=1), "batch": f.int("batch", None, min=1),
-           "dtype": f.str("dtype", None, choices=("float32", "float16", "bfloat16")),
+           "dtype": f.str("dtype", None, choices=tuple(DTYPES)),
            "channels_last": f.bool("channels_last", None),
            "allocator": f.str("allocator", None),
-           "device": f.str("device", None, choices=TIMER_DEVICES)}
+           "device": f.str("device", None, choices=TIMERS)}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -106,7 +108,7 @@ def _timer(args, table=None, config: str | None = None):
     meta = table.meta if table is not None and table.cost == "latency" else {}
     base = config_settings(config)
     if args.device is None:  # the table's backend, else the config's latency.device, else cpu
-        args.device = (meta.get("backend") if meta.get("backend") in TIMER_DEVICES
+        args.device = (meta.get("backend") if meta.get("backend") in TIMERS
                        else base.get("device", "cpu"))
     if meta:
         base.update(threads=meta.get("threads"), batch=meta.get("batch"),
@@ -115,8 +117,7 @@ def _timer(args, table=None, config: str | None = None):
         if meta.get("backend") == args.device:
             base["allocator"] = meta.get("allocator", "system")
     threads = getattr(args, "threads", None)
-    host = ("cpu", "executorch", "ort")
-    extra = {"clock": args.clock} if args.device in host and args.clock else {}
+    extra = {"clock": args.clock} if TIMERS.get(args.device).clocks and args.clock else {}
     return make_timer(args.device, **extra,
                       threads=threads if threads is not None else base.get("threads"),
                       batch=args.batch if args.batch is not None else base.get("batch", 1),
@@ -173,8 +174,6 @@ def run_build(args) -> int:
 
 # ---- bundle / import ---------------------------------------------------------------------------
 def run_bundle(args) -> int:
-    from fbnas.latency.bundle import write_bundle
-
     space = load_space(args.config)
     table = LatencyTable.load(args.table) if args.table else None
     if args.threads < 1:
@@ -190,8 +189,6 @@ def run_bundle(args) -> int:
 
 
 def run_import(args) -> int:
-    from fbnas.latency.bundle import import_results
-
     space = load_space(args.config) if args.config else None
     table = import_results(args.results, space)
     table.save(args.out)
@@ -386,7 +383,7 @@ def add_parser(sub) -> None:
     b = ls.add_parser("build", help="measure a table's missing entries for a search space")
     b.add_argument("--config", required=True, help="config file with a 'space:' section")
     b.add_argument("--out", required=True, help="table file (extended/resumed if it exists)")
-    b.add_argument("--cost", default="latency", choices=("latency", "flops", "params"),
+    b.add_argument("--cost", default="latency", choices=COST_KINDS.choices(),
                    help="what to tabulate (flops and params need no device)")
     b.add_argument("--probes", type=int, default=12,
                    help="child networks timed to fit the in-network context factor (0: none)")
@@ -399,7 +396,7 @@ def add_parser(sub) -> None:
                                       "standalone runner, for a device that cannot run fbnas")
     bd.add_argument("--config", required=True, help="config file with a 'space:' section")
     bd.add_argument("--out", required=True, help="new folder for the bundle")
-    bd.add_argument("--runtime", default="executorch", choices=("executorch",))
+    bd.add_argument("--runtime", default="executorch", choices=BUNDLE_RUNTIMES)
     bd.add_argument("--table", help="leave out the entries this table has")
     bd.add_argument("--threads", type=int, default=1, help="threads on the device (default 1)")
     bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")

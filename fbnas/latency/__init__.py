@@ -4,12 +4,15 @@
     table.check_run(batch=1, dtype="float32")
     rows, fixed = table.costs_for(space)      # -> Supernet.set_costs(rows, fixed)
 
-Submodules: `signature` (keys), `timers` (cpu / cuda / xla / fake), `measure` (interleaved,
-reference-normalised rounds), `table` (the file format), `build` (measure missing entries,
-FLOPs / params tables), `validate` (end-to-end agreement, calibration, fitted cost model).
-The package depends only on blocks, search_space and arch; see docs/latency.md.
+Submodules: `signature` (keys), `measure` (interleaved, reference-normalised rounds), `table`
+(the file format), `build` (measure missing entries, FLOPs / params tables), `validate`
+(end-to-end agreement, calibration, fitted cost model), `bundle` (tables measured on a device
+that cannot run fbnas). The timers are `fbnas.backends`' (`Timer` and `make_timer` are
+re-exported here). The package depends only on blocks, search_space, arch, cost_kinds and
+backends; see docs/latency.md.
 """
 
+from fbnas.backends import Timer, make_timer
 from fbnas.latency.build import (
     build_cost_table,
     build_table,
@@ -27,7 +30,6 @@ from fbnas.latency.signature import (
     stem_signature,
 )
 from fbnas.latency.table import CostTable, LatencyTable, space_hash
-from fbnas.latency.timers import Timer, make_timer
 from fbnas.latency.validate import apply_report, validate
 
 __all__ = [

@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from fbnas.arch import Architecture, arch_from_indices, build_child, count_params
+from fbnas.arch import Architecture, arch_from_indices, build_child
+from fbnas.backends import Runnable, Timer
+from fbnas.backends.worker import under_allocator
+from fbnas.cost_kinds import COST_KINDS, count_flops, counted_kinds
 from fbnas.errors import FbnasError
-from fbnas.latency.allocator import under_allocator
 from fbnas.latency.measure import (
     REFERENCE,
     EntryStats,
@@ -41,7 +42,6 @@ from fbnas.latency.measure import (
 )
 from fbnas.latency.signature import Signature, arch_signatures, layer_signatures, space_signatures
 from fbnas.latency.table import LatencyTable
-from fbnas.latency.timers import Runnable, Timer, conv_linear_flops
 from fbnas.search_space import SearchSpace
 
 OVERHEAD = "call overhead"  # the empty program an exported runtime's entries are corrected by
@@ -292,14 +292,9 @@ def probe_archs(space: SearchSpace, n: int) -> list[Architecture]:
 
 
 def counted_rows(space: SearchSpace) -> list[dict[str, float]]:
-    """FLOPs per (layer, op) by forward hooks on the meta device (instant; for ordering ops)."""
-
-    out = []
-    for row in layer_signatures(space):
-        out.append({op: float(conv_linear_flops(sig.build().eval().to("meta"),
-                                                sig.input_shape, "meta"))
-                    for op, sig in row.items()})
-    return out
+    """FLOPs per (layer, op), counted on the meta device (instant; for ordering ops)."""
+    return [{op: float(count_flops(sig.build().eval().to("meta"), sig.input_shape, "meta"))
+             for op, sig in row.items()} for row in layer_signatures(space)]
 
 
 def _context_from(table: LatencyTable, probes: Sequence[Architecture],
@@ -364,23 +359,17 @@ def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: i
 
 # ---- FLOPs and params tables -----------------------------------------------------------------
 def count_signature(sig: Signature, cost: str) -> float:
-    """FLOPs (2 per multiply-add, conv and linear, batch 1) or parameters of one entry."""
-
-    module = sig.build().eval()
-    if cost == "params":
-        return float(count_params(module))
-    x = torch.zeros(1, *sig.input_shape)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        module(x)
-    return float(counter.get_total_flops())
+    """The counted cost (a kind with a `count` in COST_KINDS: FLOPs, params) of one entry."""
+    return COST_KINDS.get(cost).count(sig.build().eval(), sig.input_shape)
 
 
 def build_cost_table(space: SearchSpace, cost: str = "flops",
                      table: LatencyTable | None = None) -> LatencyTable:
     """A FLOPs or params table in the latency-table format, keyed by the same signatures;
     needs no device. Extends `table` with the missing signatures when given."""
-    if cost not in ("flops", "params"):
-        raise FbnasError(f"cost must be flops or params for a counted table, got {cost!r}")
+    if cost not in counted_kinds():
+        raise FbnasError(f"cost must be {' or '.join(counted_kinds())} for a counted table, "
+                         f"got {cost!r}")
     if table is None:
         table = LatencyTable(cost, {"backend": "none", "batch": 1,
                                     "note": "counted per sample, device independent"})

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from fbnas.arch import Architecture, build_child
+from fbnas.backends.executorch import ExecuTorchTimer, lower_executorch
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
 from fbnas.latency.build import (
@@ -33,7 +34,6 @@ from fbnas.latency.build import (
     refresh_values,
 )
 from fbnas.latency.measure import REFERENCE, EntryStats, Protocol, reference_scale
-from fbnas.latency.runtimes import lower_executorch, require
 from fbnas.latency.signature import Signature, space_signatures
 from fbnas.latency.table import LatencyTable
 from fbnas.search_space import SearchSpace
@@ -49,7 +49,7 @@ def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch
     if runtime not in RUNTIMES:
         raise FbnasError(f"--runtime: {runtime!r} is not bundled (choose from "
                          f"{', '.join(RUNTIMES)})")
-    version = require(runtime)
+    version = ExecuTorchTimer.require()
     log = log or (lambda s: None)
     p = protocol or Protocol()
     out = Path(out)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fbnas.backends import Runnable, Timer
 from fbnas.latency.signature import Signature
-from fbnas.latency.timers import Runnable, Timer
 
 # The fixed reference op: a mid-sized IRF block, the kind of work the entries do.
 REFERENCE = Signature("block", "ir_k3_e3", 32, 32, 1, 16, 16)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fbnas import __version__
+from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.io import Fields, load_json, show, write_json_atomic
 from fbnas.latency.signature import (
@@ -48,7 +49,6 @@ from fbnas.latency.signature import (
 from fbnas.search_space import SearchSpace
 
 SCHEMA = 1
-COSTS = {"latency": "us", "flops": "flops", "params": "params"}
 MODELS = ("auto", "raw", "calibrated", "fitted")
 # The meta keys that change what the numbers mean (the fingerprint covers these).
 MEANINGFUL_META = ("backend", "device_name", "cpu_model", "gpu_name", "threads", "batch",
@@ -82,10 +82,11 @@ class LatencyTable:
     """A cost table (latency, FLOPs or params) keyed by block signature."""
 
     def __init__(self, cost: str = "latency", meta: dict[str, Any] | None = None):
-        if cost not in COSTS:
-            raise FbnasError(f"cost table: cost must be one of {', '.join(COSTS)}; got {cost!r}")
+        if cost not in COST_KINDS:
+            raise FbnasError(f"cost table: cost must be one of {', '.join(COST_KINDS)}; "
+                             f"got {cost!r}")
         self.cost = cost
-        self.unit = COSTS[cost]
+        self.unit = COST_KINDS.get(cost).table_unit
         self.meta: dict[str, Any] = dict(meta or {})
         self.meta.setdefault("created", _dt.datetime.now(_dt.timezone.utc)
                              .isoformat(timespec="seconds"))
@@ -277,11 +278,11 @@ class LatencyTable:
         f = Fields(data, where)
         f.schema("fbnas_cost_table", SCHEMA, "upgrade fbnas to read it",
                  "rebuild it with this fbnas: fbnas latency build --fresh ...")
-        cost = f.str("cost", required=True, choices=tuple(COSTS))
+        cost = f.str("cost", required=True, choices=COST_KINDS)
         unit = f.str("unit", required=True)
-        if unit != COSTS[cost]:
-            raise FbnasError(f"{f.at('unit')}: a {cost} table is in '{COSTS[cost]}', "
-                             f"got {show(unit)}")
+        want = COST_KINDS.get(cost).table_unit
+        if unit != want:
+            raise FbnasError(f"{f.at('unit')}: a {cost} table is in '{want}', got {show(unit)}")
         meta = f.raw("meta", required=True)
         if not isinstance(meta, dict):
             raise FbnasError(f"{f.at('meta')}: expected a mapping, got {show(meta)}")

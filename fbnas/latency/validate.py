@@ -26,9 +26,10 @@ import numpy as np
 from scipy import stats as sps
 
 from fbnas.arch import Architecture
+from fbnas.backends import Timer
+from fbnas.backends.worker import under_allocator
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write
-from fbnas.latency.allocator import under_allocator
 from fbnas.latency.build import (
     build_cost_table,
     measure_archs,
@@ -37,7 +38,6 @@ from fbnas.latency.build import (
 )
 from fbnas.latency.measure import Protocol
 from fbnas.latency.table import LatencyTable, space_hash
-from fbnas.latency.timers import Timer
 from fbnas.search_space import SearchSpace
 
 LAMBDAS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)

@@ -1,0 +1,63 @@
+"""The `fake` timer: no clock at all: a deterministic cost from the module's FLOPs
+(`fbnas.cost_kinds.count_flops`) and layer count, with optional seeded noise and machine drift,
+so that build and validate are testable."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+from torch import nn
+
+from fbnas.backends.base import TIMERS, Runnable, Timer
+from fbnas.cost_kinds import count_flops
+
+
+@TIMERS.register("fake")
+class FakeTimer(Timer):
+    """Deterministic stand-in for a device: time per call = overhead per leaf module + FLOPs /
+    throughput, times seeded noise and a slow 'machine speed' drift. For tests only."""
+
+    backend = "fake"
+    host = True  # tests run it in a worker under an allocator; in process by default
+
+    def __init__(self, *args, noise: float = 0.0, drift: float = 0.0, seed: int = 0,
+                 flops_per_s: float = 2e9, overhead_s: float = 4e-6, **kw):
+        super().__init__(*args, **kw)
+        self.noise, self.drift = float(noise), float(drift)
+        self.flops_per_s, self.overhead_s = flops_per_s, overhead_s
+        self.rng = random.Random(seed)
+        self.samples_taken = 0
+
+    def device_name(self) -> str:
+        return "fake device"
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["cpu_model"] = "fake"
+        d["torch_version"] = "fake"  # so that fake tables are identical across torch versions
+        return d
+
+    def prepare(self, module: nn.Module, input_chw: tuple[int, int, int],
+                label: str = "") -> Runnable:
+        # Shapes are all the fake needs: run on the meta device, which computes nothing.
+        where = "meta"
+        if isinstance(module, torch.jit.ScriptModule):  # cannot move: count on the CPU
+            module, where = module.eval(), "cpu"
+        else:
+            module = module.eval().to("meta")
+        leaves = sum(1 for m in module.modules() if not list(m.children()))
+        cost = self.batch * count_flops(module, input_chw, where) / self.flops_per_s \
+            + leaves * self.overhead_s
+        return Runnable(lambda: None, module, cost_s=cost, label=label)
+
+    def speed(self) -> float:
+        """The fake machine's slowness factor now (1 = nominal)."""
+        return 1.0 + self.drift * (0.5 + 0.5 * math.sin(self.samples_taken / 7.0))
+
+    def sample(self, run: Runnable, number: int) -> float:
+        self.samples_taken += 1
+        jitter = 1.0 + self.noise * abs(self.rng.gauss(0.0, 1.0))
+        return run.cost_s * self.speed() * jitter

@@ -1,0 +1,63 @@
+"""What a cost table can hold: one registration per cost kind (latency, FLOPs, params), with
+its units, and the one way fbnas counts FLOPs.
+
+    COST_KINDS.get("flops").unit         # "FLOPs": logs, reports, plots
+    COST_KINDS.get("flops").table_unit   # "flops": the `unit` field of a table file
+    COST_KINDS.get("flops").count(module, (3, 32, 32))   # counted kinds need no device
+
+A kind with a `count` is tabulated by counting each block (`fbnas latency build --cost`);
+one without (latency) is measured on a device. `latency.cost` and `--cost` take their choices
+from COST_KINDS, so a new kind is one registration here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from fbnas.registry import Registry
+
+
+def count_flops(module: nn.Module, input_chw: Sequence[int], device: str | torch.device = "cpu"
+                ) -> int:
+    """FLOPs of one forward of `module` (as it is: put it in eval mode first) on a zero input
+    of batch 1, counted by torch's FlopCounterMode: 2 per multiply-add of the convolutions and
+    matrix products, as is usual for FLOP counts. On the meta device nothing is computed."""
+    x = torch.zeros(1, *input_chw, device=device)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        module(x)
+    return int(counter.get_total_flops())
+
+
+def count_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@dataclass(frozen=True)
+class CostKind:
+    """One kind of cost a table holds per block."""
+
+    unit: str  # in logs, reports and plots
+    table_unit: str  # the table file's `unit` field (as written since schema 1)
+    # counted kinds: the cost of one block at batch 1, no device needed; None: measured
+    count: Callable[[nn.Module, tuple[int, int, int]], float] | None = None
+
+    @property
+    def counted(self) -> bool:
+        return self.count is not None
+
+
+COST_KINDS: Registry[CostKind] = Registry("cost kind", "latency.cost")
+COST_KINDS.register("latency", CostKind("us", "us"))
+COST_KINDS.register("flops", CostKind("FLOPs", "flops",
+                                      lambda m, chw: float(count_flops(m, chw))))
+COST_KINDS.register("params", CostKind("params", "params", lambda m, chw: float(count_params(m))))
+
+
+def counted_kinds() -> tuple[str, ...]:
+    """The kinds tabulated by counting (flops, params)."""
+    return tuple(n for n, k in COST_KINDS.items() if k.counted)
