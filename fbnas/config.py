@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +86,41 @@ class LatencyConfig:
             resolve_allocator(cfg.allocator, f"{where}: allocator")
         return cfg
 
-    def make_timer(self) -> Timer:
+    @classmethod
+    def from_file(cls, path: str | Path | None) -> LatencyConfig:
+        """The `latency:` section of the config file at `path` (every default without a file
+        or a section)."""
+        if not path:
+            return cls()
+        return cls.from_dict(load_yaml(path).get("latency"), f"{path}: latency")
+
+    def for_timing(self, meta: dict[str, Any] | None = None, **flags: Any) -> LatencyConfig:
+        """The one merge of timer settings (`fbnas latency build / measure / validate`): these
+        settings (a config's `latency:` section), a latency table's metadata `meta` over them,
+        then the command-line `flags` given over both (device, threads, batch, dtype,
+        channels_last, allocator; None, False or "" is not given). The device is the flag's,
+        else the table's backend where it is registered, else this section's; the table's
+        allocator is taken only for the backend it was timed on. Not checked here: the timer
+        checks what it is given (`make_timer`)."""
+        meta = meta or {}
+        given = {k: v for k, v in flags.items() if v is not None and v is not False and v != ""}
+        device = given.pop("device", None) or (
+            meta["backend"] if meta.get("backend") in TIMERS else self.device)
+        merged: dict[str, Any] = {"device": device}
+        if meta:
+            merged.update(threads=meta.get("threads"), batch=meta.get("batch"),
+                          dtype=meta.get("dtype"),
+                          channels_last=meta.get("memory_format") == "channels_last")
+            if meta.get("backend") == device:
+                merged["allocator"] = meta.get("allocator", "system")
+        return replace(self, **{**merged, **given})
+
+    def make_timer(self, **backend_kw: Any) -> Timer:
         """The timer these settings describe (device, threads, batch, dtype, layout,
-        allocator)."""
+        allocator); `backend_kw` go to the backend (cpu: clock)."""
         return make_timer(self.device, threads=self.threads, batch=self.batch, dtype=self.dtype,
-                          channels_last=self.channels_last, allocator=self.allocator)
+                          channels_last=self.channels_last, allocator=self.allocator,
+                          **backend_kw)
 
 
 @dataclass(frozen=True)

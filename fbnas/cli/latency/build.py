@@ -1,0 +1,67 @@
+"""`fbnas latency build`: measure a table's missing entries for a search space (or count them:
+--cost flops / params)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from fbnas.cli.latency.common import log, protocol, timer, timer_args
+from fbnas.cost_kinds import COST_KINDS
+from fbnas.errors import FbnasError
+from fbnas.latency import LatencyTable, build_cost_table, build_table
+from fbnas.latency.build import check_extend
+from fbnas.search_space import load_space
+
+
+def run(args) -> int:
+    space = load_space(args.config)
+    out = Path(args.out)
+    table = None
+    if out.exists() and not args.fresh:
+        table = LatencyTable.load(out)
+        if table.cost != args.cost:
+            raise FbnasError(f"{out}: holds a {table.cost} table, but --cost is {args.cost} "
+                             "(pick another --out, or --fresh to overwrite)")
+    if COST_KINDS.get(args.cost).counted:
+        n0 = len(table) if table is not None else 0
+        table = build_cost_table(space, args.cost, table)
+        table.save(out)
+        print(f"{out}: {args.cost} table, {len(table) - n0} new entries, {len(table)} in all")
+        return 0
+    t = timer(args, table, args.config)
+    proto = protocol(args)
+    if table is not None:
+        missing = len(table.missing(space))
+        check_extend(table, t, str(out))  # before saying anything about extending it
+        log(f"{out}: extending/resuming a table with {len(table)} entries; "
+            f"{missing} missing for '{space.name}'")
+    try:
+        table = build_table(space, t, proto, table=table, out=out,
+                            context_probes=args.probes, progress=not args.quiet, log=log)
+    except KeyboardInterrupt:
+        print(f"fbnas latency build: interrupted; finished chunks are in {out} — run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
+    n = table.noise or {}
+    print(f"{out}: {len(table)} entries on {table.meta.get('device_name')} "
+          f"({table.meta.get('threads')} thread(s), batch {table.meta.get('batch')}, "
+          f"{table.meta.get('dtype')}); spread IQR/median: median "
+          f"{100 * (n.get('median_rel_iqr') or 0):.1f}%, "
+          f"p90 {100 * (n.get('p90_rel_iqr') or 0):.1f}%; "
+          f"context x{(table.context or {}).get('scale', 1.0):.3f}")
+    return 0
+
+
+def add_parser(actions) -> None:
+    b = actions.add_parser("build", help="measure a table's missing entries for a search space")
+    b.add_argument("--config", required=True, help="config file with a 'space:' section")
+    b.add_argument("--out", required=True, help="table file (extended/resumed if it exists)")
+    b.add_argument("--cost", default="latency", choices=COST_KINDS.choices(),
+                   help="what to tabulate (flops and params need no device)")
+    b.add_argument("--probes", type=int, default=12,
+                   help="child networks timed to fit the in-network context factor (0: none)")
+    b.add_argument("--fresh", action="store_true", help="ignore an existing --out file")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    timer_args(b)
+    b.set_defaults(func=run)

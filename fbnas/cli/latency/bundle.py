@@ -1,0 +1,44 @@
+"""`fbnas latency bundle`: a space's blocks as ExecuTorch programs with a standalone runner, for
+a device that cannot run fbnas (`fbnas latency import` reads back what it measured)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fbnas.cli.latency.common import log
+from fbnas.errors import FbnasError
+from fbnas.latency import LatencyTable
+from fbnas.latency.bundle import RUNTIMES, write_bundle
+from fbnas.latency.measure import Protocol
+from fbnas.search_space import load_space
+
+
+def run(args) -> int:
+    space = load_space(args.config)
+    table = LatencyTable.load(args.table) if args.table else None
+    if args.threads < 1:
+        raise FbnasError(f"--threads: must be >= 1, got {args.threads}")
+    man = write_bundle(space, args.out, args.runtime, threads=args.threads,
+                       protocol=Protocol(rounds=args.rounds), probes=args.probes, table=table,
+                       log=None if args.quiet else log)
+    n = sum(p["kind"] == "entry" for p in man["programs"])
+    print(f"{args.out}: {n} entries as .pte for {man['runtime']} {man['runtime_version']} "
+          f"({args.threads} thread(s)); on the device: python run_bundle.py, then "
+          f"fbnas latency import {Path(args.out) / 'results.json'} --out TABLE.json")
+    return 0
+
+
+def add_parser(actions) -> None:
+    bd = actions.add_parser("bundle", help="write a space's blocks as ExecuTorch programs with "
+                                           "a standalone runner, for a device that cannot run "
+                                           "fbnas")
+    bd.add_argument("--config", required=True, help="config file with a 'space:' section")
+    bd.add_argument("--out", required=True, help="new folder for the bundle")
+    bd.add_argument("--runtime", default="executorch", choices=RUNTIMES)
+    bd.add_argument("--table", help="leave out the entries this table has")
+    bd.add_argument("--threads", type=int, default=1, help="threads on the device (default 1)")
+    bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")
+    bd.add_argument("--probes", type=int, default=12,
+                    help="child networks for the context factor (0: none)")
+    bd.add_argument("--quiet", action="store_true", help="no per-program lines")
+    bd.set_defaults(func=run)

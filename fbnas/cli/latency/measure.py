@@ -1,0 +1,81 @@
+"""`fbnas latency measure`: child networks (--arch) or model files (--model) timed end to end,
+beside a table's prediction (--table, whose setting the timer then takes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fbnas.arch import Architecture
+from fbnas.cli.latency.common import protocol, timer, timer_args
+from fbnas.errors import FbnasError
+from fbnas.io import write_json_atomic
+from fbnas.latency import LatencyTable
+from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
+
+
+def _specs(args) -> list[ModelSpec]:
+    """One spec per --arch file (a fresh child) and --model file (a retrain checkpoint or run
+    directory, an fbnas export, any TorchScript file or .pt2 program)."""
+    shape = parse_input_shape(args.input_shape)
+    specs = [ModelSpec(f"{i}:{Path(path).stem}", "arch", path)
+             for i, path in enumerate(args.arch or [])]
+    specs += [ModelSpec(f"{j}:{Path(path).stem}", "model", path, shape)
+              for j, path in enumerate(args.model or [], start=len(specs))]
+    if not specs:
+        raise FbnasError("latency measure: give --arch ARCH.yaml and/or --model FILE")
+    return specs
+
+
+def run(args) -> int:
+    table = LatencyTable.load(args.table) if args.table else None
+    t = timer(args, table)
+    if table is not None:
+        table.check_run(batch=t.batch, dtype=t.dtype, backend=t.backend, allocator=t.allocator)
+    specs = _specs(args)
+    proto = protocol(args)
+    items, m = measure_specs(t, specs, proto)
+    ref_us = (table.reference or {}).get("scale_us") if table is not None else None
+    scale = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
+    results = []
+    for it in items:
+        st = m.entries[it["label"]]
+        s = st.summary(scale / 1e6)
+        line = (f"{it['label'].split(':', 1)[1]} {it['path']}: median "
+                f"{s['median_us'] / 1e3:.3f} ms, min {s['min_us'] / 1e3:.3f} ms, IQR "
+                f"{100 * s['rel_iqr']:.1f}% ({s['n']} samples x {st.number} calls; "
+                f"{t.backend}, {t.threads} thread(s), batch {t.batch}, "
+                f"{t.allocator} allocator)")
+        res = {it["kind"]: it["path"], "hash": it["hash"], "input_shape": it["input_shape"],
+               **s}
+        if table is not None and it["arch"] is not None:
+            a = Architecture.from_dict(it["arch"], it["path"])
+            try:
+                pred = table.predict(a, "raw")
+            except FbnasError:
+                pred = None  # not this table's space
+            if pred is not None:
+                line += f"; table {pred / 1e3:.3f} ms (x{pred / s['median_us']:.2f})"
+                res["predicted_us"] = pred
+        print(line)
+        results.append(res)
+    if args.json:
+        write_json_atomic(args.json, {"timer": t.describe(), "results": results,
+                                      "reference_scale_us": scale if proto.reference else None})
+    return 0
+
+
+def add_parser(actions) -> None:
+    m = actions.add_parser("measure", help="time child networks end to end with the table's "
+                                           "timer")
+    m.add_argument("--arch", nargs="+", help="architecture YAML file(s) (a fresh child each)")
+    m.add_argument("--model", nargs="+", metavar="FILE",
+                   help="model(s): a retrain checkpoint or run directory, an `fbnas export` "
+                        "file, or any TorchScript file, torch.export program (.pt2) or "
+                        "ExecuTorch program (.pte)")
+    m.add_argument("--input-shape", metavar="C,H,W",
+                   help="input shape of --model files that do not carry one (a plain "
+                        "TorchScript file; a .pt2 with a dynamic shape)")
+    m.add_argument("--table", help="also print this table's prediction (and take its setting)")
+    m.add_argument("--json", help="write the results as JSON here")
+    timer_args(m)
+    m.set_defaults(func=run)

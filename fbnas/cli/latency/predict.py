@@ -1,0 +1,40 @@
+"""`fbnas latency predict`: an architecture's cost from a table (raw, and calibrated or
+fitted where the table stores those)."""
+
+from __future__ import annotations
+
+from fbnas.arch import Architecture
+from fbnas.cli.latency.common import fmt
+from fbnas.latency import LatencyTable, arch_signatures
+from fbnas.search_space import load_space
+
+
+def run(args) -> int:
+    table = LatencyTable.load(args.table)
+    space = load_space(args.config) if args.config else None
+    for path in args.arch:
+        arch = Architecture.load(path)
+        if space is not None:
+            arch.check_fits(space, path)
+        total = table.predict(arch, "raw")
+        print(f"{arch.name} [{arch.short_hash}] {path}: {fmt(total, table).strip()} "
+              f"{table.unit} (table)")
+        if args.model != "raw":
+            adj = table.predict(arch, args.model, space)
+            if adj != total:
+                print(f"  {args.model}: {fmt(adj, table).strip()} {table.unit}")
+        if args.verbose:
+            for s in arch_signatures(arch):
+                print(f"    {s.key():40s} {fmt(table.value(s), table)}")
+    return 0
+
+
+def add_parser(actions) -> None:
+    r = actions.add_parser("predict", help="predict an architecture's cost from a table")
+    r.add_argument("--arch", required=True, nargs="+", help="architecture YAML file(s)")
+    r.add_argument("--table", required=True, help="table file")
+    r.add_argument("--config", help="the search space (needed for fitted corrections)")
+    r.add_argument("--model", default="auto", choices=("auto", "raw", "calibrated", "fitted"),
+                   help="also print the calibrated or fitted estimate (default: best stored)")
+    r.add_argument("-v", "--verbose", action="store_true", help="per-entry breakdown")
+    r.set_defaults(func=run)

@@ -1,0 +1,61 @@
+"""`fbnas latency validate`: a table against end-to-end measurements of sampled child
+networks (rank agreement, calibration, optionally a fitted per-(layer, op) cost model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fbnas.cli.latency.common import log, protocol, timer, timer_args
+from fbnas.io import write_json_atomic
+from fbnas.latency import LatencyTable, apply_report, validate
+from fbnas.latency.validate import plot_report, public_report, summary_lines
+from fbnas.search_space import load_space
+
+# the protocol settings a validation takes over from the table it checks
+TABLE_PROTOCOL = ("rounds", "sample_s", "ref_sample_s", "ref_every", "warmup_s", "max_rel_iqr",
+                  "extra_rounds", "reference")
+
+
+def run(args) -> int:
+    space = load_space(args.config)
+    table = LatencyTable.load(args.table)
+    table.require(space, args.config)
+    t = timer(args, table, args.config)
+    proto = protocol(args, {k: v for k, v in (table.protocol or {}).items()
+                            if k in TABLE_PROTOCOL})
+    if args.rounds is None:
+        proto.rounds = max(10, proto.rounds // 2)
+    rep = validate(space, table, t, n=args.n, seed=args.seed, protocol=proto,
+                   repeats=args.repeats, fit_model=args.fit_model, log=log)
+    for line in summary_lines(rep):
+        print(line)
+    out = args.report or str(Path(args.table).with_suffix("")) + ".validate.json"
+    write_json_atomic(out, public_report(rep))
+    print(f"report: {out}")
+    if args.plot:
+        plot_report(rep, args.plot)
+        print(f"plot: {args.plot}")
+    if args.save:
+        apply_report(table, space, rep)
+        table.save(args.table)
+        print(f"{args.table}: calibration{' and fitted corrections' if args.fit_model else ''} "
+              "stored")
+    return 0
+
+
+def add_parser(actions) -> None:
+    v = actions.add_parser("validate", help="compare a table with end-to-end measurements")
+    v.add_argument("--config", required=True, help="config file with a 'space:' section")
+    v.add_argument("--table", required=True, help="latency table file")
+    v.add_argument("-n", type=int, default=50, help="architectures to sample (default 50)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--repeats", type=int, default=2,
+                   help="independent end-to-end passes (>= 2 reports repeat agreement)")
+    v.add_argument("--fit-model", action="store_true",
+                   help="also fit per-(layer, op) corrections (TuNAS-style cost model)")
+    v.add_argument("--save", action="store_true",
+                   help="store the calibration (and corrections) in the table file")
+    v.add_argument("--report", help="report JSON (default: TABLE.validate.json)")
+    v.add_argument("--plot", help="write a predicted-vs-measured scatter PNG here")
+    timer_args(v)
+    v.set_defaults(func=run)
