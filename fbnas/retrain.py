@@ -274,7 +274,7 @@ class ChildTrainer(EpochRunner):
             "measured_latency_ms": measured["median_ms"] if measured else None,
             "measured_latency_iqr": measured["rel_iqr"] if measured else None,
             "top1": test["top1"], "top5": test["top5"], "test_ce": test["ce"],
-            "val_top1": last.get("val_top1"),
+            "val_top1": last.get("val_top1"), "val_ce": last.get("val_ce"),
             "params": stats["params"], "flops": stats["flops"],
             "epochs": self.epoch, "train_seconds": total_s,
             "images_per_s": total_n / max(total_s, 1e-9),

@@ -36,8 +36,12 @@ def test_fidelity_ranks_supernet_estimates_against_retraining(tmp_path, capsys):
         assert -1 <= rep["kendall_tau"] <= 1 and -1 <= rep["spearman"] <= 1
     else:  # 2 epochs on 200 images can leave every network at the same accuracy
         assert rep["kendall_tau"] is None and rep["spearman"] is None
+    # CE on both sides resolves what accuracy on a few hundred images cannot
+    for p in pts:
+        assert p["supernet_val_ce"] > 0 and p["standalone_val_ce"] > 0
+    assert -1 <= rep["kendall_tau_ce"] <= 1 and 0 <= rep["kendall_p_ce"] <= 1
     out = capsys.readouterr().out
-    assert "Kendall tau" in out and "Spearman" in out
+    assert "Kendall tau" in out and "Spearman" in out and "by val CE" in out
     # a second run reads the retrains back instead of redoing them
     stamps = {p: p.stat().st_mtime_ns for p in (run / "fidelity").glob("retrain-*/results.json")}
     assert len(stamps) == 4
