@@ -1,95 +1,78 @@
 """Child training throughput, eager vs torch.compile, measured side by side.
 
 Trains the same child (default: the all-ir_k5_e6 network of the quickstart space, batch 64,
-digits-sized 1x16x16 inputs, SGD, label smoothing — what `fbnas retrain` runs) in alternating
-timed blocks of steps, eager and compiled, so a slow spell of the machine hits both alike;
-reports images/s of each per block and the median ratio with its spread. Compilation time is
-reported separately (it is paid once per run).
+1x16x16 inputs) with ChildTrainer.train_step, `retrain.compile` off and on (what `fbnas
+retrain` runs: SGD, label smoothing, the non-finite check), in alternating timed blocks of
+steps, so a slow spell of the machine hits both alike; reports images/s of each per block and
+the median ratio with its spread. Compilation time is reported separately (it is paid once
+per run).
 
-    python scripts/bench_compile.py                 # ~ 3 minutes on 2 cores
-    python scripts/bench_compile.py --blocks 10 --steps 30 --threads 2
+    python -m scripts.bench_compile                 # ~ 3 minutes on 2 cores
+    python -m scripts.bench_compile --blocks 10 --steps 30 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from fbnas.arch import arch_from_indices
+from fbnas.retrain import ChildTrainer
+from scripts.common import QUIET, SPACES, Spread, closing, interleave, random_batch, run_config
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/quickstart.yaml")
+    ap.add_argument("--config", default=str(SPACES["quickstart"]))
     ap.add_argument("--op", default="ir_k5_e6", help="uniform op of the child")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20, help="training steps per timed block")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--mode", default="default", help="torch.compile mode")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-
-    from fbnas.arch import arch_from_indices, build_child
-    from fbnas.config import load_config
-
-    cfg = load_config(args.config)
-    space = cfg.space
+    space = run_config(args.config).space
     arch = arch_from_indices(space, [c.index(args.op) for c in space.layer_candidates()],
                              f"all_{args.op}")
-    m = space.macro
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(args.batch, m.in_channels, *m.input_size, generator=g)
-    y = torch.randint(m.num_classes, (args.batch,), generator=g)
+    x, y = random_batch(space, args.batch, generator=torch.Generator().manual_seed(0))
+    with tempfile.TemporaryDirectory(prefix="fbnas-bench-compile-") as tmp, \
+            closing({}) as trainers:
 
-    def setup(compiled: bool):
-        torch.manual_seed(0)
-        net = build_child(arch).train()
-        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-        fwd = torch.compile(net, mode=args.mode) if compiled else net
+        def setup(compiled: bool):
+            torch.manual_seed(0)
+            name = "compiled" if compiled else "eager"
+            cfg = run_config(args.config, [
+                "data.dataset=synthetic", "retrain.device=cpu", "retrain.measure_latency=false",
+                f"retrain.compile={str(compiled).lower()}", f"run.dir={Path(tmp) / name}",
+                *QUIET])
+            tr = trainers[name] = ChildTrainer(cfg, arch, cfg.run.dir)
+            return lambda: [tr.train_step(x, y) for _ in range(args.steps)]
 
-        def step():
-            loss = F.cross_entropy(fwd(x), y, label_smoothing=0.1)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            return loss
-        return step
-
-    eager = setup(False)
-    t = time.perf_counter()
-    try:
-        comp = setup(True)
-        comp()  # compile: forward and backward graphs
-        comp()
-    except Exception as e:  # no compiler, unsupported op, ...
-        print(f"torch.compile does not work here: {type(e).__name__}: "
-              f"{str(e).strip().splitlines()[0][:200]}")
-        return
-    compile_s = time.perf_counter() - t
-    for _ in range(3):
-        eager()
-        comp()
-    rates = {"eager": [], "compiled": []}
-    for b in range(args.blocks):
-        order = ("eager", "compiled") if b % 2 == 0 else ("compiled", "eager")
-        for name in order:
-            fn = eager if name == "eager" else comp
-            t = time.perf_counter()
-            for _ in range(args.steps):
-                fn()
-            rates[name].append(args.steps * args.batch / (time.perf_counter() - t))
+        eager = setup(False)
+        t = time.perf_counter()
+        try:
+            comp = setup(True)
+            trainers["compiled"].train_step(x, y)  # compile: forward and backward graphs
+            trainers["compiled"].train_step(x, y)
+        except Exception as e:  # no compiler, unsupported op, ...
+            print(f"torch.compile does not work here: {type(e).__name__}: "
+                  f"{str(e).strip().splitlines()[0][:200]}")
+            return
+        compile_s = time.perf_counter() - t
+        times = interleave({"eager": eager, "compiled": comp}, args.blocks, warmup=1)
+    rates = {k: [args.steps * args.batch / t for t in v] for k, v in times.items()}
     ratios = [c / e for c, e in zip(rates["compiled"], rates["eager"], strict=True)]
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     print(f"child {arch.name} [{arch.short_hash}], batch {args.batch}, {args.threads} thread(s),"
-          f" torch {torch.__version__}, compile mode {args.mode}")
+          f" torch {torch.__version__}")
     for name, r in rates.items():
-        print(f"{name:<9} images/s: median {statistics.median(r):8.0f}  "
-              f"(min {min(r):.0f}, max {max(r):.0f}, {len(r)} blocks of {args.steps} steps)")
-    print(f"compiled / eager throughput: median x{statistics.median(ratios):.2f} "
-          f"(IQR {q[0]:.2f}-{q[2]:.2f}, min {min(ratios):.2f}, max {max(ratios):.2f})")
+        s = Spread.of(r)
+        print(f"{name:<9} images/s: median {s.median:8.0f}  "
+              f"(min {s.lo:.0f}, max {s.hi:.0f}, {len(r)} blocks of {args.steps} steps)")
+    print(f"compiled / eager throughput: median x{Spread.of(ratios).iqr('.2f')}")
     print(f"compile time (first two steps): {compile_s:.1f} s")
 
 

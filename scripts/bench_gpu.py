@@ -17,16 +17,18 @@ the issue's table) on one synthetic batch held on the device, for every variant 
   x bound      step s / bound s: how far the step is from that bound
   x first      the first variant's step time / this one's (speed-up)
 
-    python scripts/bench_gpu.py --device cuda                       # ImageNet space, batch 96
-    python scripts/bench_gpu.py --config configs/quickstart.yaml --batch 32 --steps 2 \\
-        --rounds 3 --device cpu                                    # a quick check on a CPU
-    python scripts/bench_gpu.py --compile both                     # search.compile off / on
-    python scripts/bench_gpu.py --nan-check both   # the per-step NaN read against the deferred
-    python scripts/bench_gpu.py --code /tmp/base   # the same table for a baseline checkout
-    python scripts/bench_gpu.py --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
+    python -m scripts.bench_gpu --device cuda                       # ImageNet space, batch 96
+    python -m scripts.bench_gpu --config configs/quickstart.yaml --batch 32 --steps 2 \\
+        --rounds 3 --device cpu                                 # a quick check on a CPU
+    python -m scripts.bench_gpu --compile both                     # search.compile off / on
+    python -m scripts.bench_gpu --nan-check both   # the per-step NaN read against the deferred
+    python -m scripts.bench_gpu --code /tmp/base   # the same table for a baseline checkout
+    python -m scripts.bench_gpu --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
 
 With --compile, inductor caches generated code under /tmp/torchinductor_$USER (remove it
-after).
+after). With --code DIR the table is made in a child process that imports DIR's fbnas
+(scripts.common.run_module_with_code); configuration keys at their defaults are left out, so
+that an older checkout without them runs too.
 
 Run it alone on the machine.
 """
@@ -35,38 +37,29 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _code_root() -> Path:
-    """--code DIR: time the fbnas in DIR (another checkout: a baseline) instead of this one."""
-    for i, a in enumerate(sys.argv):
-        if a == "--code" and i + 1 < len(sys.argv):
-            return Path(sys.argv[i + 1]).resolve()
-        if a.startswith("--code="):
-            return Path(a.split("=", 1)[1]).resolve()
-    return ROOT
-
-
-CODE = _code_root()
-sys.path.insert(0, str(CODE))
-
-from fbnas.config import load_config  # noqa: E402
-from fbnas.run import close_logger  # noqa: E402
-from fbnas.trainer import SearchTrainer  # noqa: E402
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from fbnas.trainer import SearchTrainer
+from scripts.common import (
+    ROOT,
+    SavedBytes,
+    Spread,
+    closing,
+    fbnas_root,
+    first_batch,
+    interleave,
+    run_config,
+    run_module_with_code,
+    search_step,
+    search_trainer,
+    sync,
+    timed,
+)
 
 
 def copy_bandwidth(device: torch.device, gib: float = 1.0, reps: int = 10) -> float:
@@ -74,38 +67,21 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0, reps: int = 10) -> fl
     n = int(gib * 2**30) // 4
     src = torch.ones(n, device=device)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(reps + 1):
-        sync(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    del src, dst
-    return 2 * n * 4 / statistics.median(times[1:])
+    times = [timed(partial(dst.copy_, src), device) for _ in range(reps + 1)]
+    return 2 * n * 4 / Spread.of(times[1:]).median
 
 
-def saved_bytes(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor) -> int:
+def saved_bytes(t: SearchTrainer, x: torch.Tensor) -> int:
     """Distinct storages autograd saves for backward in one training forward of `t`'s model
     (a weight step's forward: paths as the mode samples them), parameters and buffers out."""
-    own = {p.untyped_storage().data_ptr() for p in t.model.parameters()}
-    own |= {b.untyped_storage().data_ptr() for b in t.model.buffers()}
-    seen: dict[int, int] = {}
-
-    def pack(v: torch.Tensor) -> torch.Tensor:
-        s = v.untyped_storage()
-        if s.data_ptr() not in own:
-            seen[s.data_ptr()] = s.nbytes()
-        return v
-
     t.model.train()
     with torch.no_grad():
-        p = t.model.sample_path(t.tau, t.cfg.search.hard)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda v: v), t.prec.autocast():
+        p = t.net.sample_path(t.tau, t.cfg.search.hard)
+    with SavedBytes(t.net) as meter, t.prec.autocast():
         logits, _ = t.model(t.prec.input(x), m=p.m, active=p.active, cost_m=p.cost_m)
     del logits
     t.model.zero_grad(set_to_none=True)
-    return sum(seen.values())
+    return meter.total()
 
 
 def profile_step(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor, device: torch.device,
@@ -116,8 +92,7 @@ def profile_step(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor, device: tor
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
     with profile(activities=acts) as prof:
-        t.weight_step(x, y)
-        t.theta_step(x, y)
+        search_step(t, x, y)
         sync(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=40)
@@ -137,15 +112,12 @@ def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: P
             f"search.device={args.device}",
             f"run.dir={work / f'{mode}-{precision}-{int(compiled)}-{check}'}",
             "run.progress=false", "run.tensorboard=false", *args.set]
-    cfg = load_config(args.config, sets)
-    t = SearchTrainer(cfg, cfg.run.dir)
-    t.epoch = cfg.search.warmup_epochs  # θ active: weights sampled as the mode samples them
-    return t
+    return search_trainer(run_config(args.config, sets))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default=str(CODE / "configs" / "fbnet_imagenet.yaml"))
+    ap.add_argument("--config", help="default: configs/fbnet_imagenet.yaml of the --code checkout")
     ap.add_argument("--code", default=str(ROOT), metavar="DIR",
                     help="the fbnas checkout to time (default: this one); e.g. a baseline made "
                          "with `git worktree add /tmp/base e4987fe` (before issue 14's changes)")
@@ -169,8 +141,16 @@ def main() -> int:
                     help="after timing, profile one step of each variant and print its N "
                          "most expensive ops (self time on the device, or the CPU): where "
                          "bf16 / channels_last win or lose, op by op")
+    ap.add_argument("--copy-gib", type=float, default=1.0,
+                    help="size of the copy that measures the bandwidth")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    code = Path(args.code).resolve()
+    args.config = str(Path(args.config or code / "configs" / "fbnet_imagenet.yaml").resolve())
+    if code != fbnas_root():  # time that checkout's fbnas: in a child process that imports it
+        argv = list(sys.argv[1:] if argv is None else argv)
+        return run_module_with_code(code, "bench_gpu", [*argv, "--config", args.config,
+                                                        "--code", str(code)])
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
@@ -182,60 +162,52 @@ def main() -> int:
     name = {v: f"{v[0]}, {v[1]}" + (" + channels_last" if v[1] == "bf16" else "")
             + (", compiled" if v[2] else "") + (f", nan_check {v[3]}" if len(checks) > 1
                                                  else "") for v in variants}
-    bw = copy_bandwidth(device)
+    bw = copy_bandwidth(device, args.copy_gib)
     print(f"{args.config}: batch {args.batch}, {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s; fbnas from "
-          f"{CODE}", flush=True)
-    trainers, batch, saved, warm = {}, {}, {}, {}
-    try:
-        for v in variants:
-            t = trainers[v] = trainer(args, *v, work)
-            x, y = next(iter(t.data.w_loader))
-            batch[v] = (x.to(t.device), y.to(t.device))
-            saved[v] = saved_bytes(t, *batch[v])
-            t0 = time.perf_counter()
-            for _ in range(3):  # warm-up: kernel selection, caches, compilation
-                t.weight_step(*batch[v])
-                t.theta_step(*batch[v])
-            sync(device)
-            warm[v] = time.perf_counter() - t0
-            print(f"{name[v]}: warm-up (3 steps, compilation included) {warm[v]:.1f} s",
-                  flush=True)
-        times: dict[tuple[str, str, bool, str], list[float]] = {v: [] for v in variants}
-        peak: dict[tuple[str, str, bool, str], float] = {}
-        for r in range(args.rounds):
-            for v in (variants if r % 2 == 0 else variants[::-1]):
-                t = trainers[v]
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                sync(device)
-                t0 = time.perf_counter()
-                for _ in range(args.steps):
-                    t.weight_step(*batch[v])
-                    t.theta_step(*batch[v])
-                sync(device)
-                times[v].append((time.perf_counter() - t0) / args.steps)
-                if device.type == "cuda":
-                    peak[v] = max(peak.get(v, 0.0), torch.cuda.max_memory_allocated(device))
-            print(f"round {r + 1}/{args.rounds}", flush=True)
-        if args.profile:
+          f"{code}", flush=True)
+    batch, saved, peak = {}, {}, {}
+
+    def reset_peak(v) -> None:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def read_peak(v) -> None:
+        if device.type == "cuda":
+            peak[v] = max(peak.get(v, 0.0), torch.cuda.max_memory_allocated(device))
+
+    with closing({}) as trainers:
+        try:
             for v in variants:
-                print(f"\n{name[v]}: the {args.profile} ops with the most self time in one step")
-                print(profile_step(trainers[v], *batch[v], device, args.profile))
-    finally:
-        for t in trainers.values():
-            close_logger(t.log)
-        shutil.rmtree(work, ignore_errors=True)
-    first = statistics.median(times[variants[0]])
+                t = trainers[v] = trainer(args, *v, work)
+                batch[v] = first_batch(t)
+                saved[v] = saved_bytes(t, batch[v][0])
+                # warm-up: kernel selection, caches, compilation
+                warm = timed(lambda t=t, v=v: search_step(t, *batch[v], steps=3), device)
+                print(f"{name[v]}: warm-up (3 steps, compilation included) {warm:.1f} s",
+                      flush=True)
+            jobs = {v: (lambda v=v: search_step(trainers[v], *batch[v], steps=args.steps))
+                    for v in variants}
+            times = interleave(jobs, args.rounds, device, before=reset_peak, after=read_peak,
+                               on_round=lambda r, _: print(f"round {r + 1}/{args.rounds}",
+                                                           flush=True))
+            if args.profile:
+                for v in variants:
+                    print(f"\n{name[v]}: the {args.profile} ops with the most self time in one "
+                          "step")
+                    print(profile_step(trainers[v], *batch[v], device, args.profile))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    step = {v: Spread.of([x / args.steps for x in times[v]]) for v in variants}
+    first = step[variants[0]].median
     print(f"\n{'variant':<46}{'step s':>22}{'images/s':>10}{'peak GiB':>10}{'saved GiB':>11}"
           f"{'bound s':>9}{'x bound':>9}{'x first':>9}")
     for v in variants:
-        ts = times[v]
-        med = statistics.median(ts)
+        med = step[v].median
         bound = saved[v] * args.passes * 2 / bw
         pk = f"{peak[v] / 2**30:.1f}" if v in peak else "-"
-        print(f"{name[v]:<46}{med:8.3f} ({min(ts):.3f}-{max(ts):.3f}){args.batch / med:10.0f}"
+        print(f"{name[v]:<46}{step[v].range():>22}{args.batch / med:10.0f}"
               f"{pk:>10}{saved[v] / 2**30:11.2f}{bound:9.3f}{med / bound:9.1f}"
               f"{first / med:9.2f}")
     return 0

@@ -1,9 +1,9 @@
 """Benchmark of fbnas latency tables against end-to-end latency, with the reference protocol
 run side by side in the same process. Prints every figure issue 3 asks for; writes JSON.
 
-    python scripts/bench_latency.py                         # CIFAR space, CPU, batch 1, 50 archs
-    python scripts/bench_latency.py --quick                 # smaller, ~1.5 minutes
-    python scripts/bench_latency.py --config configs/fbnet_imagenet.yaml --n-archs 50
+    python -m scripts.bench_latency                         # CIFAR space, CPU, batch 1, 50 archs
+    python -m scripts.bench_latency --quick                 # smaller, ~1.5 minutes
+    python -m scripts.bench_latency --config configs/fbnet_imagenet.yaml --n-archs 50
 
 Steps (all in one run, on the same machine state):
 1. build the table (timed)                                        -> build time
@@ -30,20 +30,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fbnas.blocks import build_block  # noqa: E402
-from fbnas.latency import (  # noqa: E402
+from fbnas.blocks import build_block
+from fbnas.latency import (
     LatencyTable,
     Protocol,
+    arch_signatures,
     build_table,
     make_timer,
     sample_spanning,
     validate,
 )
-from fbnas.latency.signature import arch_signatures  # noqa: E402
-from fbnas.latency.validate import public_report, rank_metrics, summary_lines  # noqa: E402
-from fbnas.search_space import load_space  # noqa: E402
+from fbnas.latency.validate import public_report, rank_metrics, summary_lines
+from fbnas.search_space import load_space
 
 
 def log(msg: str) -> None:
@@ -127,7 +125,7 @@ def entry_change(a: LatencyTable, b: LatencyTable) -> dict:
                                                       for k in keys]))}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/fbnet_cifar10.yaml")
@@ -145,7 +143,7 @@ def main() -> int:
                     help="fewer rounds and 30 architectures (a smoke run, not for reporting)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default="runs/bench_latency")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

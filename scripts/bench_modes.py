@@ -2,15 +2,14 @@
 two_path, full with and without checkpoint_activations, and the supernet overhead ratio.
 
 What is measured (synthetic input, the space of --config, optionally cut to --layers
-searchable layers, see truncated()):
+searchable layers, see scripts.common.truncated()):
 
-  step time      one weight step + one θ step, as SearchTrainer does them (the same Supernet
-                 calls: sample_path, forward, CE backward + grad clipping + SGD for the
-                 weights; loss with cost term, autograd.grad to θ + Adam for θ). One network
-                 is shared by all variants (mode and checkpointing switched per call). Each
-                 round times every variant once, in forward order on even rounds and reverse
-                 order on odd ones, so machine drift hits all alike; reported: median and
-                 min-max over rounds, and ratios of medians.
+  step time      one weight step + one θ step of a SearchTrainer per variant
+                 (SearchTrainer.weight_step / theta_step: the library's own update, with its
+                 non-finite check, loss scaling and gradient clipping; synthetic data, the
+                 FLOPs cost, θ active). Each round times every variant once, in forward order
+                 on even rounds and reverse order on odd ones, so machine drift hits all
+                 alike; reported: median and min-max over rounds, and ratios of medians.
   activations    bytes of the distinct tensor storages autograd saves for backward during one
                  forward (torch.autograd.graph.saved_tensors_hooks; parameters and buffers
                  excluded): deterministic and device-independent. For a plain forward every
@@ -31,141 +30,63 @@ searchable layers, see truncated()):
                  on a random input of its shape; backward of out.sum()). Both are timed in the
                  same rounds, parts in alternating order; the ratio is taken per round.
 
-    python scripts/bench_modes.py                       # fbnet_cifar10, batch 32, CPU
-    python scripts/bench_modes.py --repeats 2 --layers 3   # a quick check that it works
-    python scripts/bench_modes.py --device cuda --batch 128
+    python -m scripts.bench_modes                       # fbnet_cifar10, batch 32, CPU
+    python -m scripts.bench_modes --repeats 2 --layers 3   # a quick check that it works
+    python -m scripts.bench_modes --device cuda --batch 128
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from fbnas.config import load_config
-from fbnas.loss import build_loss
-from fbnas.search_space import SearchSpace
-from fbnas.supernet import Supernet
+from scripts.common import (
+    SPACES,
+    Parts,
+    SavedBytes,
+    Spread,
+    closing,
+    first_batch,
+    interleave,
+    run_config,
+    search_step,
+    search_trainer,
+    supernet_fwd_bwd,
+    sync,
+    synthetic_sets,
+    truncated,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 # (label, search.mode, checkpoint_activations)
 VARIANTS = [("full", "full", False), ("single_path", "single_path", False),
             ("two_path", "two_path", False), ("full+ckpt", "full", True)]
-TAU = 1.0
 MIB = 2.0**20
 
 
-def truncated(space: SearchSpace, n: int) -> tuple[SearchSpace, str]:
-    """The space with n searchable layers (stem and head kept), and a note saying how.
+def saved_bytes(t, x, y, p, ckpt: bool) -> tuple[int, int]:
+    """(held at the end of the forward, peak during backward) in bytes, for the trainer's
+    supernet on the path `p`, with checkpoint_activations `ckpt`."""
+    net = t.net
 
-    n >= number of stages: every stage keeps at least one layer (so every stride, and the
-    head's input resolution, is as in the full space) and repeats are cut in proportion.
-    n < number of stages: n stages, strided ones first, one layer each.
-    """
-    if n <= 0 or n >= space.num_layers:
-        return space, ""
-    d = space.to_dict()
-    stages = d["stages"]
-    if n >= len(stages):
-        counts = [1] * len(stages)
-        while sum(counts) < n:  # give a layer to the stage furthest below its share
-            i = max((i for i, st in enumerate(stages) if counts[i] < st["repeats"]),
-                    key=lambda i: (stages[i]["repeats"] - counts[i]) / stages[i]["repeats"])
-            counts[i] += 1
-        how = f"repeats per stage {counts} instead of {[st['repeats'] for st in stages]}"
-    else:
-        order = sorted(range(len(stages)), key=lambda i: (stages[i]["stride"] == 1, i))
-        keep = set(order[:n])
-        counts = [1 if i in keep else 0 for i in range(len(stages))]
-        how = (f"one layer from each of stages {sorted(keep)} (strided first; the other "
-               "stages dropped)")
-    d["stages"] = [{**st, "repeats": c} for st, c in zip(stages, counts, strict=True) if c]
-    d["name"] = f"{d['name']}-{n}layers"
-    return SearchSpace.from_dict(d, "truncated space"), how
-
-
-def spread(xs: list[float]) -> tuple[float, float, float]:
-    return statistics.median(xs), min(xs), max(xs)
-
-
-class SavedBytes:
-    """Distinct storages saved for backward while active, attributed to the MixedOp layer that
-    saved them (None: stem, head, loss)."""
-
-    def __init__(self, net: Supernet):
-        self.exclude = {self._key(t)[0] for t in (*net.parameters(), *net.buffers())}
-        self.owner: dict[int, int | None] = {}  # storage key -> layer that saved it first
-        self.by_layer: dict[int | None, int] = defaultdict(int)
-        self.inputs: dict[int, tuple[int, int]] = {}  # layer -> (storage key, bytes)
-        self.layer: int | None = None
-        self.handles = []
-        for li, op in enumerate(net.mixed):
-            self.handles.append(op.register_forward_pre_hook(self._enter(li)))
-            self.handles.append(op.register_forward_hook(self._leave))
-
-    @staticmethod
-    def _key(t: torch.Tensor) -> tuple[int, int]:
-        try:
-            st = t.untyped_storage()
-            return st.data_ptr(), st.nbytes()
-        except (RuntimeError, NotImplementedError):  # opaque (e.g. mkldnn) tensors
-            return id(t), t.numel() * t.element_size()
-
-    def _enter(self, li):
-        def hook(_mod, args):
-            self.layer = li
-            self.inputs[li] = self._key(args[0])
-        return hook
-
-    def _leave(self, *_):
-        self.layer = None
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        key, nbytes = self._key(t)
-        if key not in self.exclude and key not in self.owner:
-            self.owner[key] = self.layer
-            self.by_layer[self.layer] += nbytes
-        return t
-
-    @staticmethod
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
-
-    def total(self) -> int:
-        return sum(self.by_layer.values())
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-def saved_bytes(net: Supernet, x, y, loss, p, ckpt: bool) -> tuple[int, int]:
-    """(held at the end of the forward, peak during backward) in bytes, for weights `p`."""
-    def forward(meter):
-        with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+    def forward(checkpointed: bool) -> SavedBytes:
+        net.checkpoint_activations = checkpointed
+        with SavedBytes(net) as meter:
             logits, cost = net(x, m=p.m, active=p.active, cost_m=p.cost_m)
-            return loss(logits, y, cost).total
-    net.checkpoint_activations = False
-    plain = SavedBytes(net)
+            t.loss(logits, y, cost)
+        return meter
+
     try:
-        forward(plain)
+        plain = forward(False)
+        if not ckpt:
+            return plain.total(), plain.total()
+        meter = forward(True)
     finally:
-        plain.close()
-    if not ckpt:
-        return plain.total(), plain.total()
-    net.checkpoint_activations = True
-    meter = SavedBytes(net)
-    try:
-        forward(meter)
-    finally:
-        meter.close()
-        net.checkpoint_activations = False
+        net.checkpoint_activations = ckpt
     held_inputs = {k: b for k, b in meter.inputs.values() if k not in meter.owner}
     held = meter.total() + sum(held_inputs.values())
     # recomputing layer l in backward re-creates its saves (its input is held already)
@@ -174,9 +95,52 @@ def saved_bytes(net: Supernet, x, y, loss, p, ckpt: bool) -> tuple[int, int]:
     return held, held + recompute
 
 
-def main() -> None:
+def memory(trainers, x, y, draws: int, seed: int) -> dict[str, dict[str, tuple]]:
+    """Per variant, θ-step and weight-step activation peaks (mean, min, max over draws; with
+    checkpointing also what is held after the forward), printed as they come."""
+    print("\n-- activations saved for backward (MiB); θ step (m requires grad) and weight step "
+          "(m without grad)")
+    mem = {}
+    for label, mode, ckpt in VARIANTS:
+        t = trainers[label]
+        n = 1 if mode == "full" else draws
+        row = {}
+        for step in ("theta", "w"):
+            held, peak = [], []
+            for k in range(n):
+                torch.manual_seed(seed + 1000 + k)
+                with torch.set_grad_enabled(step == "theta"):
+                    p = t.net.sample_path(t.tau, t.cfg.search.hard)
+                a, b = saved_bytes(t, x, y, p, ckpt)
+                held.append(a / MIB)
+                peak.append(b / MIB)
+            row[step] = (statistics.mean(peak), min(peak), max(peak))
+            if ckpt:
+                row[step + "_held"] = (statistics.mean(held), min(held), max(held))
+        mem[label] = row
+        extra = (f"  (held after forward: θ {row['theta_held'][0]:.1f}, w {row['w_held'][0]:.1f};"
+                 " peak = held + largest recomputed layer)" if ckpt else "")
+        rng = "" if n == 1 else f" [{row['theta'][1]:.1f}-{row['theta'][2]:.1f}]"
+        print(f"{label:12s} θ step {row['theta'][0]:8.1f}{rng}  w step {row['w'][0]:8.1f}"
+              f"{extra}", flush=True)
+    return mem
+
+
+def cuda_peaks(trainers, x, y, dev: torch.device) -> None:
+    print("-- CUDA allocator peak of one weight + θ step (MiB, above what was allocated)")
+    for label, _, _ in VARIANTS:
+        search_step(trainers[label], x, y)  # optimizer state exists before measuring
+        sync(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        search_step(trainers[label], x, y)
+        sync(dev)
+        print(f"{label:12s} {(torch.cuda.max_memory_allocated(dev) - base) / MIB:8.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs/fbnet_cifar10.yaml"))
+    ap.add_argument("--config", default=str(SPACES["fbnet_cifar10"]))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--layers", type=int, default=0,
                     help="only N searchable layers (0: all; see truncated())")
@@ -189,77 +153,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
-    dev = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    full_space = load_config(args.config).space
+    full_space = run_config(args.config).space
     space, how = truncated(full_space, args.layers)
+    with tempfile.TemporaryDirectory(prefix="fbnas-bench-modes-") as tmp, \
+            closing({}) as trainers:
+        for label, mode, ckpt in VARIANTS:
+            sets = [*synthetic_sets(args.batch, 4 * args.batch, args.device, Path(tmp) / label),
+                    f"search.mode={mode}", f"search.checkpoint_activations={str(ckpt).lower()}",
+                    f"search.seed={args.seed}", "data.val_fraction=0"]
+            trainers[label] = search_trainer(run_config(args.config, sets, space))
+        x, y = first_batch(trainers["full"])
+        run(args, trainers, x, y, space, how, full_space, t_start)
+
+
+def run(args, trainers, x, y, space, how, full_space, t_start: float) -> None:
+    dev = torch.device(args.device)
     cands = space.layer_candidates()
-    costs = [[float(i + 1) for i in range(len(c))] for c in cands]  # any positive table
-    net = Supernet(space, costs, fixed_cost=1.0).to(dev).train()
-    loss = build_loss({"kind": "fbnet", "alpha": 0.2, "beta": 0.6})
-    w_opt = torch.optim.SGD(net.weight_parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    th_opt = torch.optim.Adam(net.arch_parameters(), lr=0.01, weight_decay=5e-4)
     h, w = space.macro.input_size
-    x = torch.randn(args.batch, space.macro.in_channels, h, w, device=dev)
-    y = torch.randint(0, space.macro.num_classes, (args.batch,), device=dev)
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    def timed(fn) -> float:
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        return time.perf_counter() - t
-
-    def search_step(mode: str, ckpt: bool) -> None:
-        """SearchTrainer.weight_step + theta_step (without logging and NaN checks)."""
-        net.mode, net.checkpoint_activations = mode, ckpt
-        with torch.no_grad():
-            p = net.sample_path(TAU)
-        logits, _ = net(x, m=p.m, active=p.active, cost_m=p.cost_m)
-        ce = F.cross_entropy(logits, y)
-        w_opt.zero_grad(set_to_none=True)
-        ce.backward()
-        nn.utils.clip_grad_norm_(net.weight_parameters(), 5.0)
-        w_opt.step()
-        p = net.sample_path(TAU)
-        logits, cost = net(x, m=p.m, active=p.active, cost_m=p.cost_m)
-        theta = net.arch_parameters()
-        grads = torch.autograd.grad(loss(logits, y, cost).total, theta)
-        for t, g in zip(theta, grads, strict=True):
-            t.grad = g
-        th_opt.step()
-        th_opt.zero_grad(set_to_none=True)
-
-    def supernet_fwd_bwd() -> None:
-        net.mode, net.checkpoint_activations = "full", False
-        with torch.no_grad():
-            m = net.sample_weights(TAU)
-        logits, _ = net(x, m=m)
-        F.cross_entropy(logits, y).backward()
-        net.zero_grad(set_to_none=True)
-
-    # the parts: stem, every candidate of every layer, head, each on an input of its shape
-    parts = [(net.stem, x)]
-    for la, mixed in zip(space.layers(), net.mixed, strict=True):
-        inp = torch.randn(args.batch, la.c_in, la.h, la.w, device=dev, requires_grad=True)
-        parts += [(block, inp) for block in mixed.candidates]
-    c_head, _, hh, ww, _ = space.macro.head_shape()
-    parts.append((net.head, torch.randn(args.batch, c_head, hh, ww, device=dev,
-                                        requires_grad=True)))
-
-    def part_step(module, inp) -> None:
-        out = module(inp)
-        out.float().sum().backward()
-        module.zero_grad(set_to_none=True)
-        inp.grad = None
-
     n_layers = len(cands)
     note = ("" if space is full_space else
             f" -- ONLY {n_layers} OF {full_space.num_layers} SEARCHABLE LAYERS (--layers)")
@@ -268,63 +181,18 @@ def main() -> None:
           f"{h}x{w}, {dev}, {args.threads} thread(s), synthetic data{note}", flush=True)
     if how:
         print(f"   --layers {args.layers}: {how}; figures are for this smaller network")
-
-    # ---- activation memory (deterministic; forward only) ---------------------------------------
-    print("\n-- activations saved for backward (MiB); θ step (m requires grad) and weight step "
-          "(m without grad)")
-    mem: dict[str, dict[str, tuple[float, float, float]]] = {}
-    for label, mode, ckpt in VARIANTS:
-        draws = 1 if mode == "full" else args.mem_samples
-        row = {}
-        for step in ("theta", "w"):
-            held, peak = [], []
-            for k in range(draws):
-                torch.manual_seed(args.seed + 1000 + k)
-                with torch.set_grad_enabled(step == "theta"):
-                    p = net.sample_path(TAU, mode=mode)
-                a, b = saved_bytes(net, x, y, loss, p, ckpt)
-                held.append(a / MIB)
-                peak.append(b / MIB)
-            row[step] = (statistics.mean(peak), min(peak), max(peak))
-            if ckpt:
-                row[step + "_held"] = (statistics.mean(held), min(held), max(held))
-        mem[label] = row
-        extra = (f"  (held after forward: θ {row['theta_held'][0]:.1f}, w {row['w_held'][0]:.1f};"
-                 " peak = held + largest recomputed layer)" if ckpt else "")
-        rng = "" if draws == 1 else f" [{row['theta'][1]:.1f}-{row['theta'][2]:.1f}]"
-        print(f"{label:12s} θ step {row['theta'][0]:8.1f}{rng}  w step {row['w'][0]:8.1f}"
-              f"{extra}", flush=True)
-    net.checkpoint_activations = False
+    mem = memory(trainers, x, y, args.mem_samples, args.seed)
     if dev.type == "cuda":
-        print("-- CUDA allocator peak of one weight + θ step (MiB, above what was allocated)")
-        for label, mode, ckpt in VARIANTS:
-            search_step(mode, ckpt)  # optimizer state exists before measuring
-            sync()
-            torch.cuda.reset_peak_memory_stats(dev)
-            base = torch.cuda.memory_allocated(dev)
-            search_step(mode, ckpt)
-            sync()
-            print(f"{label:12s} {(torch.cuda.max_memory_allocated(dev) - base) / MIB:8.1f}")
+        cuda_peaks(trainers, x, y, dev)
 
     # ---- time ---------------------------------------------------------------------------------
-    names = [v[0] for v in VARIANTS] + ["supernet fwd+bwd", "sum of parts"]
-
-    def one_round(order_flip: bool) -> dict[str, float]:
-        jobs = [(label, (lambda mo=mo, ck=ck: search_step(mo, ck))) for label, mo, ck in VARIANTS]
-        jobs.append(("supernet fwd+bwd", supernet_fwd_bwd))
-        jobs.append(("sum of parts", None))
-        out = {}
-        for label, fn in (reversed(jobs) if order_flip else jobs):
-            if fn is None:
-                idx = range(len(parts))
-                out[label] = sum(timed(lambda i=i: part_step(*parts[i]))
-                                 for i in (reversed(idx) if order_flip else idx))
-            else:
-                out[label] = timed(fn)
-        return out
-
+    net = trainers["full"].net
+    parts = Parts(net, space, x)
+    jobs = {label: (lambda t=trainers[label]: search_step(t, x, y)) for label, _, _ in VARIANTS}
+    jobs["supernet fwd+bwd"] = lambda: supernet_fwd_bwd(net, x, y, trainers["full"].tau)
+    jobs["sum of parts"] = parts
     t_warm = time.perf_counter()
-    one_round(False)  # warm-up (allocator, optimizer state, kernels)
+    interleave(jobs, 0, dev, warmup=1)  # warm-up (allocator, optimizer state, kernels)
     warm = time.perf_counter() - t_warm
     left = args.budget - (time.perf_counter() - t_start)
     rounds = args.repeats
@@ -336,20 +204,16 @@ def main() -> None:
                   + ("; consider --layers" if warm * rounds > left else "") + ")")
     print(f"\n-- time per round (s): {rounds} rounds after one warm-up round, alternating order",
           flush=True)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    overhead = []
-    for r in range(rounds):
-        res = one_round(bool(r % 2))
-        for n in names:
-            times[n].append(res[n])
-        overhead.append(res["supernet fwd+bwd"] / res["sum of parts"])
-        print(f"round {r + 1}: " + ", ".join(f"{n} {res[n]:.3f}" for n in names), flush=True)
+    times = interleave(jobs, rounds, dev, on_round=lambda r, res: print(
+        f"round {r + 1}: " + ", ".join(f"{n} {res[n]:.3f}" for n in jobs), flush=True))
+    overhead = [a / b for a, b in zip(times["supernet fwd+bwd"], times["sum of parts"],
+                                      strict=True)]
 
     print("\n-- step time, weight step + θ step (s): median [min-max]")
-    for n in names:
-        med, lo, hi = spread(times[n])
-        print(f"{n:17s} {med:8.3f} [{lo:.3f}-{hi:.3f}]")
-    med = {n: statistics.median(times[n]) for n in names}
+    for n in jobs:
+        s = Spread.of(times[n])
+        print(f"{n:17s} {s.median:8.3f} [{s.lo:.3f}-{s.hi:.3f}]")
+    med = {n: statistics.median(times[n]) for n in jobs}
     print("\n-- ratios (of medians; memory: θ-step activations, mean over draws)")
     full_mem = mem["full"]["theta"][0]
     for n in ("single_path", "two_path"):
@@ -359,10 +223,9 @@ def main() -> None:
           f"activation peak {mem['full+ckpt']['theta'][0] / full_mem:.3f} "
           f"(held after forward {mem['full+ckpt']['theta_held'][0] / full_mem:.3f}); weight "
           f"step peak {mem['full+ckpt']['w'][0] / mem['full']['w'][0]:.3f}")
-    q = statistics.quantiles(overhead, n=4) if len(overhead) > 1 else [overhead[0]] * 3
     print(f"supernet overhead ratio (full fwd+bwd / sum of its parts' fwd+bwd): median "
-          f"{statistics.median(overhead):.3f} (IQR {q[0]:.3f}-{q[2]:.3f}, {rounds} rounds; "
-          f"{len(parts) - 2} candidate blocks + stem + head)")
+          f"{Spread.of(overhead).iqr()}, {rounds} rounds; "
+          f"{parts.blocks} candidate blocks + stem + head")
     print(f"total {time.perf_counter() - t_start:.0f}s{note}")
 
 

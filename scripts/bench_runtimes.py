@@ -8,13 +8,13 @@ eager table's and FLOPs' rank correlation against it, the runtime/eager speed ra
 of ops XNNPACK delegated, and how many ordered op pairs per layer (ops of one layer ranked by
 their table entry) each runtime orders differently from eager.
 
-    python scripts/bench_runtimes.py [--space fbnet_cifar10] [-n 20] [--runtimes cpu,executorch,ort]
+    python -m scripts.bench_runtimes [--space fbnet_cifar10] [-n 20] [--runtimes cpu,executorch,ort]
 
 `--baselines` instead times the published FBNet-A/B/C (configs/archs, 224x224) in eager and in
 each runtime side by side, in one interleaved measurement per repeat, and prints each network's
 time per runtime and its ratio to eager (median and range over `--repeats`):
 
-    python scripts/bench_runtimes.py --baselines [--repeats 3]
+    python -m scripts.bench_runtimes --baselines [--repeats 3]
 
 Run it alone on the machine: the timings share the cores.
 """
@@ -33,16 +33,11 @@ import numpy as np
 import torch
 from scipy import stats
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from fbnas.latency import build_table, make_timer, validate  # noqa: E402
-from fbnas.latency.build import sample_spanning  # noqa: E402
-from fbnas.latency.measure import Protocol  # noqa: E402
-from fbnas.search_space import load_space  # noqa: E402
-
-CONFIGS = {"quickstart": "configs/quickstart.yaml", "fbnet_cifar10": "configs/fbnet_cifar10.yaml",
-           "fbnet_imagenet": "configs/fbnet_imagenet.yaml"}
+from fbnas.arch import Architecture, build_child
+from fbnas.latency import Protocol, build_table, make_timer, sample_spanning, validate
+from fbnas.search_space import load_space
+from fbnas.timed_models import measure_runtimes
+from scripts.common import ROOT, SPACES, space_config
 
 
 def pair_flips(space, base, other) -> tuple[int, int]:
@@ -61,9 +56,6 @@ def pair_flips(space, base, other) -> tuple[int, int]:
 
 def baselines(runtimes: list[str], repeats: int, rounds: int) -> int:
     """FBNet-A/B/C in eager and each runtime, side by side (see the module docstring)."""
-    from fbnas.arch import Architecture, build_child
-    from fbnas.timed_models import measure_runtimes
-
     names = ("fbnet_a", "fbnet_b", "fbnet_c")
     modules = {}
     for n in names:
@@ -102,21 +94,23 @@ def baselines(runtimes: list[str], repeats: int, rounds: int) -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baselines", action="store_true",
                     help="FBNet-A/B/C in eager and each runtime, side by side")
     ap.add_argument("--repeats", type=int, default=3, help="--baselines: measurements")
-    ap.add_argument("--space", default="fbnet_cifar10", choices=list(CONFIGS))
+    ap.add_argument("--space", default="fbnet_cifar10",
+                    help=f"one of {', '.join(SPACES)}, or a config file")
     ap.add_argument("--runtimes", default="cpu,executorch,ort")
     ap.add_argument("-n", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--val-rounds", type=int, default=15)
-    args = ap.parse_args()
+    ap.add_argument("--rounds", type=int, default=Protocol.rounds, help="table build rounds")
+    args = ap.parse_args(argv)
     if args.baselines:
         rts = [x for x in args.runtimes.split(",") if x != "cpu"]
         return baselines(rts, args.repeats, args.val_rounds)
-    space = load_space(ROOT / CONFIGS[args.space])
+    space = load_space(space_config(args.space))
     work = Path(tempfile.mkdtemp(prefix="fbnas_runtimes_"))
     os.environ["FBNAS_EXPORT_CACHE"] = str(work / "exported")
     print(f"load average {os.getloadavg()[0]:.2f}; space {args.space}; batch 1, 1 thread, fp32")
@@ -124,7 +118,7 @@ def main() -> int:
     try:
         for rt in args.runtimes.split(","):
             t0 = time.perf_counter()
-            tables[rt] = build_table(space, make_timer(rt), Protocol(seed=0),
+            tables[rt] = build_table(space, make_timer(rt), Protocol(rounds=args.rounds, seed=0),
                                      out=work / f"{rt}.json")
             built[rt] = time.perf_counter() - t0
             print(f"{rt}: table built in {built[rt]:.0f} s ({len(tables[rt].entries)} entries)",

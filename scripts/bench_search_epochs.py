@@ -3,13 +3,14 @@
 Issue 14's small-supernet figure: a quickstart-size supernet (6 layers x 7 ops) on 28x28 grey
 images, images/s over whole search epochs, where per-kernel launches, host reads and the data
 loader (not arithmetic) set the pace. Each --code checkout runs `SearchTrainer.fit` in its own
-process (alternating, --repeats times, so drift hits all alike) on the same config; printed
+process, whose PYTHONPATH names that checkout (alternating, --repeats times, so drift hits all
+alike) on the same config; printed
 per checkout: each θ-active epoch's seconds and images/s (weight + θ steps x batch / epoch
 seconds), the median, and its ratio to the first checkout's.
 
     git worktree add /tmp/base e4987fe         # fbnas before issue 14's changes
-    python scripts/bench_search_epochs.py --code /tmp/base --code .     # on a GPU
-    python scripts/bench_search_epochs.py --code . --device cpu --size 2000 --epochs 2
+    python -m scripts.bench_search_epochs --code /tmp/base --code .     # on a GPU
+    python -m scripts.bench_search_epochs --code . --device cpu --size 2000 --epochs 2
 
 Run it alone on the machine.
 """
@@ -18,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts.common import QUIET, ROOT, SPACES, Spread, alternate, with_code
 
 DRIVER = """
 import json, sys
@@ -51,21 +50,19 @@ def run(code: Path, args, work: Path, tag: str) -> dict:
             "data.dataset=synthetic", f"data.synthetic_size={args.size}",
             f"data.batch_size={args.batch}", f"search.epochs={args.epochs}",
             "search.warmup_epochs=1", f"search.device={args.device}", "latency.cost=flops",
-            "run.progress=false", "run.tensorboard=false",
-            f"run.dir={work / tag}", *args.set]
-    env = {**os.environ, "PYTHONPATH": str(code)}
+            *QUIET, f"run.dir={work / tag}", *args.set]
     r = subprocess.run([sys.executable, "-c", DRIVER, str(args.config), str(out), *sets],
-                       env=env, cwd=code, capture_output=True, text=True)
+                       env=with_code(code), cwd=code, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"{code}: the search failed:\n{r.stderr[-3000:]}")
     return json.loads(out.read_text())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--code", action="append", default=[], metavar="DIR",
                     help="an fbnas checkout (repeat; the first is the reference)")
-    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--config", default=str(SPACES["quickstart"]))
     ap.add_argument("--input-size", type=int, default=28)
     ap.add_argument("--size", type=int, default=60000, help="synthetic images in all")
     ap.add_argument("--batch", type=int, default=64)
@@ -73,12 +70,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.config = Path(args.config).resolve()  # each checkout runs in its own folder
     codes = [Path(c).resolve() for c in (args.code or [str(ROOT)])]
     per: dict[Path, list[float]] = {c: [] for c in codes}
     with tempfile.TemporaryDirectory(prefix="fbnas_bench_epochs_") as tmp:
         for rep in range(args.repeats):
-            for c in codes if rep % 2 == 0 else codes[::-1]:
+            for c in alternate(codes, rep):
                 res = run(c, args, Path(tmp), f"r{rep}_{codes.index(c)}")
                 rates = [res["images"] / s for s, th in zip(res["seconds"], res["theta"],
                                                             strict=True) if th]
@@ -87,12 +85,11 @@ def main() -> int:
                       + ", ".join(f"{s:.2f} s" for s, th in zip(res["seconds"], res["theta"],
                                                                  strict=True) if th)
                       + f" ({res['images']} images each)", flush=True)
-    ref = statistics.median(per[codes[0]])
+    ref = Spread.of(per[codes[0]]).median
     print(f"\n{'checkout':<50}{'images/s median (min-max)':>30}{'x first':>9}")
     for c in codes:
-        r = per[c]
-        med = statistics.median(r)
-        print(f"{str(c):<50}{med:12.0f} ({min(r):.0f}-{max(r):.0f}){'':>5}{med / ref:9.2f}")
+        r = Spread.of(per[c])
+        print(f"{str(c):<50}{r.range('.0f'):>30}{r.median / ref:9.2f}")
     return 0
 
 

@@ -24,81 +24,72 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import yaml
 
 from fbnas.arch import Architecture
-from fbnas.config import apply_overrides, config_from_dict, load_config
-from fbnas.data import build_search_data
 from fbnas.data.loaders import take_images
 from fbnas.evaluate import path_sums
 from fbnas.retrain import ChildTrainer
-from fbnas.run import close_logger
-from fbnas.supernet import Supernet
-from fbnas.trainer import SearchTrainer
+from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 
-def weights_part(config: str, steps: int, seed: int) -> None:
-    cfg = load_config(config)
+def weights_part(config: str, steps: int, seed: int, sets: list[str]) -> None:
     print(f"single paths trained uniformly (SPOS), {steps} steps, {config}")
     print(f"{'weights':10s} {'CE last 50':>10s}  val acc of 5 random paths (BN re-estimated)")
     for weights in ("separate", "shared"):
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
-        net = Supernet(cfg.space, weights=weights)
-        data = build_search_data(cfg.data, cfg.space.macro.input_size,
-                                 cfg.space.macro.in_channels, cfg.space.macro.num_classes,
-                                 seed=seed)
-        s = cfg.search
-        opt = torch.optim.SGD(net.weight_parameters(), lr=s.w_lr, momentum=s.w_momentum,
-                              weight_decay=s.w_weight_decay)
-        sizes = [len(t) for t in net.theta]
-        ces: list[float] = []
-        while len(ces) < steps:
-            for x, y in data.w_loader:
-                m, active = net.path([rng.randrange(k) for k in sizes])
-                ce = F.cross_entropy(net(x, m=m, active=active)[0], y)
-                opt.zero_grad()
-                ce.backward()
-                torch.nn.utils.clip_grad_norm_(net.weight_parameters(), s.grad_clip or 1e9)
-                opt.step()
-                ces.append(ce.item())
-                if len(ces) >= steps:
-                    break
-        accs = []
-        for _ in range(5):
-            m, active = net.path([rng.randrange(k) for k in sizes])
-            net.recalibrate_bn(take_images(data.calib_loader, 512, torch.device("cpu")),
-                               m, active)
-            r = path_sums(net, data.val_loader, torch.device("cpu"), m, active)
-            net.train()
-            accs.append(r["correct"] / r["n"])
+        with tempfile.TemporaryDirectory() as tmp:
+            # warm-up weight steps on uniform single paths: SearchTrainer's own step
+            cfg = run_config(config, [f"search.weights={weights}", f"search.seed={seed}",
+                                      "search.warmup_sampling=uniform", f"run.dir={tmp}", *QUIET,
+                                      *sets])
+            with closing([search_trainer(cfg, theta_active=False)]) as (t,):
+                if t.theta_active():
+                    raise SystemExit(f"{config}: search.warmup_epochs must be at least 1")
+                ces = train_paths(t, steps)
+                accs = [random_path_acc(t) for _ in range(5)]
         print(f"{weights:10s} {statistics.mean(ces[-50:]):10.3f}  "
               + " ".join(f"{a:.2f}" for a in accs))
 
 
-def search_once(base: dict, sets: list[str], run: Path, retrain: int | None) -> dict:
-    cfg = config_from_dict(apply_overrides(base, [f"run.dir={run}", "run.progress=false",
-                                                  "run.tensorboard=false", *sets]), "bench")
+def train_paths(t, steps: int) -> list[float]:
+    """The CE of `steps` warm-up weight steps (one uniform single path each)."""
+    ces: list[float] = []
+    while len(ces) < steps:
+        for x, y in t.data.w_loader:
+            out = t.weight_step(x.to(t.device), y.to(t.device))
+            ces.append(float(out["ce"]) if "ce" in out else float("nan"))
+            if len(ces) >= steps:
+                break
+    return ces
+
+
+def random_path_acc(t) -> float:
+    """Validation accuracy of one uniformly drawn single path, its BN statistics re-estimated."""
+    net, data = t.net, t.data
+    m, active = net.path([int(torch.randint(len(th), (1,))) for th in net.theta])
+    net.recalibrate_bn(take_images(data.calib_loader, 512, t.device), m, active)
+    r = path_sums(net, data.val_loader, t.device, m, active)
+    net.train()
+    return r["correct"] / r["n"]
+
+
+def search_once(config: str, sets: list[str], run: Path, retrain: int | None) -> dict:
+    cfg = run_config(config, [f"run.dir={run}", *QUIET, *sets])
     t0 = time.perf_counter()
-    t = SearchTrainer(cfg, run)
-    try:
+    with closing([search_trainer(cfg, theta_active=False)]) as (t,):
         res = t.fit()
-    finally:
-        close_logger(t.log)
     seconds = time.perf_counter() - t0
     hist = res["history"]
     steps_per_epoch = len(t.data.w_loader)
     at600 = hist[min(len(hist), math.ceil(600 / steps_per_epoch)) - 1]
     cands = cfg.space.layer_candidates()
-    argmax = [c[i] for c, i in zip(cands, t.model.argmax_indices(), strict=True)]
+    argmax = [c[i] for c, i in zip(cands, t.net.argmax_indices(), strict=True)]
     arch = yaml.safe_load((run / "arch_hard.yaml").read_text())
     row = {"argmax_path_acc": hist[-1].get("argmax_path_acc", float("nan")),
            "final_path_acc": res.get("final_path_acc", float("nan")),
@@ -107,28 +98,23 @@ def search_once(base: dict, sets: list[str], run: Path, retrain: int | None) -> 
            "w_ce_600": at600["w_ce"], "seconds": seconds, "ops": res["arch"]}
     if retrain:
         a = Architecture.load(run / "arch_hard.yaml")
-        rcfg = config_from_dict(apply_overrides(base, [
-            f"run.dir={run}/retrain", "run.progress=false", "run.tensorboard=false",
-            "retrain.measure_latency=false", f"retrain.epochs={retrain}",
-            f"retrain.warmup_epochs={min(1, retrain - 1)}", *sets]), "bench")
-        c = ChildTrainer(rcfg, a, run / "retrain")
-        try:
+        rcfg = run_config(config, [
+            f"run.dir={run}/retrain", *QUIET, "retrain.measure_latency=false",
+            f"retrain.epochs={retrain}", f"retrain.warmup_epochs={min(1, retrain - 1)}", *sets])
+        with closing([ChildTrainer(rcfg, a, run / "retrain")]) as (c,):
             row["retrained"] = float(c.fit()["val_top1"])
-        finally:
-            close_logger(c.log)
     return row
 
 
 def search_part(config: str, modes: list[str], seeds: list[int], sets: list[str],
                 retrain: int | None) -> None:
-    base = yaml.safe_load(Path(config).read_text())
     print(f"searches of {config} {' '.join(sets)}")
     print(f"{'mode':10s} {'seed':>4s} {'argmax':>7s} {'final':>6s} {'fit':>4s} {'skip':>5s} "
           f"{'wCE600':>7s} {'retr':>6s} {'gap':>6s} {'sec':>6s}  architecture")
     for mode in modes:
         for seed in seeds:
             with tempfile.TemporaryDirectory() as tmp:
-                r = search_once(base, [f"search.mode={mode}", f"search.seed={seed}", *sets],
+                r = search_once(config, [f"search.mode={mode}", f"search.seed={seed}", *sets],
                                 Path(tmp) / "run", retrain)
             retr = r.get("retrained", float("nan"))
             print(f"{mode:10s} {seed:4d} {r['argmax_path_acc']:7.3f} {r['final_path_acc']:6.3f} "
@@ -140,7 +126,7 @@ def search_part(config: str, modes: list[str], seeds: list[int], sets: list[str]
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("part", choices=("weights", "search"))
-    ap.add_argument("--config", default="configs/quickstart.yaml")
+    ap.add_argument("--config", default=str(SPACES["quickstart"]))
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--modes", default="reinforce")
@@ -149,13 +135,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="smallest settings (a test)")
     a = ap.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
-    if a.part == "weights":
-        weights_part(a.config, 20 if a.smoke else a.steps, seeds[0])
-        return
     sets = list(a.sets)
     if a.smoke:
         sets += ["search.epochs=2", "search.warmup_epochs=1", "data.limit=300",
                  "latency.cost=flops"]
+    if a.part == "weights":
+        weights_part(a.config, 5 if a.smoke else a.steps, seeds[0], sets)
+        return
     search_part(a.config, a.modes.split(","), seeds, sets, 1 if a.smoke else a.retrain)
 
 

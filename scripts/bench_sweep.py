@@ -1,15 +1,16 @@
 """The quickstart sweep, measured: does the search beat random architectures, and how long.
 
-Runs `fbnas sweep` on configs/quickstart.yaml as a user would (a fresh latency-table cache, so
-the table build is part of the wall time) and prints, from its sweep.json: the wall time, how
-many random architectures some searched one dominates (at least as fast and as accurate within
-noise), and each searched point's measured latency and test top-1 relative to the all-ir_k5_e6
-reference (ratios of figures measured side by side in one interleaved run).
+Runs `fbnas sweep` on configs/quickstart.yaml (or --config) as a user would (a fresh
+latency-table cache, so the table build is part of the wall time) and prints, from its
+sweep.json: the wall time, how many random architectures some searched one dominates (at least
+as fast and as accurate within noise), and each searched point's measured latency and test
+top-1 relative to the all-ir_k5_e6 reference (ratios of figures measured side by side in one
+interleaved run).
 
-    python scripts/bench_sweep.py                      # ~ 10 minutes per seed on 2 cores
-    python scripts/bench_sweep.py --seeds 0,1,2        # one sweep per search seed, then a summary
-    python scripts/bench_sweep.py --param beta --values 0,4   # the FBNet loss instead
-    python scripts/bench_sweep.py --summarize runs/quickstart-sweep   # an existing sweep
+    python -m scripts.bench_sweep                      # ~ 10 minutes per seed on 2 cores
+    python -m scripts.bench_sweep --seeds 0,1,2        # one sweep per search seed, then a summary
+    python -m scripts.bench_sweep --param beta --values 0,4   # the FBNet loss instead
+    python -m scripts.bench_sweep --summarize runs/quickstart-sweep   # an existing sweep
 
 With several seeds, each seed N is a separate sweep in OUT/seed-N (search.seed = N and random
 architectures drawn with seed N), sharing one latency table; the last lines give, per seed, how
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts.common import ROOT, SPACES
 
 
 def summarize(out: Path, wall: float | None = None) -> None:
@@ -53,8 +54,9 @@ def summarize(out: Path, wall: float | None = None) -> None:
           + (f", {wall:.0f} s including start-up" if wall else ""))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(SPACES["quickstart"]))
     ap.add_argument("--out", help="sweep folder (default: a temp dir)")
     ap.add_argument("--param", default="target", choices=("target", "beta", "lambda", "alpha"))
     ap.add_argument("--values", default="0.3x,0.5x,0.8x")
@@ -64,7 +66,7 @@ def main() -> None:
     ap.add_argument("--random", type=int, default=5)
     ap.add_argument("--retrain-epochs", type=int, default=15)
     ap.add_argument("--summarize", metavar="SWEEP_DIR", help="only print an existing sweep")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.summarize:
         summarize(Path(args.summarize))
         return
@@ -76,7 +78,7 @@ def main() -> None:
         extra = [a for kv in args.set for a in ("--set", kv)]
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "fbnas", "sweep", "--config",
-                        str(ROOT / "configs/quickstart.yaml"), f"--{args.param}", args.values,
+                        str(Path(args.config).resolve()), f"--{args.param}", args.values,
                         "--random", str(args.random), "--retrain-epochs",
                         str(args.retrain_epochs), "--seed", str(seed), "--out", str(run_out),
                         "--set", f"latency.cache_dir={out / 'table_cache'}",

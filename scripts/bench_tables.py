@@ -11,9 +11,9 @@ largest corrections (worst first). With `--baselines` (ImageNet space), FBNet-A/
 torchvision's MobileNetV2 (built locally, no weights, saved as a .pt2 program) are timed in one
 interleaved measurement with their table predictions.
 
-    python scripts/bench_tables.py                                   # every space, retain
-    python scripts/bench_tables.py --spaces fbnet_imagenet --allocators system,retain --baselines
-    python scripts/bench_tables.py --device cuda                     # on a GPU machine
+    python -m scripts.bench_tables                                   # every space, retain
+    python -m scripts.bench_tables --spaces fbnet_imagenet --allocators system,retain --baselines
+    python -m scripts.bench_tables --device cuda                     # on a GPU machine
 
 Never run it beside tests or other benchmarks: the timings share the cores.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import shutil
 import sys
 import tempfile
 import time
@@ -30,19 +30,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from fbnas.arch import Architecture  # noqa: E402
-from fbnas.errors import FbnasError  # noqa: E402
-from fbnas.latency import build_table, make_timer, validate  # noqa: E402
-from fbnas.latency.measure import Protocol  # noqa: E402
-from fbnas.search_space import load_space  # noqa: E402
-from fbnas.timed_models import ModelSpec, measure_specs  # noqa: E402
-
-CONFIGS = {"quickstart": "configs/quickstart.yaml", "fbnet_cifar10": "configs/fbnet_cifar10.yaml",
-           "fbnet_imagenet": "configs/fbnet_imagenet.yaml"}
+from fbnas.arch import Architecture
+from fbnas.backends.worker import call_in_worker
+from fbnas.errors import FbnasError
+from fbnas.latency import Protocol, block_signature, build_table, make_timer, validate
+from fbnas.search_space import load_space
+from fbnas.timed_models import ModelSpec, measure_modules, measure_specs
+from scripts.common import ROOT, SPACES, Spread, space_config
 
 
 def corrections(report: dict, space, table) -> list[tuple[float, str]]:
@@ -65,12 +61,6 @@ def corrections(report: dict, space, table) -> list[tuple[float, str]]:
 def block_effect(allocators: list[str]) -> None:
     """ir_k5_e6 and ir_k5_e3 (c16-16, s1, 112x112) alone, and e6 per
     block in a chain of 4, under each allocator (thread CPU time, drift-compensated)."""
-    from torch import nn
-
-    from fbnas.latency.allocator import call_in_worker
-    from fbnas.latency.signature import block_signature
-    from fbnas.timed_models import measure_modules
-
     e6, e3 = (block_signature(op, 16, 16, 1, 112, 112) for op in ("ir_k5_e6", "ir_k5_e3"))
     torch.manual_seed(0)
     mods = {"e6 alone": (e6.build(), e6.input_shape), "e3 alone": (e3.build(), e3.input_shape),
@@ -113,9 +103,10 @@ def baselines(timer, table, out: Path) -> None:
                  f"{'-':>10}{'-':>10}"))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spaces", default=",".join(CONFIGS))
+    ap.add_argument("--spaces", default=",".join(SPACES),
+                    help="comma-separated shipped space names or config files")
     ap.add_argument("--allocators", default="retain")
     ap.add_argument("--builds", type=int, default=2)
     ap.add_argument("--seeds", default="0,1")
@@ -127,20 +118,22 @@ def main() -> int:
     ap.add_argument("--blocks", action="store_true",
                     help="first time one big block alone and in a chain under each allocator")
     ap.add_argument("--worst", type=int, default=5, help="largest corrections to list")
-    args = ap.parse_args()
+    ap.add_argument("--rounds", type=int, default=Protocol.rounds, help="table build rounds")
+    args = ap.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="fbnas_tables_"))
     print(f"load average {os.getloadavg()[0]:.2f}; device {args.device}; torch {torch.__version__}")
     if args.device == "cpu" and args.blocks:
         block_effect(args.allocators.split(","))
     summary: dict[tuple, list] = {}
     for name in args.spaces.split(","):
-        space = load_space(ROOT / CONFIGS[name])
+        space = load_space(space_config(name))
         for alloc in args.allocators.split(","):
             kw = {"allocator": alloc} if args.device == "cpu" else {}
             for b in range(args.builds):
                 timer = make_timer(args.device, **kw)
                 t0 = time.perf_counter()
-                table = build_table(space, timer, Protocol(seed=b), out=out / f"{name}-{b}.json")
+                table = build_table(space, timer, Protocol(rounds=args.rounds, seed=b),
+                                    out=out / f"{name}-{b}.json")
                 built = time.perf_counter() - t0
                 for seed in [int(s) for s in args.seeds.split(",")]:
                     rep = validate(space, table, make_timer(args.device, **kw), n=args.n,
@@ -168,15 +161,12 @@ def main() -> int:
         cols = list(zip(*rows, strict=True))
 
         def fmt(i, pct=False, cols=cols):
-            k = 100 if pct else 1
-            v = [k * x for x in cols[i]]
-            return f"{statistics.median(v):.3g} [{min(v):.3g}-{max(v):.3g}]"
+            s = Spread.of([(100 if pct else 1) * x for x in cols[i]])
+            return f"{s.median:.3g} [{s.lo:.3g}-{s.hi:.3g}]"
         print(f"{name:<15}{alloc:<8} table S {fmt(0)}  FLOPs S {fmt(1)}  pred/meas {fmt(2)}  "
               f"MAPE {fmt(7, True)}%  ±10% {fmt(3, True)}%  calibrated ±10% {fmt(4, True)}%  "
               f"max corr {fmt(5, True)}%  build {fmt(6)} s")
-    for f in out.iterdir():
-        f.unlink()
-    out.rmdir()
+    shutil.rmtree(out, ignore_errors=True)
     return 0
 
 

@@ -11,8 +11,8 @@ latency, the miss (measured / target - 1) and whether it is within 10%; then, pe
 target, the spread of measured latency across seeds (max / min - 1, the stability figure);
 then the random architectures' measured range. The table is the quickstart's cached one.
 
-    python scripts/bench_target.py                                  # 3 modes × 3 targets × 3 seeds
-    python scripts/bench_target.py --modes full --targets 0.5x --seeds 0 --epochs 10  # a look
+    python -m scripts.bench_target                                  # 3 modes × 3 targets × 3 seeds
+    python -m scripts.bench_target --modes full --targets 0.5x --seeds 0 --epochs 10  # a look
 
 Never run it beside tests or other benchmarks: the timings share the 2 cores.
 """
@@ -21,33 +21,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from fbnas.arch import Architecture  # noqa: E402
-from fbnas.config import load_config  # noqa: E402
-from fbnas.latency.build import measure_archs  # noqa: E402
-from fbnas.loss import resolve_target  # noqa: E402
-from fbnas.run import close_logger  # noqa: E402
-from fbnas.sweep import random_archs  # noqa: E402
-from fbnas.trainer import SearchTrainer  # noqa: E402
+from fbnas.arch import Architecture
+from fbnas.latency import Protocol, measure_archs
+from fbnas.loss import resolve_target
+from fbnas.sweep import random_archs
+from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--config", default=str(SPACES["quickstart"]))
     ap.add_argument("--modes", default="full,two_path,single_path")
     ap.add_argument("--targets", default="0.25x,0.5x,0.75x")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, help="search.epochs (default: the config's)")
     ap.add_argument("--random", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = ap.parse_args()
+    ap.add_argument("--rounds", type=int, default=Protocol.rounds,
+                    help="rounds of the end-to-end measurement")
+    args = ap.parse_args(argv)
     modes, targets = args.modes.split(","), args.targets.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     found: list[tuple[str, str, int, Architecture, float, float]] = []
@@ -57,16 +53,12 @@ def main() -> None:
             for target in targets:
                 for seed in seeds:
                     sets = [f"run.dir={tmp}/{mode}-{target}-{seed}", f"search.mode={mode}",
-                            f"search.seed={seed}", f"loss.target={target}",
-                            "run.progress=false", "run.tensorboard=false", *args.set]
+                            f"search.seed={seed}", f"loss.target={target}", *QUIET, *args.set]
                     if args.epochs:
                         sets.append(f"search.epochs={args.epochs}")
-                    cfg = load_config(args.config, sets)
-                    tr = SearchTrainer(cfg, cfg.run.dir)
-                    try:
+                    cfg = run_config(args.config, sets)
+                    with closing([search_trainer(cfg, theta_active=False)]) as (tr,):
                         res = tr.fit()
-                    finally:
-                        close_logger(tr.log)
                     arch = Architecture.load(Path(cfg.run.dir) / "arch_hard.yaml")
                     t_us = resolve_target(target, tr.model.cost_bounds())
                     found.append((mode, target, seed, arch, t_us, res["predicted_cost"]))
@@ -78,7 +70,7 @@ def main() -> None:
             named.setdefault(a.hash()[:16], Architecture(a.macro, a.ops, a.hash()[:16], a.space))
         for a in rand:
             named.setdefault(a.hash()[:16], Architecture(a.macro, a.ops, a.hash()[:16], a.space))
-        m = measure_archs(timer, list(named.values()))
+        m = measure_archs(timer, list(named.values()), Protocol(rounds=args.rounds))
         # in the table's units: its own reference-op scale, as fbnas sweep and retrain report
         ref_us = (tr.costs.table.reference or {}).get("scale_us") if tr.costs.table else None
         scale = ref_us or m.ref_scale_s * 1e6

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,14 +20,15 @@ from pathlib import Path
 
 import yaml
 
+from scripts.common import QUIET, with_code
+
 
 def run_search(code: Path, config: str, sets: list[str], run_dir: Path) -> dict:
-    """θ and history of one search run by the fbnas found in `code`."""
-    env = {**os.environ, "PYTHONPATH": str(code.resolve())}
+    """θ and history of one search run by the fbnas found in `code` (a child process whose
+    PYTHONPATH names it)."""
     cmd = [sys.executable, "-m", "fbnas", "train", "--config", config,
-           "--set", f"run.dir={run_dir}", "--set", "run.progress=false",
-           "--set", "run.tensorboard=false", *[a for s in sets for a in ("--set", s)]]
-    done = subprocess.run(cmd, env=env, cwd=code, capture_output=True, text=True)
+           *[a for s in [f"run.dir={run_dir}", *QUIET, *sets] for a in ("--set", s)]]
+    done = subprocess.run(cmd, env=with_code(code), cwd=code, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{code}: fbnas train failed ({done.returncode}):\n{done.stderr[-2000:]}")
     theta = json.loads((run_dir / "theta.json").read_text())["theta"]

@@ -2,7 +2,8 @@
 
 The θ gradient of a sampled mode approximates full's; where the approximation is blind the
 cost term alone moves θ and the search collapses to the cheapest op. This prints, for each
-mode and searchable layer, the mean norm of ∂CE/∂θ_l (no cost term) over --draws path draws,
+mode whose θ gradient flows through the relaxation (fbnas.modes; not the scored ones) and
+searchable layer, the mean norm of ∂CE/∂θ_l (no cost term) over --draws path draws,
 on scikit-learn's digits in the config's space (pixels / 16, bilinearly upsampled to the
 input size; not normalised or padded as fbnas's digits loader does).
 
@@ -15,31 +16,30 @@ With --weight-curve N it also trains fresh weights for N weight steps in each mo
 drawn as that mode's weight steps draw them, θ uniform, τ = 5) and prints the mean CE per
 window of N/5 steps: how fast a mode's shared weights learn at all.
 
-    python scripts/theta_signal.py                      # configs/quickstart.yaml
-    python scripts/theta_signal.py --plain-mixture
-    python scripts/theta_signal.py --weight-curve 1500
+    python -m scripts.theta_signal                      # configs/quickstart.yaml
+    python -m scripts.theta_signal --plain-mixture
+    python -m scripts.theta_signal --weight-curve 1500
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from sklearn.datasets import load_digits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fbnas.modes import MODES, get_mode
+from fbnas.search_space import SearchSpace
+from fbnas.supernet import Supernet
+from scripts.common import SPACES, run_config
 
-from fbnas.io import load_yaml  # noqa: E402
-from fbnas.search_space import SearchSpace  # noqa: E402
-from fbnas.supernet import SEARCH_MODES, Supernet  # noqa: E402
+# the modes whose θ gradient is the relaxation's (a scored mode's comes from the score function)
+RELAXED = [m for m in MODES.choices() if not get_mode(m).score_paths]
 
 
 def digits(size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
-
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     if size != (8, 8):
@@ -49,7 +49,7 @@ def digits(size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/quickstart.yaml")
+    ap.add_argument("--config", default=str(SPACES["quickstart"]))
     ap.add_argument("--warm-steps", type=int, default=100)
     ap.add_argument("--draws", type=int, default=50)
     ap.add_argument("--batch", type=int, default=64)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="also train fresh weights N steps per mode and print CE per window")
     a = ap.parse_args(argv)
     torch.manual_seed(a.seed)
-    space = SearchSpace.from_dict(load_yaml(a.config)["space"], f"{a.config}: space")
+    space = run_config(a.config).space
     if space.macro.in_channels != 1 or space.macro.num_classes != 10:
         raise SystemExit(f"{a.config}: space must take 1-channel input and 10 classes "
                          "(the digits data)")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{a.draws} draws, τ = {a.tau}{', plain mixture' if a.plain_mixture else ''}")
     print("mean ‖∂CE/∂θ_l‖ per layer (and / full):")
     ref = None
-    for mode in SEARCH_MODES:
+    for mode in RELAXED:
         net.mode = mode
         torch.manual_seed(a.seed + 1)
         norms = [[] for _ in net.theta]
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         window = max(1, a.weight_curve // 5)
         print(f"weight training from scratch, {a.weight_curve} steps (SGD lr 0.1, momentum 0.9,"
               f" batch {a.batch}): mean CE per {window} steps")
-        for mode in SEARCH_MODES:
+        for mode in RELAXED:
             torch.manual_seed(a.seed)
             ces = train_weights(make_net(space, mode, a.plain_mixture), x_all, y_all,
                                 a.weight_curve, a.batch)

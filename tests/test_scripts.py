@@ -1,0 +1,262 @@
+"""scripts/: every script runs with its smallest settings and prints its figures (no timing
+is asserted), is listed in scripts/README.md, and imports only public fbnas names and
+scripts.common (no sys.path edits). Most run in this process through `main(argv)`; those that
+start processes anyway (torchrun, another checkout, `fbnas train` / `fbnas sweep`) as
+`python -m scripts.NAME`."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import digits_run_config, latency_space
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.stem for p in (ROOT / "scripts").glob("*.py")
+                 if p.stem not in ("__init__", "common"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """The tests' digits run config (2 searchable layers, 8x8 grey images, FLOPs cost) with a
+    retrain section, the fake timer and the quickstart's loss (a cost target), as a file."""
+    d = digits_run_config(latency={"cost": "flops", "device": "fake"},
+                          retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu",
+                                   "measure_latency": False})
+    d["loss"] = {"kind": "target", "target": "0.5x", "lambda": 1.0}
+    path = tmp_path_factory.mktemp("config") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_latency(tmp_path_factory) -> str:
+    """A config of the latency tests' space (5 layers, 4 block signatures, 8x8)."""
+    path = tmp_path_factory.mktemp("config") / "latency.yaml"
+    path.write_text(yaml.safe_dump(digits_run_config(space=latency_space()), sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    """One thread (a smoke test times nothing; on a busy machine more threads only spin)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def run_main(name: str, argv: list[str], capsys) -> str:
+    """scripts.NAME's main(argv) in this process; what it printed. A non-zero return fails."""
+    rc = importlib.import_module(f"scripts.{name}").main(argv)
+    assert rc in (None, 0), f"scripts.{name} returned {rc}"
+    return capsys.readouterr().out
+
+
+def run_module(name: str, argv: list[str]) -> str:
+    """`python -m scripts.NAME ARGV` from the repository root, one thread per process; its
+    output (exit status 0 asserted)."""
+    r = subprocess.run([sys.executable, "-m", f"scripts.{name}", *argv], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, f"scripts.{name}: exit {r.returncode}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+# ---- the codebase ----------------------------------------------------------------------------
+def imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every import in a file ('' as the name of a plain `import m`)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out += [(node.module or "", a.name) for a in node.names]
+    return out
+
+
+@pytest.mark.parametrize("name", [*SCRIPTS, "common"])
+def test_script_imports_public_names_and_no_other_script(name):
+    path = ROOT / "scripts" / f"{name}.py"
+    text = path.read_text()
+    assert not [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Attribute)
+                and n.attr == "path" and getattr(n.value, "id", "") == "sys"], \
+        f"{path.name} uses sys.path"
+    for module, what in imports(path):
+        parts = [*module.split("."), *([what] if what else [])]
+        if parts[0] == "fbnas":
+            assert not any(p.startswith("_") for p in parts), f"{path.name}: {module}.{what}"
+        if parts[0] == "scripts":
+            assert parts[:2] == ["scripts", "common"], f"{path.name} imports {module}.{what}"
+        assert parts[0] not in SCRIPTS, f"{path.name} imports the script {parts[0]}"
+    assert f"python -m scripts.{name}" in text or name == "common", \
+        f"{path.name}: its usage line should say `python -m scripts.{name}`"
+
+
+def test_every_script_is_listed_in_the_readme():
+    readme = (ROOT / "scripts" / "README.md").read_text()
+    missing = [n for n in SCRIPTS if f"`{n}`" not in readme]
+    assert not missing, f"scripts/README.md does not list {missing}"
+
+
+def test_every_script_has_a_smoke_test():
+    text = Path(__file__).read_text()
+    assert [n for n in SCRIPTS if f'"{n}"' not in text.split("# ---- smoke tests")[-1]] == []
+
+
+def test_interleave_alternates_and_spread():
+    from scripts.common import Spread, alternate, interleave
+
+    order = []
+    times = interleave({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, 2,
+                       warmup=1)
+    assert order == ["a", "b", "b", "a", "a", "b"] and [len(v) for v in times.values()] == [2, 2]
+    assert alternate([1, 2, 3], 1) == [3, 2, 1]
+    s = Spread.of([1.0, 2.0, 3.0, 4.0, 5.0], inclusive=True)
+    assert (s.median, s.lo, s.hi, s.q1, s.q3) == (3.0, 1.0, 5.0, 2.0, 4.0)
+    assert s.rel_iqr == pytest.approx(2 / 3) and s.range(".0f") == "3 (1-5)"
+
+
+# ---- smoke tests -----------------------------------------------------------------------------
+def test_bench_modes(tiny, capsys):
+    out = run_main("bench_modes", ["--config", tiny, "--batch", "4", "--repeats", "1",
+                                   "--mem-samples", "1"], capsys)
+    assert "single_path speed-up over full:" in out and "supernet overhead ratio" in out
+
+
+def test_bench_supernet(tiny, capsys):
+    out = run_main("bench_supernet", ["--config", tiny, "--batch", "4", "--rounds", "1"], capsys)
+    assert "overhead ratio (supernet / sum of parts): median" in out
+
+
+def test_bench_precision(tiny, capsys):
+    out = run_main("bench_precision", ["--config", tiny, "--batch", "4", "--repeats", "1",
+                                       "--steps", "1"], capsys)
+    assert "bf16+channels_last" in out and "θ-grad cos" in out
+
+
+def test_bench_gpu_on_the_cpu_for_another_checkout(tiny, tmp_path):
+    # another checkout: a copy of the package (its compiled files too, still valid: copy2
+    # keeps the times); the table is made in a child process that imports it
+    shutil.copytree(ROOT / "fbnas", tmp_path / "fbnas")
+    out = run_module("bench_gpu", ["--code", str(tmp_path), "--config", tiny, "--batch", "4",
+                                   "--steps", "1", "--rounds", "1", "--device", "cpu",
+                                   "--modes", "full,single_path", "--precisions", "float32",
+                                   "--copy-gib", "0.001"])
+    assert f"fbnas from {tmp_path}" in out and "single_path, float32" in out
+    assert "x bound" in out
+
+
+def test_bench_compile(tiny, capsys, monkeypatch):
+    compile_ = torch.compile  # the eager backend: traced by dynamo, not compiled by inductor
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: compile_(f, backend="eager"))
+    out = run_main("bench_compile", ["--config", tiny, "--op", "ir_k5_e3", "--batch", "4",
+                                     "--blocks", "1", "--steps", "1"], capsys)
+    assert "compiled / eager throughput: median" in out
+
+
+def test_bench_loader(tiny, capsys):
+    # its other parts are the scripts tested here, each started as `python -m scripts.NAME`
+    out = run_main("bench", ["--quick", "--skip", "modes", "ddp", "precision", "--config",
+                             tiny], capsys)
+    assert "search weight loader, 2 worker(s), image folder" in out
+
+
+def test_bench_ddp():
+    out = run_module("bench_ddp", ["--procs", "2", "--sync-every", "2", "--steps", "1",
+                                   "--warmup", "1", "--repeats", "1", "--batch", "4",
+                                   "--samples", "64"])
+    assert out.splitlines()[-1].split()[:2] == ["2", "2"]
+
+
+def test_bench_search_epochs(tiny):
+    out = run_module("bench_search_epochs", ["--code", str(ROOT), "--config", tiny,
+                                             "--device", "cpu", "--size", "64", "--batch",
+                                             "32", "--input-size", "8", "--epochs", "2",
+                                             "--repeats", "1"])
+    assert "images/s median (min-max)" in out and str(ROOT) in out.splitlines()[-1]
+
+
+def test_compare_runs(tiny):
+    out = run_module("compare_runs", ["--code", str(ROOT), "--code", str(ROOT), "--config",
+                                      tiny, "--modes", "full", "--set", "search.epochs=1",
+                                      "--set", "search.warmup_epochs=0", "--set",
+                                      "data.limit=64"])
+    assert "full: " in out and out.strip().endswith("identical")
+
+
+def test_bench_search_quality(tiny, capsys):
+    out = run_main("bench_search_quality", ["weights", "--config", tiny, "--smoke"], capsys)
+    assert "separate" in out and "shared" in out
+    out = run_main("bench_search_quality", ["search", "--config", tiny, "--modes", "reinforce",
+                                            "--smoke"], capsys)
+    assert out.splitlines()[-1].startswith("reinforce ")
+
+
+def test_bench_target(tiny, capsys):
+    out = run_main("bench_target", ["--config", tiny, "--modes", "full", "--targets", "0.5x",
+                                    "--seeds", "0", "--epochs", "2", "--random", "1",
+                                    "--rounds", "2"], capsys)
+    assert "hit within ±10%: " in out and "random architectures (n=1)" in out
+
+
+def test_bench_sweep(tiny, tmp_path):
+    out = run_module("bench_sweep", ["--config", tiny, "--param", "target", "--values", "0.5x",
+                                     "--random", "1", "--retrain-epochs", "1", "--out",
+                                     str(tmp_path / "sweep")])
+    assert "random architectures dominated by a searched one: " in out
+
+
+def test_theta_signal(tiny, capsys):
+    pytest.importorskip("sklearn")  # the digits data
+    out = run_main("theta_signal", ["--config", tiny, "--warm-steps", "1", "--draws", "1",
+                                    "--batch", "8", "--weight-curve", "2"], capsys)
+    assert "two_path" in out and "mean CE per" in out
+
+
+def test_bench_latency(tiny_latency, tmp_path, capsys):
+    out = run_main("bench_latency", ["--config", tiny_latency, "--n-archs", "4", "--rounds",
+                                     "2", "--val-rounds", "2", "--probes", "1", "--no-rebuild",
+                                     "--no-reference-protocol", "--out-dir", str(tmp_path)],
+                   capsys)
+    assert "table:  Spearman" in out and (tmp_path / "bench.json").exists()
+
+
+def test_bench_tables(tiny_latency, capsys):
+    out = run_main("bench_tables", ["--spaces", tiny_latency, "--builds", "1", "--seeds", "0",
+                                    "-n", "6", "--val-rounds", "2", "--rounds", "2",
+                                    "--worst", "1"], capsys)
+    assert "== medians over builds and seeds" in out and "table S" in out
+
+
+def test_bench_runtimes(tiny_latency, capsys, monkeypatch, tmp_path):
+    # eager only: the ExecuTorch and ONNX Runtime tables lower every block (tens of seconds)
+    monkeypatch.setenv("FBNAS_EXPORT_CACHE", str(tmp_path))  # the script sets its own
+    out = run_main("bench_runtimes", ["--space", tiny_latency, "--runtimes", "cpu", "-n", "3",
+                                      "--val-rounds", "2", "--rounds", "2"], capsys)
+    assert "cpu: table built" in out and "S/K/MAPE" in out
+
+
+def test_bench_reference(capsys):
+    out = run_main("bench_reference", ["--rounds", "2", "--repeats", "1", "--blocks", "1"],
+                   capsys)
+    assert "least spread:" in out and "stream" in out
+
+
+@pytest.mark.parametrize("formats", ["torchscript,pt2", "onnx"])
+def test_bench_export(tiny, formats, capsys):
+    if formats == "onnx":
+        pytest.importorskip("onnxruntime")  # the optional format (fbnas[onnx])
+    out = run_main("bench_export", ["--config", tiny, "--n-archs", "1", "--inputs", "2",
+                                    "--formats", formats], capsys)
+    assert all(f"{f} " in out.split("\n\n")[-1] for f in formats.split(","))
+    assert "all ok: True" in out
+
