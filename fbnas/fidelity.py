@@ -12,12 +12,20 @@ Kendall τ and Spearman ρ between the two (scipy.stats), with their p-values, a
 between the two validation cross-entropies (`kendall_tau_ce`): on a small split where every
 network gets nearly the same images right, CE still resolves how sure each one is.
 
+With `--retrain-seeds K` (K >= 2) each architecture is retrained K times (retrain.seed, +1,
+…) and the stand-alone figures are the means; the report then also gives the noise ceiling,
+Kendall τ between the retrains of seed 0 and seed 1 (`retrain_vs_retrain_tau`, and `_ce`):
+how well retraining ranks these networks against itself. No supernet estimate can be
+expected to rank them better than that; on digits, where every network of the quickstart
+space retrains to 95–99%, it is low (docs/search_modes.md).
+
 Re-running the same command resumes: finished retrains are read back, not redone.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +54,8 @@ class Point:
     supernet_ce: float = float("nan")
     standalone_acc: float = float("nan")
     standalone_ce: float = float("nan")
+    # per retrain seed: (val top-1, val CE); the stand-alone figures above are their means
+    seeds: list[tuple[float, float]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,7 +76,7 @@ def supernet_accuracy(net: Supernet, arch: Architecture, cfg: Config, data,
 class Fidelity:
     def __init__(self, run_dir: str | Path, n: int = 10, seed: int = 0,
                  retrain_epochs: int | None = None, out: str | Path | None = None,
-                 overrides: list[str] | None = None, log=print):
+                 overrides: list[str] | None = None, log=print, retrain_seeds: int = 1):
         self.run_dir = Path(run_dir)
         self.state = load_checkpoint(self.run_dir / CHECKPOINT, kind="search")
         sets = list(overrides or [])
@@ -80,7 +90,9 @@ class Fidelity:
                              "validation split to estimate accuracy on")
         if n < 3:
             raise FbnasError(f"fidelity: -n must be >= 3 for a rank correlation, got {n}")
-        self.n, self.seed, self.log = n, seed, log
+        if retrain_seeds < 1:
+            raise FbnasError(f"fidelity: --retrain-seeds must be >= 1, got {retrain_seeds}")
+        self.n, self.seed, self.log, self.retrain_seeds = n, seed, log, retrain_seeds
         self.out = Path(out) if out else self.run_dir / "fidelity"
 
     def archs(self) -> list[Architecture]:
@@ -107,20 +119,24 @@ class Fidelity:
             self.log(f"[{i + 1}/{len(points)}] {p.arch.short_hash} supernet val acc "
                      f"{p.supernet_acc:.4f}, CE {p.supernet_ce:.4f}")
         for i, p in enumerate(points):
-            res = self._retrain(p.arch)
-            p.standalone_acc = float(res["val_top1"])
-            p.standalone_ce = float(res.get("val_ce") or float("nan"))
-            p.extra = {"test_top1": res.get("top1"), "flops": res.get("flops")}
+            results = [self._retrain(p.arch, k) for k in range(self.retrain_seeds)]
+            p.seeds = [(float(r["val_top1"]), float(r.get("val_ce") or float("nan")))
+                       for r in results]
+            p.standalone_acc = statistics.fmean(a for a, _ in p.seeds)
+            p.standalone_ce = statistics.fmean(c for _, c in p.seeds)
+            p.extra = {"test_top1": results[0].get("top1"), "flops": results[0].get("flops")}
             self.log(f"[{i + 1}/{len(points)}] {p.arch.short_hash} retrained val top-1 "
                      f"{p.standalone_acc:.4f}")
         return self._report(points)
 
-    def _retrain(self, arch: Architecture) -> dict[str, Any]:
-        run = self.out / f"retrain-{arch.short_hash}"
+    def _retrain(self, arch: Architecture, k: int = 0) -> dict[str, Any]:
+        """Retrain `arch` with the config's retrain seed + k (its own run folder per k)."""
+        run = self.out / (f"retrain-{arch.short_hash}" + (f"-s{k}" if k else ""))
         if (run / RESULTS).is_file():
             return load_json(run / RESULTS)
+        seed = [f"retrain.seed={self.cfg.retrain.seed + k}"] if k else []
         cfg = config_from_dict(apply_overrides(self.base, [
-            f"run.dir={run}", "retrain.measure_latency=false", "run.progress=false"]),
+            f"run.dir={run}", "retrain.measure_latency=false", "run.progress=false", *seed]),
             "fidelity")
         t = ChildTrainer(cfg, arch, run, resume=(run / CHECKPOINT).is_file())
         try:
@@ -141,6 +157,16 @@ class Fidelity:
         if len(set(ca)) > 1 and len(set(cb)) > 1 and not any(map(math.isnan, ca + cb)):
             tau_ce = stats.kendalltau(ca, cb)
 
+        # the noise ceiling: the retrained networks ranked against themselves (two seeds)
+        ceil = ceil_ce = None
+        if self.retrain_seeds >= 2:
+            r0, r1 = ([p.seeds[k][0] for p in points] for k in (0, 1))
+            c0, c1 = ([p.seeds[k][1] for p in points] for k in (0, 1))
+            if len(set(r0)) > 1 and len(set(r1)) > 1:
+                ceil = stats.kendalltau(r0, r1)
+            if not any(map(math.isnan, c0 + c1)):
+                ceil_ce = stats.kendalltau(c0, c1)
+
         def num(r, key):
             return None if r is None else float(getattr(r, key))
 
@@ -150,10 +176,15 @@ class Fidelity:
             "kendall_tau": num(tau, "statistic"), "kendall_p": num(tau, "pvalue"),
             "spearman": num(rho, "statistic"), "spearman_p": num(rho, "pvalue"),
             "kendall_tau_ce": num(tau_ce, "statistic"), "kendall_p_ce": num(tau_ce, "pvalue"),
+            "retrain_seeds": self.retrain_seeds,
+            "retrain_vs_retrain_tau": num(ceil, "statistic"),
+            "retrain_vs_retrain_tau_ce": num(ceil_ce, "statistic"),
             "points": [{"hash": p.arch.hash(), "ops": list(p.arch.ops),
                         "supernet_val_acc": p.supernet_acc, "supernet_val_ce": p.supernet_ce,
                         "standalone_val_top1": p.standalone_acc,
-                        "standalone_val_ce": p.standalone_ce, **p.extra} for p in points],
+                        "standalone_val_ce": p.standalone_ce,
+                        "standalone_seeds": [list(t) for t in p.seeds], **p.extra}
+                       for p in points],
         }
         write_json_atomic(self.out / "fidelity.json", summary)
         head = (f"ranking fidelity of {self.run_dir} ({len(points)} architectures, "
@@ -166,5 +197,10 @@ class Fidelity:
         by_ce = ("" if tau_ce is None else
                  f"; by val CE (supernet vs retrained): Kendall tau "
                  f"{summary['kendall_tau_ce']:.3f} (p {summary['kendall_p_ce']:.3g})")
-        self.log(head + by_acc + by_ce + f" -> {self.out / 'fidelity.json'}")
+        ceiling = ("" if self.retrain_seeds < 2 else
+                   "; noise ceiling (retrain seed 0 vs 1): Kendall tau "
+                   + " / ".join("undefined" if v is None else f"{v:.3f}" for v in (
+                       summary["retrain_vs_retrain_tau"], summary["retrain_vs_retrain_tau_ce"]))
+                   + " (accuracy / CE)")
+        self.log(head + by_acc + by_ce + ceiling + f" -> {self.out / 'fidelity.json'}")
         return summary

@@ -53,6 +53,23 @@ def test_fidelity_ranks_supernet_estimates_against_retraining(tmp_path, capsys):
     assert again["kendall_tau"] == rep["kendall_tau"]
 
 
+def test_fidelity_retrain_seeds_average_and_give_the_noise_ceiling(tmp_path, capsys):
+    run = _search(tmp_path)
+    assert main(["fidelity", str(run), "-n", "3", "--retrain-seeds", "2"]) == 0
+    rep = json.loads((run / "fidelity" / "fidelity.json").read_text())
+    assert rep["retrain_seeds"] == 2
+    for p in rep["points"]:
+        (a0, c0), (a1, c1) = p["standalone_seeds"]
+        assert p["standalone_val_top1"] == (a0 + a1) / 2
+        assert abs(p["standalone_val_ce"] - (c0 + c1) / 2) < 1e-12
+        # seed 0 keeps the single-seed run's folder; seed 1 is retrained with retrain.seed + 1
+        assert (run / "fidelity" / f"retrain-{p['hash'][:12]}" / "results.json").is_file()
+        assert (run / "fidelity" / f"retrain-{p['hash'][:12]}-s1" / "results.json").is_file()
+    assert -1 <= rep["retrain_vs_retrain_tau_ce"] <= 1
+    assert "noise ceiling (retrain seed 0 vs 1)" in capsys.readouterr().out
+    assert main(["fidelity", str(run), "--retrain-seeds", "0"]) == 2
+
+
 def test_fidelity_bad_input_is_one_line(tmp_path, capsys):
     assert main(["fidelity", str(tmp_path / "nowhere")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

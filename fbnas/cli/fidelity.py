@@ -17,6 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("-n", type=int, default=10, help="architectures (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random architectures")
     p.add_argument("--retrain-epochs", type=int, help="epochs of each retrain")
+    p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
+                   help="retrain each architecture K times (seeds retrain.seed, +1, ...) and "
+                        "average; K >= 2 also reports the noise ceiling (retrain vs retrain)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the run's config (e.g. retrain.lr=0.1)")
     p.add_argument("--out", help="output folder (default RUN_DIR/fidelity)")
@@ -25,5 +28,5 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     Fidelity(args.run_dir, n=args.n, seed=args.seed, retrain_epochs=args.retrain_epochs,
-             out=args.out, overrides=args.set).run()
+             out=args.out, overrides=args.set, retrain_seeds=args.retrain_seeds).run()
     return 0
