@@ -135,9 +135,7 @@ class DistContext:
         ts = list(tensors)
         if not self.distributed or not ts:
             return
-        dev = self._comm_device()
-        dtype = ts[0].dtype if all(t.dtype == ts[0].dtype for t in ts) else torch.float64
-        flat = torch.cat([t.detach().reshape(-1).to(dev, dtype) for t in ts])
+        flat = _flatten(self, ts, torch.float64)
         dist.broadcast(flat, src=src)
         _unflatten_into(flat, ts)
 
@@ -253,6 +251,13 @@ def current() -> DistContext:
 
 
 # ---- tensors ---------------------------------------------------------------------------------
+def _flatten(ctx: DistContext, ts: list[torch.Tensor], mixed: torch.dtype) -> torch.Tensor:
+    """`ts` as one flat tensor on the communication device, in their common dtype (`mixed`
+    when they differ)."""
+    dtype = ts[0].dtype if all(t.dtype == ts[0].dtype for t in ts) else mixed
+    return torch.cat([t.detach().reshape(-1).to(ctx._comm_device(), dtype) for t in ts])
+
+
 def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     i = 0
     with torch.no_grad():
@@ -266,9 +271,7 @@ def _flat_all_reduce(ctx: DistContext, tensors: Sequence[torch.Tensor], mean: bo
     ts = list(tensors)
     if not ctx.distributed or not ts:
         return
-    dev = ctx._comm_device()
-    dtype = ts[0].dtype if all(t.dtype == ts[0].dtype for t in ts) else torch.float32
-    flat = torch.cat([t.detach().reshape(-1).to(dev, dtype) for t in ts])
+    flat = _flatten(ctx, ts, torch.float32)
     dist.all_reduce(flat)
     if mean:
         flat /= ctx.world_size
