@@ -107,15 +107,16 @@ def search_once(config: str, sets: list[str], run: Path, retrain: int | None) ->
 
 
 def search_part(config: str, modes: list[str], seeds: list[int], sets: list[str],
-                retrain: int | None) -> None:
+                retrain: int | None, keep: str | None = None) -> None:
     print(f"searches of {config} {' '.join(sets)}")
     print(f"{'mode':10s} {'seed':>4s} {'argmax':>7s} {'final':>6s} {'fit':>4s} {'skip':>5s} "
           f"{'wCE600':>7s} {'retr':>6s} {'gap':>6s} {'sec':>6s}  architecture")
     for mode in modes:
         for seed in seeds:
             with tempfile.TemporaryDirectory() as tmp:
+                run = Path(keep) / f"{mode}-{seed}" if keep else Path(tmp) / "run"
                 r = search_once(config, [f"search.mode={mode}", f"search.seed={seed}", *sets],
-                                Path(tmp) / "run", retrain)
+                                run, retrain)
             retr = r.get("retrained", float("nan"))
             print(f"{mode:10s} {seed:4d} {r['argmax_path_acc']:7.3f} {r['final_path_acc']:6.3f} "
                   f"{r['fitted']:4d} {str(r['all_skip']):>5s} {r['w_ce_600']:7.3f} "
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--retrain", type=int, default=None, help="retrain epochs (default: none)")
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--smoke", action="store_true", help="smallest settings (a test)")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep each search's run as DIR/MODE-SEED (for `fbnas fidelity`)")
     a = ap.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
     sets = list(a.sets)
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.part == "weights":
         weights_part(a.config, 5 if a.smoke else a.steps, seeds[0], sets)
         return
-    search_part(a.config, a.modes.split(","), seeds, sets, 1 if a.smoke else a.retrain)
+    search_part(a.config, a.modes.split(","), seeds, sets, 1 if a.smoke else a.retrain,
+                a.keep)
 
 
 if __name__ == "__main__":
