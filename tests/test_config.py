@@ -59,7 +59,7 @@ def test_unknown_keys_are_errors_naming_the_key():
 @pytest.mark.parametrize("override,match", [
     ("search.tau0=0", "search.tau0: must be > 0"),
     ("search.tau0=-1", "search.tau0"),
-    ("search.warmup_epochs=40", "leaves no θ epochs"),
+    ("search.warmup_epochs=400", "leaves no θ epochs"),
     ("loss.lambda=-0.5", "loss.lambda: must be >= 0"),  # alpha, beta: tests/test_loss.py
     ("loss.target=-2ms", "loss.target: cannot read"),
     ("search.device=tpu", "search.device: must be one of"),
