@@ -50,6 +50,19 @@ XLA_TRAINING = ("{where}.device: xla is not supported for training (sampled sear
 def _refuse_xla(d: Any, where: str) -> None:
     if isinstance(d, dict) and d.get("device") == "xla":
         raise FbnasError(XLA_TRAINING.format(where=where))
+
+
+def _trainer_section(cls, d: Any, where: str, checks) -> Any:
+    """A trainer's section (search, retrain): no xla, its fields read, then the first of
+    `checks(section)`'s (bad, "key: message") pairs that is bad raised, naming `where`."""
+    _refuse_xla(d, where)
+    c = read_fields(cls, d, where)
+    for bad, msg in checks(c):
+        if bad:
+            raise FbnasError(f"{where}.{msg}")
+    return c
+
+
 NAN_POLICIES = ("stop", "skip")
 NAN_CHECKS = ("auto", "step", "deferred")  # fbnas.run.guard
 WARMUP_SAMPLING = ("mode", "uniform", "fair")
@@ -185,14 +198,10 @@ class SearchConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
-        _refuse_xla(d, where)
-        c = read_fields(cls, d, where)
-        if c.warmup_epochs >= c.epochs:
-            raise FbnasError(f"{where}.warmup_epochs: {c.warmup_epochs} leaves no θ epochs "
-                             f"(search.epochs is {c.epochs})")
-        if c.tau_min > c.tau0:
-            raise FbnasError(f"{where}.tau_min: {c.tau_min} is above tau0 {c.tau0}")
-        return c
+        return _trainer_section(cls, d, where, lambda c: [
+            (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} leaves no θ "
+                                          f"epochs (search.epochs is {c.epochs})"),
+            (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}")])
 
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -226,14 +235,10 @@ class RetrainConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:
-        _refuse_xla(d, where)
-        c = read_fields(cls, d, where)
-        if c.warmup_epochs >= c.epochs:
-            raise FbnasError(f"{where}.warmup_epochs: {c.warmup_epochs} is not below "
-                             f"retrain.epochs {c.epochs}")
-        if c.lr_min > c.lr:
-            raise FbnasError(f"{where}.lr_min: {c.lr_min} is above lr {c.lr}")
-        return c
+        return _trainer_section(cls, d, where, lambda c: [
+            (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} is not below "
+                                          f"retrain.epochs {c.epochs}"),
+            (c.lr_min > c.lr, f"lr_min: {c.lr_min} is above lr {c.lr}")])
 
     def lr_at(self, step: int, steps_per_epoch: int) -> float:
         """Learning rate of (0-based) optimizer step `step`."""
