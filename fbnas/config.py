@@ -31,7 +31,7 @@ from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, read_fields, setting
 from fbnas.loss import LossConfig
-from fbnas.modes import MODES
+from fbnas.modes import MODES, get_mode
 from fbnas.precision import PRECISIONS
 from fbnas.search_space import SearchSpace
 
@@ -185,6 +185,11 @@ class SearchConfig:
     # another registered mode does (e.g. `single_path`: each weight step trains one path drawn
     # from softmax(θ) while the θ steps use `mode`'s relaxation; GDAS / TF-NAS)
     weight_sampling: str = setting("mode", "str", choices=("mode", *MODES))
+    # each weight step that trains the mode's sampled path also trains this many uniformly
+    # drawn single paths (gradients summed; TF-NAS's bi-sampling is 1): the paths θ does not
+    # favour keep training, so the supernet can still rank them. Needs single-path weight
+    # sampling (single_path or reinforce)
+    uniform_paths: int = setting(0, "int", min=0, max=8)
     # with a loss.target: move the final argmax onto the target (fbnas.target), within ±tol
     fit_target: bool = setting(True, "bool")
     fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5)
@@ -201,7 +206,11 @@ class SearchConfig:
         return _trainer_section(cls, d, where, lambda c: [
             (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} leaves no θ "
                                           f"epochs (search.epochs is {c.epochs})"),
-            (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}")])
+            (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}"),
+            (c.uniform_paths > 0 and not get_mode(
+                c.mode if c.weight_sampling == "mode" else c.weight_sampling).single,
+             f"uniform_paths: {c.uniform_paths} needs single-path weight steps (set "
+             "weight_sampling or mode to single_path or reinforce)")])
 
 
 OPTIMIZERS = ("sgd", "adamw")

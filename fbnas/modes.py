@@ -91,6 +91,7 @@ class SearchMode:
 
     name = ""
     all_paths = False  # every candidate computed (and given a gradient) in every step
+    single = False  # one candidate per layer, weight 1 in value: a single path per step
     # 0: θ's CE gradient flows through the relaxation (m); k > 0: a θ step draws k single
     # paths and estimates the CE gradient by the score function (no backward through the net)
     score_paths = 0
@@ -125,7 +126,7 @@ class SinglePath(SearchMode):
     exactly one-hot, gradient of s: straight-through); only candidate i computed; cost weights
     = m, so the cost's gradient reaches every θ_l. `hard` is implied."""
 
-    name = "single_path"
+    name, single = "single_path", True
 
     def sample(self, theta, tau, hard):
         soft = gumbel_soft(stacked(theta), tau)
@@ -167,7 +168,7 @@ class Reinforce(SearchMode):
     which a relaxation cannot where BatchNorm makes a layer's output scale-free (a candidate
     that outputs zeros only rescales the mixture). `tau` and `hard` are not used."""
 
-    name, score_paths = "reinforce", 4
+    name, score_paths, single = "reinforce", 4, True
 
     def sample(self, theta, tau, hard):
         logits = stacked(theta)

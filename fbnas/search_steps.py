@@ -73,6 +73,12 @@ class SearchSteps:
             return self._path_weight_step(x, y, paths)
         with torch.no_grad():  # the mode decides which paths are sampled and computed
             p = self._sample(self._weight_mode)
+        extra = self.cfg.search.uniform_paths
+        if extra:  # bi-sampling: the sampled single path and `extra` uniform ones
+            sizes = [len(t) for t in self.net.theta]
+            paths = [[list(a) for a in p.active]]
+            paths += [warmup_paths("uniform", sizes)[0] for _ in range(extra)]
+            return self._path_weight_step(x, y, paths)
         with self.stepper.update(self._w_update()) as u:
             with self.prec.autocast():
                 logits, cost = self.w_forward(self.prec.input(x), m=p.m, active=p.active,

@@ -70,7 +70,8 @@ class SearchTrainer(SearchSteps, EpochRunner):
                ("search", "precision"): "float32", ("search", "channels_last"): False,
                ("data", "placement"): "auto", ("search", "compile"): False,
                ("search", "compile_backend"): "inductor", ("run", "nan_check"): "auto",
-               ("search", "weights"): "separate", ("search", "weight_sampling"): "mode"})
+               ("search", "weights"): "separate", ("search", "weight_sampling"): "mode",
+               ("search", "uniform_paths"): 0})
 
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
                  log=None, resume: bool = False, dist=None):

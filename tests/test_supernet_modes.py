@@ -357,6 +357,27 @@ def test_trainer_steps_compute_only_the_sampled_paths(tmp_path, mode):
         close_logger(t.log)
 
 
+def test_uniform_paths_train_the_sampled_path_and_n_uniform_ones(tmp_path):
+    """search.uniform_paths: N (TF-NAS bi-sampling for N = 1): a weight step runs 1 + N
+    single paths, one candidate each per layer, and θ gets no gradient."""
+    t = SearchTrainer(make_cfg(tmp_path, mode="reinforce", uniform_paths=2), tmp_path / "run")
+    try:
+        calls = count_calls(t.model)
+        x, y = next(iter(t.data.w_loader))
+        out = t.weight_step(x, y)
+        assert set(out) == {"ce", "acc", "cost"}
+        assert all(sum(c) == 3 for c in calls), calls
+        assert all(p.grad is None for p in t.model.arch_parameters())
+    finally:
+        close_logger(t.log)
+
+
+def test_uniform_paths_need_single_path_weight_steps(tmp_path):
+    with pytest.raises(FbnasError, match=r"search\.uniform_paths: 1 needs single-path weight "
+                                         r"steps"):
+        make_cfg(tmp_path, mode="full", uniform_paths=1)
+
+
 @pytest.mark.parametrize("mode,ckpt", [("full", False), ("single_path", False),
                                        ("two_path", False), ("single_path", True)])
 def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
