@@ -17,11 +17,11 @@ from fbnas.schedules import warmup_paths
 
 
 class SearchSteps:
-    def _sample(self, mode: str | None = None) -> PathSample:
-        """The paths of one step, as search.mode (or `mode`) samples them (on the ranks'
-        shared noise)."""
+    def _sample(self) -> PathSample:
+        """The paths of one θ step, as search.mode samples them (on the ranks' shared
+        noise)."""
         with self.noise():
-            return self.net.sample_path(self.tau, self.cfg.search.hard, mode)
+            return self.net.sample_path(self.tau, self.cfg.search.hard)
 
     @property
     def _weight_mode(self) -> str | None:
@@ -71,14 +71,16 @@ class SearchSteps:
         paths = self._warmup_paths()
         if paths is not None:
             return self._path_weight_step(x, y, paths)
-        with torch.no_grad():  # the mode decides which paths are sampled and computed
-            p = self._sample(self._weight_mode)
-        extra = self.cfg.search.uniform_paths
-        if extra:  # bi-sampling: the sampled single path and `extra` uniform ones
-            sizes = [len(t) for t in self.net.theta]
-            paths = [[list(a) for a in p.active]]
-            paths += [warmup_paths("uniform", sizes)[0] for _ in range(extra)]
-            return self._path_weight_step(x, y, paths)
+        # the mode decides which paths are sampled and computed; with search.uniform_paths
+        # (bi-sampling) also that many uniform single paths, drawn on the same noise, so
+        # every rank of a torchrun draws the same ones
+        sizes = [len(t) for t in self.net.theta]
+        with torch.no_grad(), self.noise():
+            p = self.net.sample_path(self.tau, self.cfg.search.hard, self._weight_mode)
+            extra = [warmup_paths("uniform", sizes)[0]
+                     for _ in range(self.cfg.search.uniform_paths)]
+        if extra:
+            return self._path_weight_step(x, y, [[list(a) for a in p.active], *extra])
         with self.stepper.update(self._w_update()) as u:
             with self.prec.autocast():
                 logits, cost = self.w_forward(self.prec.input(x), m=p.m, active=p.active,
