@@ -112,10 +112,7 @@ class SearchSteps:
             # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0),
             # and with `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
             total = self.prec.scale(terms.total, 1)
-            grads = (torch.autograd.grad(total, theta, allow_unused=True) if total.requires_grad
-                     else [None] * len(theta))
-            for t, g in zip(theta, grads, strict=True):
-                t.grad = torch.zeros_like(t) if g is None else g
+            _set_grads(theta, total)
             u.terms = {"ce": terms.ce, "cost_term": terms.cost_term, "total": terms.total}
         if not u.applied:
             return StepFigures()
@@ -145,10 +142,7 @@ class SearchSteps:
             est = ce.mean() + score - score.detach()
             cost = self.net.expected_cost([torch.softmax(t, -1) for t in theta])
             terms = self.loss.with_ce(est, cost.float())
-            grads = torch.autograd.grad(self.prec.scale(terms.total, 1), theta,
-                                        allow_unused=True)
-            for t, g in zip(theta, grads, strict=True):
-                t.grad = torch.zeros_like(t) if g is None else g
+            _set_grads(theta, self.prec.scale(terms.total, 1))
             u.terms = {"ce": ce, "cost_term": terms.cost_term, "total": terms.total}
         if not u.applied:
             return StepFigures()
@@ -156,3 +150,12 @@ class SearchSteps:
                             "cost_term": metric(terms.cost_term),
                             "acc": metric(torch.stack(accs).mean()), "cost": metric(cost)},
                            skip=u.skip)
+
+
+def _set_grads(theta: list[torch.Tensor], total: torch.Tensor) -> None:
+    """θ's gradients of `total` (the weights get none); a θ absent from the graph, or a total
+    that depends on no θ, gets a zero gradient."""
+    grads = (torch.autograd.grad(total, theta, allow_unused=True) if total.requires_grad
+             else [None] * len(theta))
+    for t, g in zip(theta, grads, strict=True):
+        t.grad = torch.zeros_like(t) if g is None else g
