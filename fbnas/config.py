@@ -369,10 +369,16 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
         raise FbnasError(f"{source}: loss.target: {loss_cfg.target!r} is a time, but "
                          f"latency.cost is {latency.cost}; give the target in {latency.cost} "
                          "or as a position in the space's range (e.g. 0.6x)")
+    space = SearchSpace.from_dict(data["space"], f"{source}: space")
+    data_cfg = DataConfig.from_dict({} if data.get("data") is None else data["data"],
+                                    f"{source}: data")
+    if data_cfg.classes is not None and data_cfg.classes != space.macro.num_classes:
+        # the head follows data.classes: N classes kept, N outputs
+        space = SearchSpace.from_dict({**data["space"], "num_classes": data_cfg.classes},
+                                      f"{source}: space")
     return Config(
-        space=SearchSpace.from_dict(data["space"], f"{source}: space"),
-        data=DataConfig.from_dict({} if data.get("data") is None else data["data"],
-                                 f"{source}: data"),
+        space=space,
+        data=data_cfg,
         latency=latency,
         loss=loss_cfg,
         search=SearchConfig.from_dict(data.get("search"), f"{source}: search"),

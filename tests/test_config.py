@@ -83,3 +83,37 @@ def test_temperature_schedules():
     lin = TauSchedule.from_config(
         SearchConfig(epochs=6, warmup_epochs=1, tau0=5.0, tau_schedule="linear", tau_min=1.0))
     assert [round(lin(e), 6) for e in range(6)] == [5.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+
+
+def test_data_classes_sets_the_heads_class_count_and_resolves_to_a_fixed_point():
+    base = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    assert base["space"]["num_classes"] == 10
+    cfg = config_from_dict(apply_overrides(base, ["data.classes=4", "data.class_seed=2"]), "q")
+    assert cfg.space.macro.num_classes == 4 and cfg.space.macro.head_shape()[-1] == 4
+    r = cfg.resolved()
+    assert (r["data"]["classes"], r["data"]["class_seed"], r["space"]["num_classes"]) == (4, 2, 4)
+    assert config_from_dict(r, "resolved").resolved() == r
+    # without a subset the resolved data section has neither key (older runs resume as before)
+    plain = config_from_dict(base, "q").resolved()
+    assert "classes" not in plain["data"] and "class_seed" not in plain["data"]
+    assert plain["space"]["num_classes"] == 10
+    # the shipped ImageNet config searches on 100 classes of the 1000-class space
+    imagenet = load_config(ROOT / "configs/fbnet_imagenet.yaml")
+    assert (imagenet.data.classes, imagenet.space.macro.num_classes) == (100, 100)
+    assert load_config(ROOT / "configs/fbnet_imagenet.yaml",
+                       ["data.classes=null"]).space.macro.num_classes == 1000
+
+
+@pytest.mark.parametrize("value,needles", [
+    ("11", ["data.classes: 11 is more than the 10 classes of digits"]),
+    ("1", ["data.classes: must be >= 2, got 1"]),
+    ("ten", ["data.classes: expected an integer, got 'ten'"]),
+    ("4.5", ["data.classes: expected an integer, got 4.5"]),
+])
+def test_bad_data_classes_are_one_line_errors_naming_the_file_and_key(value, needles):
+    with pytest.raises(FbnasError) as ei:
+        load_config(ROOT / "configs/quickstart.yaml", [f"data.classes={value}"])
+    msg = str(ei.value)
+    assert "\n" not in msg and "quickstart.yaml: data.classes" in msg
+    for n in needles:
+        assert n in msg

@@ -609,3 +609,195 @@ def test_cifar_on_the_device_resized_and_grey_is_close_to_the_loader(tmp_path, m
     for (xa, _), (xb, _) in zip(dev.test_loader, loader.test_loader, strict=True):
         assert xa.shape == xb.shape == (len(xa), 1, 24, 24)
         assert float((xa - xb).abs().mean()) < 0.05
+
+
+# ---- data.classes: a subset of the classes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("d, needles", [
+    ({"classes": 11}, ["data.classes", "11", "10 classes of digits"]),
+    ({"dataset": "cifar100", "root": "/x", "classes": 101},
+     ["data.classes", "101", "100 classes of cifar100"]),
+    ({"classes": 1}, ["data.classes", ">= 2", "got 1"]),
+    ({"classes": "ten"}, ["data.classes", "expected an integer", "'ten'"]),
+    ({"classes": 2.5}, ["data.classes", "expected an integer", "2.5"]),
+    ({"classes": True}, ["data.classes", "expected an integer", "True"]),
+    ({"classes": 4, "class_seed": -1}, ["data.class_seed", ">= 0", "-1"]),
+    ({"dataset": "synthetic", "classes": 3}, ["data.classes", "synthetic", "num_classes"]),
+])
+def test_classes_bad_values_are_one_line_errors(d, needles):
+    one_line_error(lambda: DataConfig.from_dict(d), *needles)
+    if "class_seed" not in d:  # the same check when the config is built in code
+        one_line_error(lambda: DataConfig(**{**d, "where": "data"}), "data.classes")
+
+
+def _digit_of_image():
+    """An 8x8 digit image's bytes -> its digit, from the bundled digits (the test's ground
+    truth for which class a loader's sample really is)."""
+    from fbnas.data.sources import _load_digits
+
+    images, target = _load_digits()
+    return {img.tobytes(): int(t) for img, t in zip(images, target, strict=True)}
+
+
+def test_classes_pick_the_same_digits_on_every_split_and_in_search_retrain_and_eval():
+    cfg = DataConfig(classes=4, class_seed=3, augment=False)
+    s = build_search_data(cfg, 8, 1, 4, seed=0)
+    t = build_train_data(cfg, 8, 1, 4, seed=0)
+    other_seed = build_search_data(cfg, 8, 1, 4, seed=7)  # another run seed: same classes
+    kept = s.class_indices
+    assert len(kept) == 4 and list(kept) == sorted(kept) and set(kept) <= set(range(10))
+    assert t.class_indices == other_seed.class_indices == kept
+    assert s.class_names == t.class_names == tuple(str(k) for k in kept)
+    assert s.num_classes == t.num_classes == 4
+    # every split holds only the kept digits, all of them, with label i for digit kept[i]
+    truth = _digit_of_image()
+    for name, loader, idx in (("w", s.w_loader, s.w_indices), ("θ", s.theta_loader,
+                                                                 s.theta_indices),
+                              ("val", s.val_loader, s.val_indices),
+                              ("test", s.test_loader, None),
+                              ("retrain", t.train_loader, t.train_indices)):
+        ds = loader.dataset
+        for i in (range(len(ds)) if idx is None else idx):
+            digit = truth[ds.images[i].numpy().tobytes()]
+            assert kept[int(ds.labels[i])] == digit, (name, i)
+        assert {int(ds.labels[i]) for i in (range(len(ds)) if idx is None else idx)} == \
+            set(range(4)), name
+    # the kept digits' samples, all of them: the full train/test split filtered
+    from fbnas.data.sources import _load_digits
+
+    _, target = _load_digits()
+    tr, te = digits_split()
+    assert len(s.w_loader.dataset) == int(np.isin(target[tr], kept).sum())
+    assert len(s.test_loader.dataset) == int(np.isin(target[te], kept).sum())
+    # labels the loaders yield are 0..N-1
+    ys = torch.cat([y for _, y in s.w_loader])
+    assert set(ys.tolist()) == set(range(4))
+    # eval's val split: the search's val samples, the same labels
+    ev = build_eval_data(cfg, 8, 1, 4, seed=0, split="val")
+    assert torch.equal(torch.cat([y for _, y in ev]), torch.cat([y for _, y in s.val_loader]))
+    # class_seed picks other classes (not every seed draws the same 4 of 10)
+    picks = {build_search_data(DataConfig(classes=4, class_seed=k, limit=40), 8, 1, 4,
+                               seed=0).class_indices for k in range(4)}
+    assert len(picks) > 1
+    # without data.classes: every class, no subset recorded
+    full = build_search_data(DataConfig(limit=40), 8, 1, 10, seed=0)
+    assert full.class_indices is None and full.class_names == tuple("0123456789")
+
+
+def test_classes_and_the_space_must_agree_when_built_in_code():
+    one_line_error(lambda: build_search_data(DataConfig(classes=3), 8, 1, 10, seed=0),
+                   "data.classes keeps 3 classes of digits", "num_classes=10")
+
+
+def test_classes_on_an_image_folder_keep_the_same_classes_in_train_and_val(tmp_path):
+    names = ("ant", "bee", "cat", "dog", "eel")
+    _image_folder(tmp_path, classes=names, per_class=(3, 2))
+    cfg = DataConfig(dataset="imagefolder", root=str(tmp_path), batch_size=4, classes=3,
+                     class_seed=1, val_fraction=0.2)
+    s = build_search_data(cfg, 16, 3, 3, seed=0)
+    t = build_train_data(cfg, 16, 3, 3, seed=4)
+    kept = s.class_indices
+    assert t.class_indices == kept and len(kept) == 3
+    assert s.class_names == tuple(names[k] for k in kept)
+    for loader in (s.w_loader, s.test_loader):
+        base = loader.dataset.base
+        # the files behind each sample are the kept classes', labelled 0..2 in name order
+        for path, y in base.samples:
+            assert path.split("/")[-2] == s.class_names[y]
+        assert base.classes == list(s.class_names)
+    assert len(s.w_loader.dataset) == 9 and len(s.test_loader.dataset) == 6
+    assert set(torch.cat([y for _, y in s.w_loader]).tolist()) <= {0, 1, 2}
+    # more classes than the folder holds: one line naming the key, the value and the count
+    bad = DataConfig(dataset="imagefolder", root=str(tmp_path), classes=6)
+    one_line_error(lambda: build_search_data(bad, 16, 3, 6, seed=0), "data.classes", "6",
+                   "5 classes of imagefolder", str(tmp_path / "train"))
+
+
+def _fake_cifar100(root, monkeypatch, n_train=60, n_test=30):
+    """A tiny CIFAR-100 in torchvision's python format (its checksums waived)."""
+    import pickle
+
+    from torchvision import datasets
+
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for name, n in (("train", n_train), ("test", n_test)):
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 "fine_labels": (np.arange(n) % 100).tolist()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "meta").write_bytes(pickle.dumps(
+        {"fine_label_names": [f"c{i:02d}" for i in range(100)]}))
+    monkeypatch.setattr(datasets.CIFAR100, "_check_integrity", lambda self: True)
+    monkeypatch.setattr(datasets.cifar, "check_integrity", lambda path, md5=None: True)
+
+
+@pytest.mark.parametrize("placement", ["loader", "device"])
+def test_classes_on_cifar100_both_placements(tmp_path, monkeypatch, placement):
+    _fake_cifar100(tmp_path, monkeypatch, n_train=200, n_test=100)
+    cfg = DataConfig.from_dict({"dataset": "cifar100", "root": str(tmp_path), "batch_size": 8,
+                                "classes": 10, "placement": placement, "val_fraction": 0.2})
+    s = build_search_data(cfg, 32, 3, 10, seed=0, device=torch.device("cpu"))
+    kept = s.class_indices
+    assert len(kept) == 10 and s.class_names == tuple(f"c{k:02d}" for k in kept)
+    # 2 train and 1 test image per class in the fake: the kept classes' samples
+    assert len(s.w_indices) + len(s.theta_indices) + len(s.val_indices) == 20
+    assert sum(len(y) for _, y in s.test_loader) == 10
+    for loader in (s.w_loader, s.theta_loader, s.val_loader, s.test_loader):
+        ys = torch.cat([y for _, y in loader])
+        assert ys.min() >= 0 and ys.max() < 10
+    assert (type(s.w_loader).__name__ == "DeviceBatches") == (placement == "device")
+    # the raw pixels behind label y are an image of class kept[y] in the original data
+    if placement == "device":
+        images = s.test_loader.images.permute(0, 2, 3, 1).numpy()
+        labels = s.test_loader.labels.tolist()
+    else:
+        images, labels = s.test_loader.dataset.base.data, s.test_loader.dataset.base.targets
+    from torchvision import datasets
+    full = datasets.CIFAR100(str(tmp_path), train=False)
+    assert len(images) == 10
+    for img, y in zip(images, labels, strict=True):
+        j = next(j for j in range(len(full.data)) if np.array_equal(full.data[j], img))
+        assert full.targets[j] == kept[y]
+
+
+def test_classes_flow_through_search_retrain_and_eval(tmp_path, capsys):
+    """`fbnas train`, `fbnas retrain` and `fbnas eval` with data.classes: the head has N
+    outputs, each run directory lists the same classes, eval reads the same split."""
+    import json
+
+    import yaml
+    from conftest import digits_run_config
+
+    from fbnas.arch import Architecture
+    from fbnas.cli import main
+
+    d = digits_run_config(retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu",
+                                   "measure_latency": False},
+                          data={"classes": 3, "class_seed": 5},
+                          run={"dir": str(tmp_path / "search")})
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(d, sort_keys=False))
+    assert main(["train", "--config", str(cfg)]) == 0
+    arch = Architecture.load(tmp_path / "search" / "arch_hard.yaml")
+    assert arch.macro.num_classes == 3  # the head followed data.classes (the space says 10)
+    resolved = yaml.safe_load((tmp_path / "search" / "config.yaml").read_text())
+    assert resolved["data"]["classes"] == 3 and resolved["data"]["class_seed"] == 5
+    assert resolved["space"]["num_classes"] == 3
+    picked = json.loads((tmp_path / "search" / "classes.json").read_text())
+    assert picked["classes"] == 3 and len(picked["indices"]) == 3
+    assert picked["names"] == [str(k) for k in picked["indices"]]
+    assert main(["retrain", "--arch", str(tmp_path / "search" / "arch_hard.yaml"),
+                 "--config", str(cfg), "--out", str(tmp_path / "retrain")]) == 0
+    assert json.loads((tmp_path / "retrain" / "classes.json").read_text()) == picked
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "retrain" / "checkpoint.pt"),
+                 "--split", "test"]) == 0
+    n_test = build_eval_data(DataConfig(classes=3, class_seed=5), 8, 1, 3, seed=3,
+                             split="test").sampler.indices.numel()
+    assert f"test ({n_test} images" in capsys.readouterr().out
+    from fbnas.data.sources import _load_digits
+
+    _, target = _load_digits()
+    assert n_test == int(np.isin(target[digits_split()[1]], picked["indices"]).sum())

@@ -14,6 +14,9 @@ SPLITS = ("val", "test")
 AUGMENTS = ("default", "none", "light", "imagenet")
 PLACEMENTS = ("auto", "loader", "device")  # fbnas.data.device
 IN_MEMORY = ("digits", "synthetic", "cifar10", "cifar100")  # data.placement: device
+# class counts known without reading the data (data.classes is checked against them at load
+# for the others)
+CLASS_COUNTS = {"digits": 10, "cifar10": 10, "cifar100": 100}
 
 
 
@@ -42,6 +45,12 @@ class DataConfig:
     flip: bool | None = setting(None, "bool")  # horizontal flips (null: the preset's)
     # cap on training samples, taken after a seeded shuffle
     limit: int | None = setting(None, "int", min=1)
+    # keep N classes of the dataset, drawn by class_seed (the FBNet paper searched on 100
+    # random ImageNet classes): the same N on every split and in search, retrain and eval,
+    # labels renumbered 0..N-1 in the dataset's class order; the space's num_classes follows
+    # N. null: every class
+    classes: int | None = setting(None, "int", min=2)
+    class_seed: int = setting(0, "int", min=0)
     synthetic_size: int = setting(512, "int", min=1)
     # where a split lives while training: auto (on the device for digits / synthetic / CIFAR
     # data on a GPU, else a DataLoader), device (the whole split as one device tensor, batched
@@ -66,6 +75,7 @@ class DataConfig:
         if self.limit is not None and (isinstance(self.limit, bool)
                                        or not isinstance(self.limit, int) or self.limit < 1):
             raise FbnasError(f"{w}.limit: must be an integer >= 1 or null, got {self.limit!r}")
+        self._check_classes()
         if self.augment not in (True, False, *AUGMENTS):
             raise FbnasError(f"{w}.augment: must be one of {', '.join(AUGMENTS)} (or true / "
                              f"false), got {show(self.augment)}")
@@ -94,6 +104,25 @@ class DataConfig:
         if not 0.0 <= self.val_fraction < 1.0:
             raise FbnasError(f"{w}.val_fraction: must be in [0, 1), got {self.val_fraction}")
 
+    def _check_classes(self) -> None:
+        w, n = self.where, self.classes
+        if isinstance(self.class_seed, bool) or not isinstance(self.class_seed, int) or (
+                self.class_seed < 0):
+            raise FbnasError(f"{w}.class_seed: must be an integer >= 0, got "
+                             f"{show(self.class_seed)}")
+        if n is None:
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise FbnasError(f"{w}.classes: must be an integer >= 2 (how many of the dataset's "
+                             f"classes to keep) or null, got {show(n)}")
+        if self.dataset == "synthetic":
+            raise FbnasError(f"{w}.classes: synthetic data has the space's num_classes "
+                             f"classes; set space.num_classes instead of {w}.classes: {n}")
+        have = CLASS_COUNTS.get(self.dataset)
+        if have is not None and n > have:
+            raise FbnasError(f"{w}.classes: {n} is more than the {have} classes of "
+                             f"{self.dataset}")
+
     @classmethod
     def from_dict(cls, d: Any, where: str = "data") -> DataConfig:
         return read_fields(cls, d, where, where=where)
@@ -112,8 +141,14 @@ class DataConfig:
         return self.flip if self.flip is not None else self.preset in ("imagenet", "cifar")
 
     def to_dict(self) -> dict[str, Any]:
+        """The section as a resolved config writes it; `classes` and `class_seed` appear only
+        when a class subset is chosen, so a run without one resolves as before (and resumes
+        runs written before the keys existed)."""
         d = asdict(self)
         d.pop("where")
+        if self.classes is None:
+            d.pop("classes")
+            d.pop("class_seed")
         return d
 
 

@@ -98,6 +98,9 @@ class SearchData:
     # The weight split under eval transforms, in a fixed order: for re-estimating BatchNorm
     # statistics of one path (no augmentation, so it draws no random numbers).
     calib_loader: DataLoader | None = None
+    class_names: tuple[str, ...] = ()  # label i is class class_names[i]
+    # `data.classes`: the dataset's class indices kept, in label order (None: every class)
+    class_indices: tuple[int, ...] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass over w/θ use epoch `epoch`'s order, a function of (seed, epoch).
@@ -124,6 +127,8 @@ class TrainData:
     train_indices: tuple[int, ...]
     val_indices: tuple[int, ...]
     seed: int
+    class_names: tuple[str, ...] = ()  # as SearchData's
+    class_indices: tuple[int, ...] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         _set_epoch([(self.train_loader, Stream.TRAIN)], self.seed, epoch)
@@ -150,6 +155,7 @@ def build_search_data(cfg: DataConfig, input_size: int | Sequence[int], in_chann
         test_loader=_eval_loader(src.test, _every(src.test), cfg, *at),
         num_classes=src.num_classes, w_indices=w, theta_indices=theta, val_indices=val,
         seed=seed, calib_loader=_eval_loader(src.train_eval, w, cfg, *at),
+        class_names=src.names, class_indices=src.kept,
     )
 
 
@@ -168,6 +174,7 @@ def build_train_data(cfg: DataConfig, input_size: int | Sequence[int], in_channe
         val_loader=_eval_loader(src.train_eval, val, cfg, *at) if val else None,
         test_loader=_eval_loader(src.test, _every(src.test), cfg, *at),
         num_classes=src.num_classes, train_indices=train, val_indices=val, seed=seed,
+        class_names=src.names, class_indices=src.kept,
     )
 
 

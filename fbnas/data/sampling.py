@@ -16,7 +16,7 @@ from fbnas.errors import FbnasError
 class Stream:
     """Independent random streams derived from the run's seed."""
 
-    SPLIT, W, THETA, TRAIN, SYNTH_TRAIN, SYNTH_TEST, WORKERS = range(1, 8)
+    SPLIT, W, THETA, TRAIN, SYNTH_TRAIN, SYNTH_TEST, WORKERS, CLASSES = range(1, 9)
 
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fbnas.data.config import DataConfig
-from fbnas.data.sampling import Stream, mix_seed
+from fbnas.data.sampling import Stream, mix_seed, seeded_generator
 from fbnas.errors import FbnasError
 
 DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3760  # pixel statistics of load_digits().images / 16
@@ -163,6 +163,39 @@ class Source:
     train_eval: Dataset  # the same samples, eval transforms
     test: Dataset
     num_classes: int
+    names: tuple[str, ...] = ()  # the class names, in label order
+    # `data.classes`: the dataset's class indices kept (label i is class kept[i]); None: all
+    kept: tuple[int, ...] | None = None
+
+
+def pick_classes(cfg: DataConfig, names: Sequence[str], where_from: str = "") -> tuple[int, ...]:
+    """The `data.classes` classes kept of a dataset with classes `names`: sorted indices, drawn
+    by `data.class_seed` alone (so search, retrain and eval keep the same ones, whatever the
+    run's seed). `where_from` names the data in the error for too many classes."""
+    n, have = cfg.classes, len(names)
+    if n is None:
+        return tuple(range(have))
+    if n > have:
+        raise FbnasError(f"{cfg.where}.classes: {n} is more than the {have} classes of "
+                         f"{cfg.dataset}{where_from}")
+    perm = torch.randperm(have, generator=seeded_generator(cfg.class_seed, Stream.CLASSES))
+    return tuple(sorted(perm[:n].tolist()))
+
+
+def _keep_classes(ds: Any, kept: Sequence[int]) -> None:
+    """Keep only the samples of classes `kept` in a torchvision CIFAR or ImageFolder dataset,
+    in place, with labels renumbered: class kept[i] becomes label i."""
+    new = {old: i for i, old in enumerate(kept)}
+    targets = list(ds.targets)
+    rows = [i for i, t in enumerate(targets) if t in new]
+    ds.targets = [new[targets[i]] for i in rows]
+    if hasattr(ds, "samples"):  # ImageFolder: (path, label) pairs
+        ds.samples = [(ds.samples[i][0], new[targets[i]]) for i in rows]
+        ds.imgs = ds.samples
+    if hasattr(ds, "data"):  # CIFAR: (N, 32, 32, 3) uint8
+        ds.data = ds.data[np.asarray(rows, dtype=np.int64)]
+    ds.classes = [ds.classes[k] for k in kept]
+    ds.class_to_idx = {c: i for i, c in enumerate(ds.classes)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -186,6 +219,11 @@ def digits_split() -> tuple[np.ndarray, np.ndarray]:
 def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
     images, target = _load_digits()
     tr, te = digits_split()
+    names = tuple(str(d) for d in range(10))
+    kept = pick_classes(cfg, names)
+    if cfg.classes is not None:  # the samples of the kept digits, labels renumbered
+        tr, te = (ix[np.isin(target[ix], kept)] for ix in (tr, te))
+        target = np.searchsorted(np.asarray(kept), target)  # kept digits -> 0..N-1
     xtr, ytr = torch.from_numpy(images[tr]), torch.from_numpy(target[tr])
     xte, yte = torch.from_numpy(images[te]), torch.from_numpy(target[te])
     return Source(
@@ -193,7 +231,8 @@ def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
                             flip=cfg.flips()),
         train_eval=DigitsDataset(xtr, ytr, size, channels, augment=False),
         test=DigitsDataset(xte, yte, size, channels, augment=False),
-        num_classes=10,
+        num_classes=len(kept), names=tuple(names[k] for k in kept),
+        kept=kept if cfg.classes is not None else None,
     )
 
 
@@ -204,7 +243,7 @@ def _synthetic(cfg: DataConfig, size: tuple[int, int], channels: int, num_classe
                              mix_seed(seed, Stream.SYNTH_TRAIN))
     test = SyntheticDataset(max(cfg.synthetic_size // 4, 1), shape, num_classes,
                             mix_seed(seed, Stream.SYNTH_TEST))
-    return Source(train, train, test, num_classes)
+    return Source(train, train, test, num_classes, tuple(str(c) for c in range(num_classes)))
 
 
 def _rgb_tail(stats: tuple[tuple[float, ...], tuple[float, ...]], channels: int,
@@ -248,6 +287,7 @@ def _cifar(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
     except OSError as e:
         raise FbnasError(f"{cfg.where}.root: cannot read or download {cfg.dataset} into "
                          f"{root} ({e})") from None
+    kept = _subset(cfg, train, test, f" in {root}")
     resize = [] if size == (32, 32) else [T.Resize(size, antialias=True)]
     aug = _crop_flip(cfg, (32, 32), T)
     tail = _rgb_tail(CIFAR_STATS[cfg.dataset], channels, cfg)
@@ -259,7 +299,18 @@ def _cifar(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
     return Source(_Transformed(train, train_tf, train_spec if on_device else None),
                   _Transformed(train, eval_tf, eval_spec if on_device else None),
                   _Transformed(test, eval_tf, eval_spec if on_device else None),
-                  len(train.classes))
+                  len(train.classes), tuple(train.classes), kept)
+
+
+def _subset(cfg: DataConfig, train: Any, test: Any, where_from: str) -> tuple[int, ...] | None:
+    """`data.classes`: keep the chosen classes in a torchvision train and test set (in place);
+    their indices, or None without a subset."""
+    if cfg.classes is None:
+        return None
+    kept = pick_classes(cfg, train.classes, where_from)
+    for ds in (train, test):
+        _keep_classes(ds, kept)
+    return kept
 
 
 def _imagefolder(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
@@ -283,13 +334,14 @@ def _imagefolder(cfg: DataConfig, size: tuple[int, int], channels: int) -> Sourc
         only = sorted(set(train.classes) ^ set(val.classes))
         raise FbnasError(f"{cfg.where}.root: {root}: train/ and val/ hold different classes "
                          f"(in one only: {', '.join(only[:5]) or 'none'})")
+    kept = _subset(cfg, train, val, f" in {root / 'train'}")
     resize = round(min(size) / 0.875)
     tail = _rgb_tail(IMAGENET_STATS, channels, cfg)
     eval_tf = T.Compose([T.Resize(resize, antialias=True), T.CenterCrop(size), *tail])
     aug = _crop_flip(cfg, size, T)
     train_tf = T.Compose([*aug, *tail]) if aug else eval_tf
     return Source(_Transformed(train, train_tf), _Transformed(train, eval_tf),
-                   _Transformed(val, eval_tf), len(train.classes))
+                   _Transformed(val, eval_tf), len(train.classes), tuple(train.classes), kept)
 
 
 CROP_SCALES = {"light": (0.8, 1.0), "imagenet": (0.08, 1.0)}
@@ -335,9 +387,11 @@ def load_source(cfg: DataConfig, input_size: int | Sequence[int], in_channels: i
     else:
         src = _cifar(cfg, size, in_channels)
     if src.num_classes != num_classes:
-        raise FbnasError(f"{cfg.where}.dataset: {cfg.dataset} has {src.num_classes} classes "
-                         f"but the search space has num_classes={num_classes}; set the "
-                         f"space's num_classes to {src.num_classes}")
+        has = (f"{cfg.where}.classes keeps {src.num_classes} classes of {cfg.dataset}"
+               if src.kept is not None else f"{cfg.dataset} has {src.num_classes} classes")
+        raise FbnasError(f"{cfg.where}.dataset: {has} but the search space has "
+                         f"num_classes={num_classes}; set the space's num_classes to "
+                         f"{src.num_classes}")
     return src
 
 

@@ -44,6 +44,7 @@ from fbnas.run.resume import ResumePolicy
 from fbnas.run.step import PhaseSums, StepFigures, Stepper, host_values
 
 CHECKPOINT = "checkpoint.pt"
+CLASSES = "classes.json"  # the `data.classes` subset a run keeps
 
 
 class NonFiniteLoss(FbnasError):
@@ -206,10 +207,28 @@ class EpochRunner:
                 attach_log_file(self.log, self.run_dir)
 
     def _write_config(self, extra: dict[str, Any] | None = None) -> None:
-        """config.yaml: the resolved config (plus what the trainer adds), on rank 0."""
+        """config.yaml: the resolved config (plus what the trainer adds), on rank 0; with
+        `data.classes`, classes.json: the classes the run keeps."""
         if self.dist.is_main:
             write_yaml_atomic(self.run_dir / "config.yaml",
                               {**self.cfg.resolved(), **(extra or {})})
+            self._write_classes()
+
+    def _write_classes(self) -> None:
+        """classes.json: the `data.classes` subset (the dataset's class indices and names kept,
+        label i being the i-th), and a log line; nothing without a subset."""
+        data = getattr(self, "data", None)
+        kept = getattr(data, "class_indices", None)
+        if kept is None:
+            return
+        d = self.cfg.data
+        names = list(data.class_names)
+        write_json_atomic(self.run_dir / CLASSES, {
+            "dataset": d.dataset, "root": d.root, "classes": len(kept),
+            "class_seed": d.class_seed, "indices": list(kept), "names": names})
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        self.log.info(f"data.classes: {len(kept)} classes (class_seed {d.class_seed}): "
+                      f"{shown}; the list is in {self.run_dir / CLASSES}")
 
     def _restore_ranks(self, state: dict[str, Any], at_epoch_start: bool, seed: int) -> None:
         """RNG state (this rank's, in a distributed checkpoint), partial sums and BN
