@@ -48,33 +48,91 @@ OVERHEAD = "call overhead"  # the empty program an exported runtime's entries ar
 
 
 # ---- progress --------------------------------------------------------------------------------
-class _Bar:
-    """tqdm progress over entry samples (ETA for the whole build), showing the entry being
-    timed and the time per entry so far."""
+PLAIN_EVERY_S = 30.0  # a plain progress line at most this often, where stderr is no terminal
 
-    def __init__(self, total_items: int, rounds: int, what: str):
 
-        self.rounds = rounds
-        self.bar = tqdm(total=total_items * rounds, desc=what, unit="sample", file=sys.stderr,
-                        dynamic_ncols=True, smoothing=0.1)
-        self.t0 = time.perf_counter()
+def _minutes(s: float) -> str:
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+class MeasureProgress:
+    """Progress over timed samples (ETA for the whole job), showing the entry being timed and
+    the time per entry so far: a tqdm bar where `stream` (stderr) is a terminal; elsewhere (a
+    file, a pipe, a scheduler's log) a plain line at most every `every` seconds and one at the
+    end, with no carriage-return redraws."""
+
+    def __init__(self, total_items: int, rounds: int, what: str, stream=None,
+                 every: float | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.rounds, self.what = rounds, what
+        self.every = PLAIN_EVERY_S if every is None else every
+        self.total, self.n, self.key = total_items * rounds, 0, ""
+        self.t0 = self.shown_at = time.perf_counter()
+        try:
+            tty = bool(self.stream.isatty())
+        except (AttributeError, ValueError, OSError):
+            tty = False
+        self.bar = (tqdm(total=self.total, desc=what, unit="sample", file=self.stream,
+                         dynamic_ncols=True, smoothing=0.1) if tty else None)
 
     def chunk(self, n_items: int):
+        """The `progress` callback of one measurement of `n_items` entries."""
         last, seen = [0], [n_items * self.rounds]
 
         def cb(done: int, total: int, key: str) -> None:
             if total > seen[0]:  # extra rounds for noisy entries
-                self.bar.total += total - seen[0]
+                self._grow(total - seen[0])
                 seen[0] = total
-            self.bar.update(done - last[0])
+            self._advance(done - last[0], key)
             last[0] = done
-            per = (time.perf_counter() - self.t0) / max(self.bar.n / self.rounds, 1e-9)
-            self.bar.set_postfix_str(f"{per:.2f} s/item, {key[:36]}", refresh=False)
 
         return cb
 
+    def passes(self, n_items: int):
+        """One callback for successive measurements of `n_items` entries each (validate's
+        repeats): a new one starts where the count of samples done goes back."""
+        state: dict[str, Any] = {"cb": None, "last": 0}
+
+        def cb(done: int, total: int, key: str) -> None:
+            if state["cb"] is None or done < state["last"]:
+                state["cb"] = self.chunk(n_items)
+            state["last"] = done
+            state["cb"](done, total, key)
+
+        return cb
+
+    def _grow(self, n: int) -> None:
+        self.total += n
+        if self.bar is not None:
+            self.bar.total += n
+
+    def _advance(self, n: int, key: str) -> None:
+        self.n += n
+        self.key = key
+        now = time.perf_counter()
+        per = (now - self.t0) / max(self.n / self.rounds, 1e-9)
+        if self.bar is not None:
+            self.bar.update(n)
+            self.bar.set_postfix_str(f"{per:.2f} s/item, {key[:36]}", refresh=False)
+        elif now - self.shown_at >= self.every:
+            self.shown_at = now
+            left = (self.total - self.n) / self.rounds * per
+            self._line(f", ETA {_minutes(left)}, {per:.2f} s/item, {key[:36]}")
+
+    def _line(self, tail: str) -> None:
+        pct = 100 * self.n / self.total if self.total else 100.0
+        self.stream.write(f"{self.what}: {self.n}/{self.total} samples ({pct:.0f}%) in "
+                          f"{_minutes(time.perf_counter() - self.t0)}{tail}\n")
+        self.stream.flush()
+
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+        elif self.n:
+            self._line("")
 
 
 # ---- the reference op, shared by everything measured in one process --------------------------
@@ -227,7 +285,8 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
                                               OVERHEAD)}
                      if getattr(timer, "per_call_overhead", False) and todo else {})
     n_chunks = -(-len(todo) // chunk)
-    bar = (_Bar(len(todo) + len(probe_runs) * n_chunks, p.rounds, f"latency {space.name}")
+    bar = (MeasureProgress(len(todo) + len(probe_runs) * n_chunks, p.rounds,
+                           f"latency {space.name}")
            if progress and todo else None)
     remeasured0 = remeasured
     try:

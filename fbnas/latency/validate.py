@@ -31,6 +31,7 @@ from fbnas.backends.worker import under_allocator
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write
 from fbnas.latency.build import (
+    MeasureProgress,
     build_cost_table,
     measure_archs,
     prepare_reference,
@@ -150,7 +151,9 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
     """Measure `n` spanning architectures end to end and compare them with `table`.
 
     Returns the report (a JSON-ready dict). Does not modify `table`; `apply_report` stores
-    the calibration (and the fitted corrections) in it.
+    the calibration (and the fitted corrections) in it. `progress`: a callback (done, total,
+    key) per pass, or True for `MeasureProgress` on stderr (a bar on a terminal, else a plain
+    line every 30 s; made where the measuring runs, an allocator's worker included).
     """
     log = log or (lambda s: None)
     if table.cost != "latency":
@@ -175,6 +178,10 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
     # machine that is faster or slower now than when the table was built moves neither side.
     table_ref = (table.reference or {}).get("scale_us") if p.reference else None
     passes, now, ref_now = [], [], []
+    bar = None
+    if progress is True:
+        bar = MeasureProgress(len(archs) * max(1, repeats), p.rounds, f"validate {space.name}")
+        progress = bar.passes(len(archs))
     desched0 = getattr(timer, "wall_s", 0.0), getattr(timer, "cpu_s", 0.0)
     for r in range(max(1, repeats)):
         pr = Protocol(**{**p.__dict__, "seed": p.seed + 1000 * (r + 1)})
@@ -184,6 +191,8 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
         passes.append(np.array([m.ratio(a.name) * (table_ref or own) for a in archs]))
         now.append(np.array([m.ratio(a.name) * own for a in archs]))
         log(f"pass {r + 1}: {len(archs)} networks timed in {m.seconds:.0f} s")
+    if bar is not None:
+        bar.close()
     meas = np.exp(np.mean(np.log(np.stack(passes)), 0))  # geometric mean over passes
     meas_now = np.exp(np.mean(np.log(np.stack(now)), 0))
     report: dict[str, Any] = {

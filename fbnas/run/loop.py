@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 from fbnas.checkpoint import load_checkpoint, save_checkpoint
 from fbnas.distributed import (
@@ -39,7 +38,13 @@ from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.precision import Precision
 from fbnas.run.guard import NonFiniteGuard, deferred_wanted, fused_missing
-from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
+from fbnas.run.logs import (
+    Progress,
+    attach_log_file,
+    close_logger,
+    make_logger,
+    run_log_handlers,
+)
 from fbnas.run.resume import ResumePolicy
 from fbnas.run.step import PhaseSums, StepFigures, Stepper, host_values
 
@@ -300,12 +305,10 @@ class EpochRunner:
         averaging what ranks keep locally: local-SGD weights, BN statistics)."""
         if not self.step:
             self.sums = PhaseSums()
-        bar = None
+        bar = None  # a bar on a terminal, else a plain line every 30 s (fbnas.run.logs)
         if self.cfg.run.progress and self.dist.is_main:
-            bar = tqdm(total=total, initial=min(self.step, total), leave=False,
-                       dynamic_ncols=True, desc=desc)
+            bar = Progress(total, desc, initial=self.step)
         every = self.cfg.run.checkpoint_every_steps
-        shown_at = 0.0  # the figures shown are read from the device at most twice a second
         try:
             for x, y in batches:
                 x = x.to(self.device, non_blocking=True)
@@ -315,10 +318,10 @@ class EpochRunner:
                 self.sums.add(out)
                 if bar is not None:
                     bar.update(1)
-                    if out and time.monotonic() - shown_at >= 0.5:
-                        shown_at = time.monotonic()
-                        figs = {**{k: out[k] for k in shown if k in out}, **out.shown}
-                        bar.set_postfix({k: f"{v:.3g}" for k, v in host_values(figs).items()})
+                    if bar.due():  # the figures are read from the device only when shown
+                        figs = {**{k: out[k] for k in shown if k in out}, **out.shown} if out \
+                            else {}
+                        bar.show(host_values(figs))
                 save = bool(every) and self.step % every == 0
                 poll = self.guard.deferred and (save or self._poll_due())
                 # under torchrun agreeing on a stop is a collective read; with the deferred

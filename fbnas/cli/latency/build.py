@@ -62,6 +62,6 @@ def add_parser(actions) -> None:
     b.add_argument("--probes", type=int, default=12,
                    help="child networks timed to fit the in-network context factor (0: none)")
     b.add_argument("--fresh", action="store_true", help="ignore an existing --out file")
-    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--quiet", action="store_true", help="no progress output")
     timer_args(b)
     b.set_defaults(func=run)

@@ -25,8 +25,10 @@ def run(args) -> int:
                             if k in TABLE_PROTOCOL})
     if args.rounds is None:
         proto.rounds = max(10, proto.rounds // 2)
+    # progress: a bar on a terminal, else a plain line every 30 s (MeasureProgress)
     rep = validate(space, table, t, n=args.n, seed=args.seed, protocol=proto,
-                   repeats=args.repeats, fit_model=args.fit_model, log=log)
+                   repeats=args.repeats, fit_model=args.fit_model, log=log,
+                   progress=not args.quiet)
     for line in summary_lines(rep):
         print(line)
     out = args.report or str(Path(args.table).with_suffix("")) + ".validate.json"
@@ -57,5 +59,6 @@ def add_parser(actions) -> None:
                    help="store the calibration (and corrections) in the table file")
     v.add_argument("--report", help="report JSON (default: TABLE.validate.json)")
     v.add_argument("--plot", help="write a predicted-vs-measured scatter PNG here")
+    v.add_argument("--quiet", action="store_true", help="no progress output")
     timer_args(v)
     v.set_defaults(func=run)
