@@ -11,7 +11,14 @@ drift-compensated measurement (so their latencies are comparable with each other
 writes `OUT/sweep.csv`, `OUT/sweep.json` and `OUT/sweep.png` (latency vs. test top-1).
 
 Every step is a normal run directory: running the same command again skips what finished and
-resumes what was interrupted.
+resumes what was interrupted. With `seeds`, every value is searched once per search seed
+(`search.seed`; labels `<param><value>-seed<S>`).
+
+A point's work is a function of its config alone (`search_point`, `retrain_point`: seeded
+from the config, its own run directory), so the points can run in any order and in other
+processes: `fbnas.sweep_ray` runs them as Ray tasks (`fbnas sweep --workers N`) and then
+hands back to `Sweep.finish` for the end-to-end timing in this process. Results are
+bit-identical to the serial sweep's at the same torch thread count (`threads`).
 
 A value of 0 for a cost weight (`alpha`, `beta`, `lambda`) is the cost-blind search
 (`loss.kind: ce`). Note that the FBNet loss CE·α·(log LAT)^β uses α only as a scale — Adam,
@@ -68,6 +75,16 @@ class SweepPoint:
     value: float | None = None
     run_dir: Path | None = None
     results: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None  # the search seed of a searched point (with `seeds`)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """One search of the sweep: its label, swept value, search seed and config."""
+    label: str
+    value: float | str
+    seed: int | None
+    cfg: Config
 
 
 def parse_values(raw: str, param: str) -> list[float | str]:
@@ -104,9 +121,12 @@ def _label(param: str, v: float | str) -> str:
     return f"{param}{_fmt(v)}"
 
 
-def point_config(base: dict, param: str, value: float | str, search_dir: Path) -> Config:
-    """The search config of one sweep point: `loss.<param> = value` (0 weight: kind ce)."""
-    d = apply_overrides(base, [f"run.dir={search_dir}"])
+def point_config(base: dict, param: str, value: float | str, search_dir: Path,
+                 seed: int | None = None) -> Config:
+    """The search config of one sweep point: `loss.<param> = value` (0 weight: kind ce),
+    `search.seed = seed` when given."""
+    d = apply_overrides(base, [f"run.dir={search_dir}"]
+                        + ([f"search.seed={seed}"] if seed is not None else []))
     loss = dict(d.get("loss") or {})
     if param in WEIGHTS and value == 0 and not isinstance(value, str):
         loss = {"kind": "ce", **({"label_smoothing": loss["label_smoothing"]}
@@ -114,7 +134,8 @@ def point_config(base: dict, param: str, value: float | str, search_dir: Path) -
     else:
         loss[param] = value
     d["loss"] = loss
-    return config_from_dict(d, f"sweep point {param}={_fmt(value)}")
+    return config_from_dict(d, f"sweep point {param}={_fmt(value)}"
+                            + (f" seed {seed}" if seed is not None else ""))
 
 
 def reference_archs(cfg: Config, config_path: str | Path | None,
@@ -186,13 +207,60 @@ def dominated(points: list[SweepPoint], by: list[SweepPoint], lat_tol: float,
     return out
 
 
+# ---- one point's work: a function of its config alone (any order, any process) -------------
+def search_done(cfg: Config) -> bool:
+    """Has this point's search run all its epochs (its run directory says so)?"""
+    ck = Path(cfg.run.dir) / "checkpoint.pt"
+    return ck.is_file() and load_checkpoint(ck, kind="search")["epoch"] >= cfg.search.epochs
+
+
+def search_point(cfg: Config) -> Architecture:
+    """Search (or resume, or re-read a finished search) in `cfg.run.dir`; its argmax
+    architecture. Resuming checks the run was made with these settings (one-line error if
+    not); a finished run just writes its architecture again."""
+    run = Path(cfg.run.dir)
+    t = SearchTrainer(cfg, run, resume=(run / "checkpoint.pt").is_file())
+    try:
+        t.fit()
+    finally:
+        close_logger(t.log)
+    return Architecture.load(run / "arch_hard.yaml")
+
+
+def retrain_config(base: dict, config_path: str | Path, run: Path) -> Config:
+    """The retrain config of one sweep point (timed later, all children together)."""
+    return config_from_dict(apply_overrides(base, [
+        f"run.dir={run}", "retrain.measure_latency=false"]), str(config_path))
+
+
+def retrain_point(cfg: Config, arch: Architecture, extra: dict[str, Any]) -> dict[str, Any]:
+    """Retrain `arch` (or resume, or re-read a finished retrain) in `cfg.run.dir`; its
+    results. Resuming checks the run trained this architecture with this recipe."""
+    run = Path(cfg.run.dir)
+    done = (run / RESULTS).is_file()
+    if done:
+        load_results(run / RESULTS)  # checked: a damaged file is a one-line error
+    t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
+                     extra={"sweep": extra})
+    try:
+        return load_json(run / RESULTS) if done else t.fit()
+    finally:
+        close_logger(t.log)
+
+
 class Sweep:
     def __init__(self, config_path: str | Path, param: str, values: list[float],
                  out: str | Path | None = None, overrides: list[str] | None = None,
                  references: list[str] | None = None, n_random: int = 5, seed: int = 0,
-                 retrain_epochs: int | None = None, log=print):
+                 retrain_epochs: int | None = None, log=print, seeds: list[int] | None = None,
+                 threads: int | None = None):
         if param not in PARAMS:
             raise FbnasError(f"sweep: parameter must be one of {', '.join(PARAMS)}; got {param!r}")
+        if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)
+                                  or min(seeds) < 0):
+            raise FbnasError(f"--seeds: give distinct seeds >= 0, got {seeds}")
+        if threads is not None and threads < 1:
+            raise FbnasError(f"--threads: must be >= 1, got {threads}")
         self.config_path = Path(config_path)
         self.base = apply_overrides(load_yaml(config_path), overrides or [])
         if retrain_epochs is not None and isinstance(self.base.get("retrain") or {}, dict):
@@ -203,79 +271,82 @@ class Sweep:
                 r["warmup_epochs"] = min(w, retrain_epochs - 1)
             self.base["retrain"] = r
         self.cfg = config_from_dict(self.base, str(config_path))
-        self.param, self.values = param, values
+        self.param, self.values, self.seeds, self.threads = param, values, seeds, threads
         kind = (self.base.get("loss") or {}).get("kind", "fbnet")
         self.out = Path(out) if out else Path(f"{self.cfg.run.dir}-sweep")
         self.references = references or []
         self.n_random, self.seed = n_random, seed
         self.log = log
         # check every point's config now, not after hours of searching
-        self.point_cfgs = [
-            point_config(self.base, param, v, self.out / f"search-{_label(param, v)}")
-            for v in values]
+        self.plan: list[SearchPlan] = []
+        for s in seeds if seeds is not None else [None]:
+            for v in values:
+                label = _label(param, v) + (f"-seed{s}" if s is not None else "")
+                self.plan.append(SearchPlan(label, v, s, point_config(
+                    self.base, param, v, self.out / f"search-{label}", s)))
+        self.point_cfgs = [sp.cfg for sp in self.plan]
         # and every reference architecture file (loading also checks it fits the data)
         self.reference_list = reference_archs(self.cfg, self.config_path, self.references)
         if param == "alpha" and kind == "fbnet" and any(v > 0 for v in values):
             log("note: loss.alpha only scales the FBNet loss (Adam is nearly invariant to it); "
                 "the trade-off is set by loss.beta (--beta)")
 
-    # ---- one child: search (if any), then retrain -----------------------------------------------
-    def _search(self, cfg: Config) -> Architecture:
-        run = Path(cfg.run.dir)
-        ck = run / "checkpoint.pt"
-        if ck.is_file() and load_checkpoint(ck, kind="search")["epoch"] >= cfg.search.epochs:
-            self.log(f"{run}: search finished earlier")
-        # resuming checks the run was made with this sweep's settings (one-line error if
-        # not); a finished run just writes its architecture again
-        t = SearchTrainer(cfg, run, resume=ck.is_file())
-        try:
-            t.fit()
-        finally:
-            close_logger(t.log)
-        return Architecture.load(run / "arch_hard.yaml")
+    # ---- the points -------------------------------------------------------------------------
+    def searched(self, sp: SearchPlan, arch: Architecture) -> SweepPoint:
+        return SweepPoint(sp.label, "search", arch, sp.value, seed=sp.seed)
 
-    def _retrain(self, arch: Architecture, run: Path, extra: dict[str, Any]) -> dict[str, Any]:
-        cfg = config_from_dict(apply_overrides(self.base, [
-            f"run.dir={run}", "retrain.measure_latency=false"]), str(self.config_path))
-        done = (run / RESULTS).is_file()
-        if done:
-            self.log(f"{run}: retrained earlier")
-            load_results(run / RESULTS)  # checked: a damaged file is a one-line error
-        # resuming checks the run trained this architecture with this recipe
-        t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
-                         extra={"sweep": extra})
-        try:
-            return load_json(run / RESULTS) if done else t.fit()
-        finally:
-            close_logger(t.log)
+    def reference_points(self) -> list[SweepPoint]:
+        return [SweepPoint(f"ref-{a.name}", "reference", a) for a in self.reference_list]
 
-    # ---- the whole sweep --------------------------------------------------------------------
+    def random_points(self, searched: list[SweepPoint]) -> list[SweepPoint]:
+        """The random architectures: drawn once every search is done (none of them is a
+        searched or a reference architecture)."""
+        taken = {p.arch.hash() for p in searched} | {a.hash() for a in self.reference_list}
+        return [SweepPoint(a.name, "random", a)
+                for a in random_archs(self.cfg, self.n_random, self.seed, taken)]
+
+    def retrain_job(self, p: SweepPoint) -> tuple[Config, dict[str, Any]]:
+        """(config, results.json's `sweep` record) of point `p`'s retrain; sets its run_dir."""
+        p.run_dir = self.out / f"retrain-{p.label}"
+        extra = {"label": p.label, "kind": p.kind, "param": self.param, "value": p.value,
+                 "sweep_dir": str(self.out)}
+        if p.kind == "search":
+            extra[self.param] = p.value
+            if p.seed is not None:
+                extra["seed"] = p.seed
+        return retrain_config(self.base, self.config_path, p.run_dir), extra
+
+    # ---- the whole sweep, one point after another in this process ---------------------------
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         ensure_dir(self.out)
-        points: list[SweepPoint] = []
-        for v, cfg in zip(self.values, self.point_cfgs, strict=True):
-            label = _label(self.param, v)
-            self.log(f"== sweep {label}: search")
-            arch = self._search(cfg)
-            points.append(SweepPoint(label, "search", arch, v))
-        searched = {p.arch.hash() for p in points if p.arch is not None}
-        for a in self.reference_list:
-            points.append(SweepPoint(f"ref-{a.name}", "reference", a))
-        taken = searched | {p.arch.hash() for p in points if p.arch is not None}
-        for a in random_archs(self.cfg, self.n_random, self.seed, taken):
-            points.append(SweepPoint(a.name, "random", a))
-        for p in points:
-            self.log(f"== sweep {p.label}: retrain {p.arch.short_hash}")
-            p.run_dir = self.out / f"retrain-{p.label}"
-            extra = {"label": p.label, "kind": p.kind, "param": self.param, "value": p.value,
-                     "sweep_dir": str(self.out)}
-            if p.kind == "search":
-                extra[self.param] = p.value
-            p.results = dict(self._retrain(p.arch, p.run_dir, extra))
+        saved = torch.get_num_threads()
+        if self.threads is not None:  # as each Ray task does (fbnas.sweep_ray)
+            torch.set_num_threads(self.threads)
+        try:
+            points: list[SweepPoint] = []
+            for sp in self.plan:
+                self.log(f"== sweep {sp.label}: search")
+                if search_done(sp.cfg):
+                    self.log(f"{sp.cfg.run.dir}: search finished earlier")
+                points.append(self.searched(sp, search_point(sp.cfg)))
+            points += self.reference_points()
+            points += self.random_points(points)
+            for p in points:
+                self.log(f"== sweep {p.label}: retrain {p.arch.short_hash}")
+                cfg, extra = self.retrain_job(p)
+                if (p.run_dir / RESULTS).is_file():
+                    self.log(f"{p.run_dir}: retrained earlier")
+                p.results = dict(retrain_point(cfg, p.arch, extra))
+        finally:
+            if self.threads is not None:
+                torch.set_num_threads(saved)
+        return self.finish(points, t0)
+
+    def finish(self, points: list[SweepPoint], t0: float) -> dict[str, Any]:
+        """Every point retrained: time them all end to end here, write the report."""
         self._measure(points)
-        wall = time.perf_counter() - t0
-        return self._report(points, wall)
+        return self._report(points, time.perf_counter() - t0)
 
     def _measure(self, points: list[SweepPoint]) -> None:
         """All children in one interleaved measurement (comparable with each other); each
@@ -316,6 +387,8 @@ class Sweep:
         acc_tol = math.sqrt(max(mean_acc * (1 - mean_acc), 1e-4) / max(n_test, 1))
         dom = dominated(rand, searched, lat_tol, acc_tol)
         flags = {id(p): d for p, d in zip(rand, dom, strict=True)}
+        per_seed = {s: sum(dominated(rand, [p for p in searched if p.seed == s], lat_tol,
+                                     acc_tol)) for s in self.seeds or []}
         rows = []
         for p in points:
             r = p.results
@@ -329,8 +402,11 @@ class Sweep:
                 "flops": r.get("flops"),
                 "dominated": flags.get(id(p), "") if p.kind == "random" else "",
                 "run_dir": str(p.run_dir), "ops": " ".join(p.arch.ops)})
+            if self.seeds is not None:
+                rows[-1]["seed"] = "" if p.seed is None else p.seed
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS + (("seed",) if self.seeds else ()),
+                           lineterminator="\n")
         w.writeheader()
         for row in rows:
             w.writerow({k: ("" if v is None else v) for k, v in row.items()})
@@ -339,6 +415,9 @@ class Sweep:
                    "wall_seconds": wall, "random": len(rand),
                    "random_dominated": sum(dom), "latency_tolerance": lat_tol,
                    "accuracy_tolerance": acc_tol, "test_images": n_test, "points": rows}
+        if self.seeds is not None:
+            summary["seeds"] = self.seeds
+            summary["random_dominated_per_seed"] = {str(s): n for s, n in per_seed.items()}
         write_json_atomic(self.out / "sweep.json", summary)
         try:
             summary["plot"] = str(plot_sweep(rows, self.out / "sweep.png", self.cfg.space.name,

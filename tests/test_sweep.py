@@ -117,3 +117,17 @@ def test_sweep_targets_as_times_and_range_positions(tmp_path):
     base = {**TINY, "loss": {"kind": "target", "target": "0.5x"}}
     c = point_config(base, "target", "0.3x", tmp_path / "s")
     assert c.loss.to_dict()["target"] == "0.3x" and c.loss.kind == "target"
+
+
+def test_sweep_seeds_are_points_of_their_own(tmp_path):
+    from fbnas.sweep import Sweep
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "loss": {"kind": "target", "target": "0.5x"}}))
+    sw = Sweep(cfg, "target", ["0.3x", "0.5x"], out=tmp_path / "s", seeds=[0, 7])
+    assert [sp.label for sp in sw.plan] == ["target0.3x-seed0", "target0.5x-seed0",
+                                            "target0.3x-seed7", "target0.5x-seed7"]
+    assert [sp.cfg.search.seed for sp in sw.plan] == [0, 0, 7, 7]
+    assert sw.plan[3].cfg.run.dir == str(tmp_path / "s/search-target0.5x-seed7")
+    assert [sp.label for sp in Sweep(cfg, "target", ["1ms"]).plan] == ["target1ms"]
+    with pytest.raises(FbnasError, match="--seeds"):
+        Sweep(cfg, "target", ["1ms"], seeds=[1, 1])

@@ -7,6 +7,7 @@ import sys
 from fbnas.errors import FbnasError
 from fbnas.run import Interrupted
 from fbnas.sweep import Sweep, parse_values
+from fbnas.sweep_ray import RaySweep, import_ray
 
 
 def add_parser(sub) -> None:
@@ -33,6 +34,26 @@ def add_parser(sub) -> None:
     p.add_argument("--reference", action="append", default=[], metavar="ARCH.yaml",
                    help="another reference architecture to retrain (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random architectures")
+    p.add_argument("--seeds", metavar="S1,S2,...",
+                   help="search every value once per search seed (search.seed; labels "
+                        "<param><value>-seed<S>); default: the config's seed, once")
+    p.add_argument("--threads", type=int, metavar="T",
+                   help="torch threads of each search and retrain (default: torch's own; "
+                        "with --workers: the cores / N). Results are identical between "
+                        "serial and Ray sweeps at the same T")
+    ray = p.add_argument_group("parallel sweeps on Ray (pip install 'fbnas[ray]')")
+    ray.add_argument("--workers", type=int, metavar="N",
+                     help="run the searches and retrains as Ray tasks, N at a time, on a local "
+                          "Ray started for the sweep (1 or absent: one after another here)")
+    ray.add_argument("--ray-address", metavar="ADDR",
+                     help="run the tasks on this running Ray cluster (OUT, the data and the "
+                          "latency cache on a filesystem every node sees)")
+    ray.add_argument("--gpus-per-task", type=float, metavar="G",
+                     help="GPUs of each task training on CUDA, e.g. 0.5 for two per GPU "
+                          "(default 1 where Ray sees GPUs)")
+    ray.add_argument("--retries", type=int, default=1, metavar="R",
+                     help="retries of a task whose worker died (each resumes from its "
+                          "checkpoint; default 1)")
     p.set_defaults(func=run)
 
 
@@ -45,14 +66,32 @@ def run(args) -> int:
         raise FbnasError(f"--random: must be >= 0, got {args.random}")
     if args.retrain_epochs is not None and args.retrain_epochs < 1:
         raise FbnasError(f"--retrain-epochs: must be >= 1, got {args.retrain_epochs}")
+    if args.workers is not None and args.workers < 1:
+        raise FbnasError(f"--workers: must be >= 1, got {args.workers}")
+    seeds = None
+    if args.seeds is not None:
+        try:
+            seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
+        except ValueError:
+            raise FbnasError(f"--seeds: {args.seeds!r} is not a list of integers") from None
+    on_ray = args.ray_address is not None or (args.workers or 1) > 1
+    if on_ray:  # before the configs are read: a missing extra is said at once
+        import_ray(f"fbnas sweep --workers {args.workers}" if args.ray_address is None
+                   else f"fbnas sweep --ray-address {args.ray_address}")
     sw = Sweep(args.config, param, values, args.out, args.set, args.reference, args.random,
-               args.seed, args.retrain_epochs)
+               args.seed, args.retrain_epochs, seeds=seeds, threads=args.threads)
     try:
-        s = sw.run()
+        if on_ray:
+            s = RaySweep(sw, args.workers, args.ray_address, args.gpus_per_task,
+                         args.retries).run()
+        else:
+            s = sw.run()
     except Interrupted:
         print("sweep interrupted after saving; run the same command again to resume",
               file=sys.stderr)
         return 130
+    if "failed" in s:
+        return 1
     print(f"\n{'label':<18}{'kind':<10}{'pred ms':>9}{'meas ms':>9}{'top-1':>8}  arch")
     for r in s["points"]:
         def f(v, fmt):
@@ -62,7 +101,9 @@ def run(args) -> int:
               f"{r['arch_hash'][:12]}{'  (dominated)' if r['dominated'] is True else ''}")
     print(f"random architectures dominated by a searched one (within noise: latency "
           f"{100 * s['latency_tolerance']:.0f}%, top-1 {100 * s['accuracy_tolerance']:.1f} pt): "
-          f"{s['random_dominated']}/{s['random']}")
+          f"{s['random_dominated']}/{s['random']}"
+          + ("" if "random_dominated_per_seed" not in s else " (per search seed: " + ", ".join(
+              f"{k}: {n}" for k, n in s["random_dominated_per_seed"].items()) + ")"))
     print(f"wall time {s['wall_seconds']:.0f} s; written {sw.out / 'sweep.csv'}, "
           f"{sw.out / 'sweep.json'}" + (f", {s['plot']}" if "plot" in s else ""))
     return 0

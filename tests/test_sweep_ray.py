@@ -1,0 +1,143 @@
+"""`fbnas sweep --workers N`: the sweep's points as Ray tasks, equal to the serial sweep's,
+resumable after a killed worker, a failed point reported without stopping the others.
+
+One local Ray of 2 CPUs for the module (its start-up paid once); the sweep uses it as given.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+import yaml
+from test_sweep import TINY
+
+from fbnas.arch import Architecture
+from fbnas.cli import main
+from fbnas.sweep_ray import KILL_ENV
+
+ARGS = ["--beta", "0,4", "--random", "1", "--threads", "1"]
+SEARCHES = ("search-beta0", "search-beta4")
+RETRAINS = ("retrain-beta0", "retrain-beta4", "retrain-ref-all_k3_e6", "retrain-ref-all_k5_e6",
+            "retrain-random1")
+SAME = ("label", "kind", "arch_hash", "predicted_ms", "top1", "top5", "val_top1", "ops")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("ray_sweep")
+    d = {**TINY, "run": {**TINY["run"], "dir": str(tmp / "runs/tiny")},
+         "latency": {**TINY["latency"], "cache_dir": str(tmp / "cache")}}
+    cfg = tmp / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(d))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def serial(config) -> Path:
+    out = config.parent / "serial"
+    assert main(["sweep", "--config", str(config), "--out", str(out), *ARGS]) == 0
+    return out
+
+
+def assert_same_sweep(a: Path, b: Path) -> None:
+    """Same architectures, bit-identical θ and child weights, the same figures per point."""
+    for d in SEARCHES:
+        arch_a, arch_b = (Architecture.load(x / d / "arch_hard.yaml") for x in (a, b))
+        assert arch_a.ops == arch_b.ops
+        assert (a / d / "theta.json").read_text() == (b / d / "theta.json").read_text()
+    for d in SEARCHES + RETRAINS:
+        ma = torch.load(a / d / "checkpoint.pt", weights_only=False)["model"]
+        mb = torch.load(b / d / "checkpoint.pt", weights_only=False)["model"]
+        assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma), d
+    rows_a, rows_b = (list(csv.DictReader((x / "sweep.csv").open())) for x in (a, b))
+    assert [{k: r[k] for k in SAME} for r in rows_a] == [{k: r[k] for k in SAME} for r in rows_b]
+
+
+def test_ray_sweep_equals_the_serial_one(config, serial, ray_session, capsys):
+    out = config.parent / "ray"
+    assert main(["sweep", "--config", str(config), "--out", str(out), "--workers", "2",
+                 *ARGS]) == 0
+    printed = capsys.readouterr().out
+    for line in ("search beta0 started", "search beta4 finished in", "retrain random1 started",
+                 "retrain ref-all_k3_e6 finished in", "timing the children here",
+                 "random architectures dominated"):
+        assert line in printed
+    assert_same_sweep(serial, out)
+    # the points ran in Ray workers, not in this process
+    pids = re.findall(r"\(pid (\d+) on ", printed)
+    assert len(pids) == 7 and str(os.getpid()) not in pids
+
+
+def test_killed_worker_and_failed_point_then_resume(config, serial, ray_session, capsys,
+                                                    monkeypatch):
+    out = config.parent / "killed"
+    argv = ["sweep", "--config", str(config), "--out", str(out), "--workers", "2",
+            "--retries", "0", *ARGS]
+    # beta4's search SIGKILLs its worker at its first checkpoint; ref-all_k3_e6's retrain
+    # meets a damaged checkpoint
+    monkeypatch.setenv(KILL_ENV, "search-beta4")
+    (out / "retrain-ref-all_k3_e6").mkdir(parents=True)
+    (out / "retrain-ref-all_k3_e6/checkpoint.pt").write_text("garbage")
+    assert main(argv) == 1
+    printed = capsys.readouterr().out
+    assert "search beta4 failed: its worker (pid" in printed and "died" in printed
+    assert "retrain ref-all_k3_e6 failed: " in printed and "corrupted" in printed
+    # the other points went on and finished
+    assert "retrain beta0 finished in" in printed and "retrain ref-all_k5_e6 finished in" in printed
+    assert "re-run the same command to retry beta4, ref-all_k3_e6, random architectures" in printed
+    assert not (out / "sweep.csv").exists()
+    assert (out / "search-beta4/checkpoint.pt").is_file()  # killed mid-search, after epoch 1
+    assert not (out / "search-beta4/arch_hard.yaml").exists()
+    done = {d: (out / d / "checkpoint.pt").stat().st_mtime_ns
+            for d in ("search-beta0", "retrain-beta0", "retrain-ref-all_k5_e6")}
+
+    monkeypatch.delenv(KILL_ENV)
+    (out / "retrain-ref-all_k3_e6/checkpoint.pt").unlink()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "search beta4 resuming from its checkpoint" in printed
+    assert "search beta0 finished earlier" in printed
+    assert "retrain beta0 finished earlier" in printed
+    assert "resumed" in (out / "search-beta4/train.log").read_text()
+    # finished points were not computed again
+    assert {d: (out / d / "checkpoint.pt").stat().st_mtime_ns for d in done} == done
+    assert_same_sweep(serial, out)
+
+
+def test_without_ray_one_line_says_how_to_install(config, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    assert main(["sweep", "--config", str(config), "--beta", "1", "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("fbnas sweep: error: fbnas sweep --workers 2 needs Ray: "
+                   "pip install 'fbnas[ray]'")
+
+
+def test_serial_sweep_does_not_import_ray():
+    code = ("import sys; from fbnas.cli import build_parser; import fbnas.cli.sweep; "
+            "assert 'ray' not in sys.modules, 'ray imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ray_sweep_flags_are_checked(config, capsys):
+    for flags, msg in ((["--workers", "0"], "--workers: must be >= 1"),
+                       (["--workers", "2", "--retries", "-1"], "--retries: must be >= 0"),
+                       (["--workers", "2", "--gpus-per-task", "-0.5"], "--gpus-per-task"),
+                       (["--workers", "2", "--threads", "0"], "--threads: must be >= 1"),
+                       (["--seeds", "1,x"], "--seeds"), (["--seeds", "1,1"], "--seeds")):
+        assert main(["sweep", "--config", str(config), "--beta", "1", *flags]) == 2
+        assert msg in capsys.readouterr().err
