@@ -14,6 +14,11 @@ Datasets (`data.dataset`):
 - `imagefolder`: `data.root/train/<class>/*` and `data.root/val/<class>/*`; validation is
   carved from train/, and val/ is the test split.
 - `synthetic`: seeded random images and labels, for benchmarks.
+
+`data.classes: N` keeps N classes of digits, CIFAR or an image folder (the FBNet paper's 100
+ImageNet classes), drawn by `data.class_seed` alone, so every split and every command of a
+run (search, retrain, eval) keeps the same ones, labelled 0..N-1 in the dataset's class order;
+`SearchData` / `TrainData` carry their indices and names (`class_indices`, `class_names`).
 """
 from fbnas.data.config import DATASETS, NEEDS_ROOT, SPLITS, DataConfig
 from fbnas.data.loaders import (
