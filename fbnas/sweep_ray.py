@@ -6,7 +6,8 @@ on a local Ray started for the sweep (`workers` x threads CPUs) or on a running 
 searched point's retrain is submitted when its search finishes, the references' retrains at
 once, the random architectures' once every search has finished (they are drawn to differ from
 the searched ones). The driver prints one line per event (started, finished, failed with its
-one-line reason) and a table at the end. A failed point (an error, or its worker died more
+one-line reason; a task says it started, with its pid and host, in OUT/.tasks/) and a table at
+the end. A failed point (an error, or its worker died more
 than `retries` times) does not stop the others; the sweep then stops before timing and says
 which points to re-run. When every point is done, Ray is let go and `Sweep.finish` times all
 children end to end in this process, on this machine, as the serial sweep does.
@@ -40,7 +41,7 @@ from fbnas.arch import Architecture
 from fbnas.config import Config
 from fbnas.costs import resolve_costs
 from fbnas.errors import FbnasError
-from fbnas.io import ensure_dir
+from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import RESULTS
 from fbnas.run import Interrupted
 from fbnas.sweep import (
@@ -53,6 +54,7 @@ from fbnas.sweep import (
 )
 
 KILL_ENV = "FBNAS_SWEEP_KILL"
+TASKS = ".tasks"  # OUT/.tasks/<phase>-<label>.json: the pid and host running that task
 
 
 def import_ray(what: str) -> Any:
@@ -75,7 +77,7 @@ def _kill_at_first_checkpoint(run: Path) -> None:
 
 def run_task(phase: str, label: str, cfg: Config, arch: Architecture | None,
              extra: dict[str, Any] | None, threads: int, cwd: str, kill: str | None,
-             events: Any) -> dict[str, Any]:
+             events: str) -> dict[str, Any]:
     """One search or retrain, in a Ray worker: the same work as the serial sweep's."""
     if os.path.isdir(cwd):  # relative paths in the config mean what they mean to the driver
         os.chdir(cwd)
@@ -84,7 +86,9 @@ def run_task(phase: str, label: str, cfg: Config, arch: Architecture | None,
     earlier = search_done(cfg) if phase == "search" else (run / RESULTS).is_file()
     how = ("started" if not (run / "checkpoint.pt").is_file() else
            "re-reading its finished run" if earlier else "resuming from its checkpoint")
-    events.put((phase, label, how, os.getpid(), socket.gethostname()))
+    # where the driver sees who runs what (a file: it is there before any kill can come)
+    write_json_atomic(Path(events) / f"{phase}-{label}.json",
+                      {"how": how, "pid": os.getpid(), "host": socket.gethostname()})
     if kill == run.name and how == "started":
         _kill_at_first_checkpoint(run)
     t0 = time.perf_counter()
@@ -155,7 +159,7 @@ class RaySweep:
             name=f"fbnas {job.phase} {job.label}")
         self.jobs.append(job)
         return fn.remote(job.phase, job.label, cfg, arch, extra, self.threads, os.getcwd(),
-                         os.environ.get(KILL_ENV), self._events)
+                         os.environ.get(KILL_ENV), str(self._events))
 
     # ---- the sweep ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -166,6 +170,9 @@ class RaySweep:
             # the latency table (and the data) once, here, before the workers load the machine
             resolve_costs(sw.plan[0].cfg, self.log, save=False)
         sw._n_test()
+        self._events = ensure_dir(sw.out / TASKS)
+        for f in self._events.glob("*.json"):  # an earlier run's
+            f.unlink()
         owned = self._start()
         try:
             points = self._run_points()
@@ -188,10 +195,7 @@ class RaySweep:
         return sw.finish(points, t0)
 
     def _run_points(self) -> list[SweepPoint]:
-        from ray.util.queue import Queue
-
         ray, sw = self.ray, self.sweep
-        self._events = Queue()
         pending: dict[Any, Job] = {}
         r_dev, s_dev = sw.cfg.retrain.device, sw.cfg.search.device
         searched: dict[str, SweepPoint] = {}
@@ -248,14 +252,22 @@ class RaySweep:
         return ordered + refs + (randoms or [])
 
     def _drain(self) -> None:
-        """Print the tasks that started since the last look."""
-        while not self._events.empty():
-            phase, label, how, pid, host = self._events.get_nowait()
-            for j in self.jobs:
-                if (j.phase, j.label) == (phase, label) and j.status in ("queued", "running"):
-                    retry = " (retry after its worker died)" if j.status == "running" else ""
-                    j.status, j.pid = "running", pid
-                    self.log(f"sweep: {phase} {label} {how}{retry} (pid {pid} on {host})")
+        """Print the tasks that started since the last look (each writes TASKS/<phase>-<label>
+        .json with its pid as it starts; a new pid is a retry after its worker died)."""
+        for j in self.jobs:
+            f = self._events / f"{j.phase}-{j.label}.json"
+            if j.status not in ("queued", "running") or not f.is_file():
+                continue
+            try:
+                ev = load_json(f)
+            except FbnasError:  # being written
+                continue
+            if ev.get("pid") == j.pid:
+                continue
+            retry = " (a retry: its worker died)" if j.status == "running" else ""
+            j.status, j.pid = "running", ev.get("pid")
+            self.log(f"sweep: {j.phase} {j.label} {ev.get('how')}{retry} (pid {j.pid} on "
+                     f"{ev.get('host')})")
 
     def _reason(self, e: BaseException, job: Job) -> str:
         """The one-line reason a task failed."""

@@ -119,6 +119,18 @@ def test_killed_worker_and_failed_point_then_resume(config, serial, ray_session,
     assert_same_sweep(serial, out)
 
 
+def test_a_killed_worker_is_retried_from_its_checkpoint(config, serial, ray_session, capsys,
+                                                        monkeypatch):
+    out = config.parent / "retried"
+    monkeypatch.setenv(KILL_ENV, "retrain-beta0")  # --retries 1 (the default)
+    assert main(["sweep", "--config", str(config), "--out", str(out), "--workers", "2",
+                 *ARGS]) == 0
+    printed = capsys.readouterr().out
+    assert "retrain beta0 resuming from its checkpoint (a retry: its worker died)" in printed
+    assert "resumed" in (out / "retrain-beta0/train.log").read_text()
+    assert_same_sweep(serial, out)
+
+
 def test_without_ray_one_line_says_how_to_install(config, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     assert main(["sweep", "--config", str(config), "--beta", "1", "--workers", "2"]) == 2
