@@ -193,6 +193,11 @@ class SearchConfig:
     # with a loss.target: move the final argmax onto the target (fbnas.target), within ±tol
     fit_target: bool = setting(True, "bool")
     fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5)
+    # then time the fitted network end to end on the table's device and re-fit until it
+    # measures within ±fit_tolerance (`auto`: where this machine can time the table's device;
+    # `on`: an error where it cannot), timing at most `fit_rounds` networks
+    fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"))
+    fit_rounds: int = setting(4, "int", min=1, max=20)
     # torch.compile every block of the supernet (stem, each candidate, head) in place: one
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
     compile: bool = setting(False, "bool")

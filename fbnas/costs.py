@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +22,14 @@ from typing import Any
 
 import torch
 
-from fbnas.arch import Architecture
+from fbnas.arch import Architecture, arch_from_indices, build_child
 from fbnas.config import Config, LatencyConfig
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.measure import Protocol
+from fbnas.target import cost_lists, fit_to_target, measured_fit
 from fbnas.timed_models import measure_modules
 
 
@@ -188,13 +190,96 @@ def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyCon
         # unless the config names one, time under the allocator the table was measured with
         timer = dataclasses.replace(lat, allocator=table.meta.get("allocator", "system")
                                     ).make_timer()
-    proto = protocol or Protocol()
-    net = copy.deepcopy(model).cpu()
+    s = _time_net(timer, copy.deepcopy(model).cpu(), arch, table, protocol or Protocol())
+    d = timer.describe()
+    return {"median_ms": s["median_us"] / 1e3, "min_ms": s["min_us"] / 1e3,
+            "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d}
+
+
+def _time_net(timer: Timer, net: torch.nn.Module, arch: Architecture,
+              table: LatencyTable | None, proto: Protocol) -> dict[str, Any]:
+    """One network timed end to end, its statistics in the table's µs (its reference scale)."""
     m = measure_modules(timer, {"child": (net, (arch.macro.in_channels,
                                                 *arch.macro.input_size))}, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
     scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
-    s = m.entries["child"].summary(scale_us / 1e6)
-    d = timer.describe()
-    return {"median_ms": s["median_us"] / 1e3, "min_ms": s["min_us"] / 1e3,
-            "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d}
+    return m.entries["child"].summary(scale_us / 1e6)
+
+
+# ---- the final fit: onto the target by the table, then by measuring the network -----------------
+BUNDLE_HINT = ("to close the loop there: fbnas sample {run} --near-target 5 --bundle DIR, run "
+               "DIR/run_bundle.py on the device, then fbnas sample {run} --pick "
+               "DIR/results.json")
+
+
+def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
+    """Why this machine cannot time networks as `table` was measured (None: it can)."""
+    if table is None or table.cost != "latency":
+        return "the run has no measured latency table"
+    meta = table.meta
+    if meta.get("imported_from") or meta.get("bundle"):
+        return (f"its latency table was measured on another device ({meta.get('device_name')}, "
+                "imported from a bundle)")
+    try:
+        timer = cfg.latency.for_timing(meta).make_timer()
+    except FbnasError as e:
+        return f"its latency table's timer cannot run here ({e})"
+    here, there = timer.describe().get("device_name"), meta.get("device_name")
+    if there and here != there:
+        return f"its latency table was measured on {there}, and this machine is {here}"
+    return None
+
+
+def fit_measurer(cfg: Config, table: LatencyTable) -> Callable[[list[int]], tuple[float, float]]:
+    """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices built
+    and timed end to end under the table's timer settings (threads, batch, dtype, allocator)
+    and drift compensation, in the table's units."""
+    timer = cfg.latency.for_timing(table.meta).make_timer()
+
+    def measure(indices: list[int]) -> tuple[float, float]:
+        arch = arch_from_indices(cfg.space, indices, "fit")
+        torch.manual_seed(0)
+        s = _time_net(timer, build_child(arch), arch, table, Protocol())
+        return s["median_us"], s["rel_iqr"]
+
+    return measure
+
+
+def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
+              log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None
+              ) -> tuple[list[int], dict[str, Any]]:
+    """The architecture a search returns for `target`: θ's argmax fitted onto the target by
+    the table (`fit_to_target`), then, where `search.fit_measure` allows and this machine can
+    time the table's device, timed end to end and re-fitted until it measures within
+    `search.fit_tolerance` (`measured_fit`). Returns its op indices and what to record in its
+    meta (target, predicted, measured, every timed round)."""
+    s = cfg.search
+    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
+    fit = fit_to_target(theta, rows, costs.fixed, target, s.fit_tolerance)
+    log(fit.describe(cfg.loss.target, target, costs.unit))
+    meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
+                            "fitted_layers": fit.changes}
+    mode = fit_measure or s.fit_measure
+    if mode == "off" or cfg.latency.cost != "latency":
+        return fit.indices, meta
+    why = cannot_time_here(cfg, costs.table)
+    if why is not None:
+        if mode == "on":
+            raise FbnasError(f"search.fit_measure: on, but {why}")
+        log(f"measured fit skipped: {why}; {BUNDLE_HINT.format(run=run)}")
+        return fit.indices, meta
+    t0 = time.perf_counter()
+    mf = measured_fit(theta, rows, costs.fixed, target, fit_measurer(cfg, costs.table),
+                      s.fit_tolerance, s.fit_rounds)
+    cands = cfg.space.layer_candidates()
+    for i, r in enumerate(mf.rounds):
+        log(f"measured fit round {i + 1}: predicted {r.predicted:.1f}, measured "
+            f"{r.measured:.1f} {costs.unit} (IQR {r.rel_iqr:.1%}), "
+            f"{r.measured / target - 1:+.1%} from the target")
+    log(mf.describe(target, costs.unit))
+    c = mf.chosen
+    meta.update(predicted=round(c.predicted, 3), measured=round(c.measured, 3),
+                measured_rel_iqr=round(c.rel_iqr, 4), measured_inside=c.inside,
+                fitted_layers=mf.fit.changes, fit_seconds=round(time.perf_counter() - t0, 2),
+                fit_rounds=[r.to_dict(cands) for r in mf.rounds])
+    return mf.fit.indices, meta

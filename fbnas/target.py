@@ -132,3 +132,122 @@ def _likeliest_in_band(logp: list[list[float]], rows: Sequence[Sequence[float]],
             if best is None or score > best[0]:
                 best = (score, list(combo), cost)
     return None if best is None else (best[1], best[2])
+
+
+# ---- the measured fit: the network returned, timed, and re-fitted until it is on target -------
+@dataclass(frozen=True)
+class Round:
+    """One architecture the measured fit timed: its predicted and measured cost (the table's
+    units) and the spread of the measurement (interquartile range / median)."""
+
+    indices: tuple[int, ...]
+    predicted: float
+    measured: float
+    rel_iqr: float
+    log_prob: float
+    inside: bool
+
+    def to_dict(self, candidates: Sequence[Sequence[str]]) -> dict:
+        return {"ops": [c[i] for c, i in zip(candidates, self.indices, strict=True)],
+                "predicted": round(self.predicted, 3), "measured": round(self.measured, 3),
+                "rel_iqr": round(self.rel_iqr, 4), "log_probability": round(self.log_prob, 4),
+                "inside": self.inside}
+
+
+@dataclass(frozen=True)
+class MeasuredFit:
+    """What `measured_fit` returns: the chosen architecture and every round it timed."""
+
+    fit: Fit  # the chosen architecture (its `cost` is the table's prediction)
+    rounds: list[Round]
+    chosen: Round
+
+    @property
+    def hit(self) -> bool:
+        return self.chosen.inside
+
+    def describe(self, target: float, unit: str) -> str:
+        c = self.chosen
+        miss = c.measured / target - 1
+        return (f"measured fit: {len(self.rounds)} network(s) timed; target {target:.1f} {unit}, "
+                f"predicted {c.predicted:.1f}, measured {c.measured:.1f} {unit} "
+                f"(±{c.rel_iqr / 2:.1%}), {miss:+.1%} from the target"
+                + ("" if c.inside else f" (outside ±{self.fit.tol:.0%}: the closest measured)"))
+
+
+def log_prob_of(theta: Sequence[torch.Tensor], indices: Sequence[int]) -> float:
+    return float(sum(torch.log_softmax(t.detach().double().cpu(), -1)[i]
+                     for t, i in zip(theta, indices, strict=True)))
+
+
+def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
+                 target: float, measure, tol: float = 0.03, max_rounds: int = 4) -> MeasuredFit:
+    """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->
+    (median, rel_iqr)` (in the table's units). While it misses `target` by more than `tol`,
+    the target the table is asked for is corrected by what was measured (measured / predicted
+    of the architecture measured nearest to the new prediction: a local correction, since a
+    table's error grows with the network) and the fit repeated, for at most `max_rounds`
+    timed networks. Returns the most probable architecture measured inside the band, or,
+    when none is, the one measured nearest to the target."""
+    lo, hi = target * (1 - tol), target * (1 + tol)
+    rounds: list[Round] = []
+    fit = fit_to_target(theta, rows, fixed, target, tol)
+    band = tol
+    for _ in range(max_rounds):
+        key = tuple(fit.indices)
+        med, spread = measure(list(key))
+        r = Round(key, fit.cost, float(med), float(spread), log_prob_of(theta, key),
+                  lo <= med <= hi)
+        rounds.append(r)
+        if r.inside:
+            break  # the fit's architecture is the most probable one at its predicted cost
+        tried = {x.indices for x in rounds}
+        for _attempt in range(3):
+            # ask the table for the target the measurements say it means
+            goal = target * _correction(rounds, target)
+            nxt = fit_to_target(theta, rows, fixed, goal, band)
+            if tuple(nxt.indices) not in tried:
+                break
+            band /= 2  # the same network again: ask for a narrower band around the goal
+        else:
+            break
+        fit = nxt
+    inside = [r for r in rounds if r.inside]
+    chosen = (max(inside, key=lambda r: r.log_prob) if inside
+              else min(rounds, key=lambda r: abs(math.log(r.measured / target))))
+    idx = list(chosen.indices)
+    changes = sum(a != b for a, b in zip(idx, _argmax(theta), strict=True))
+    return MeasuredFit(Fit(idx, chosen.predicted, changes, chosen.inside, tol), rounds, chosen)
+
+
+def _argmax(theta: Sequence[torch.Tensor]) -> list[int]:
+    return [int(torch.argmax(t.detach())) for t in theta]
+
+
+def _correction(rounds: Sequence[Round], target: float) -> float:
+    """predicted / measured of the timed network whose measurement is nearest to the target:
+    the factor that turns the target into the prediction that should measure at it."""
+    near = min(rounds, key=lambda r: abs(math.log(r.measured / target)))
+    return near.predicted / near.measured
+
+
+def near_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
+                target: float, k: int, spread: float = 0.1) -> list[list[int]]:
+    """Up to `k` distinct architectures predicted across target × (1 ± spread), most probable
+    first: the most probable one (`fit_to_target`) at each of k sub-targets spread evenly over
+    the band, so that a table that is off by up to `spread` still has one measured on target.
+    Finer sub-target grids are tried while fewer than k distinct ones are found."""
+    logp = [torch.log_softmax(t.detach().double().cpu(), -1).tolist() for t in theta]
+    found: dict[tuple[int, ...], float] = {}
+    n = k
+    while len(found) < k and n <= 16 * k:
+        points = [0.0] if n == 1 else [spread * (2 * j / (n - 1) - 1) for j in range(n)]
+        for d in sorted(points, key=abs):  # the target itself first
+            f = fit_to_target(theta, rows, fixed, target * (1 + d), spread / max(n, 1))
+            if abs(f.cost / target - 1) <= spread * 1.0001:
+                found.setdefault(tuple(f.indices), sum(lp[i] for lp, i in zip(
+                    logp, f.indices, strict=True)))
+            if len(found) >= k:
+                break
+        n *= 2
+    return [list(i) for i, _ in sorted(found.items(), key=lambda x: -x[1])][:k]

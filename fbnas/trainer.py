@@ -33,7 +33,7 @@ from torch.utils.tensorboard import SummaryWriter
 from fbnas.arch import Architecture, arch_from_indices, sample_hard
 from fbnas.checkpoint import rng_state, seed_everything
 from fbnas.config import Config
-from fbnas.costs import CostSource, shared_costs
+from fbnas.costs import CostSource, final_fit, shared_costs
 from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
@@ -47,7 +47,7 @@ from fbnas.schedules import TauSchedule
 from fbnas.search_figures import epoch_line, tb_scalars
 from fbnas.search_steps import SearchSteps
 from fbnas.supernet import Supernet
-from fbnas.target import cost_lists, fit_to_target, range_warning
+from fbnas.target import range_warning
 
 
 class SearchTrainer(SearchSteps, EpochRunner):
@@ -62,7 +62,8 @@ class SearchTrainer(SearchSteps, EpochRunner):
             ("data", "root"), ("data", "eval_batch_size"), ("run", "ddp_backend"),
             ("search", "checkpoint_activations"), ("search", "channels_last"),
             # the final fit to a target is applied from θ and the table after the last epoch
-            ("search", "fit_target"), ("search", "fit_tolerance"),
+            ("search", "fit_target"), ("search", "fit_tolerance"), ("search", "fit_measure"),
+            ("search", "fit_rounds"),
             ("search", "compile"), ("search", "compile_backend"), ("run", "nan_check")}),
         added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
                ("search", "warmup_sampling"): "mode",
@@ -304,8 +305,14 @@ class SearchTrainer(SearchSteps, EpochRunner):
             result["final_path_acc"] = r["acc"]
             self.log.info(f"final architecture as a path of the supernet (BN re-estimated): "
                           f"val acc {r['acc']:.3f}, CE {r['ce']:.3f}")
-        self.log.info(f"done: argmax architecture {arch.short_hash} "
-                      f"({result['predicted_cost']:.1f} {self.costs.unit} predicted) -> "
+        for k in ("target", "measured", "fit_seconds"):
+            if k in arch.meta:
+                result[f"{k}_cost" if k != "fit_seconds" else k] = arch.meta[k]
+        u = self.costs.unit
+        said = "".join(f", {arch.meta[k]:.1f} {u} {w}" for k, w in (
+            ("target", "asked"), ("measured", "measured")) if k in arch.meta)
+        self.log.info(f"done: architecture {arch.short_hash} "
+                      f"({result['predicted_cost']:.1f} {u} predicted{said}) -> "
                       f"{self.run_dir / 'arch_hard.yaml'}")
         return result
 
@@ -317,18 +324,31 @@ class SearchTrainer(SearchSteps, EpochRunner):
         return f"epoch {self.epoch} phase {self.phase} step {self.step}"
 
     def final_arch(self) -> Architecture:
-        """argmax θ, fitted to the loss's target when there is one (`search.fit_target`)."""
+        """argmax θ, fitted to the loss's target when there is one (`search.fit_target`): by
+        the table, then by timing it end to end where this machine can (`search.fit_measure`;
+        rank 0 measures, the other ranks receive its choice)."""
         name, meta = f"{self.cfg.space.name}_search", {"run": str(self.run_dir)}
         a = sample_hard(self.cfg.space, self.model.theta, name=name)
         target = getattr(self.loss, "target", None)
         if target is None or not self.cfg.search.fit_target:
             return Architecture(a.macro, a.ops, a.name, a.space, meta)
-        rows = cost_lists(self.costs.rows, self.cfg.space.layer_candidates())
-        fit = fit_to_target(self.net.theta, rows, self.costs.fixed, target,
-                            self.cfg.search.fit_tolerance)
-        self.log.info(fit.describe(self.cfg.loss.target, target, self.costs.unit))
-        meta.update(target=float(target), fitted_layers=fit.changes)
-        return arch_from_indices(self.cfg.space, fit.indices, name, **meta)
+        got: tuple = ()
+        if self.dist.is_main:
+            try:
+                got = ("ok", *final_fit(self.cfg, list(self.net.theta), self.costs, target,
+                                        self.log.info, str(self.run_dir)))
+            except FbnasError as e:
+                got = ("error", str(e))
+                if self.dist.distributed:
+                    self.dist.broadcast_object(got)
+                raise
+        if self.dist.distributed:
+            got = self.dist.broadcast_object(got)
+        if got[0] == "error":
+            raise FbnasError(f"rank 0: {got[1]}")
+        _, indices, fit_meta = got
+        meta.update(fit_meta)
+        return arch_from_indices(self.cfg.space, indices, name, **meta)
 
     # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
     def _setup_distributed(self, fresh: bool) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,12 @@ RUNNER = Path(__file__).with_name("bundle_runner.py")
 
 def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch",
                  threads: int = 1, protocol: Protocol | None = None, probes: int = 12,
-                 table: LatencyTable | None = None, log=None) -> dict[str, Any]:
-    """Write the bundle folder `out` (see module docstring); returns the manifest."""
+                 table: LatencyTable | None = None, log=None,
+                 networks: Sequence[Architecture] = (), purpose: dict | None = None
+                 ) -> dict[str, Any]:
+    """Write the bundle folder `out` (see module docstring); returns the manifest. `networks`
+    are whole architectures to time as well (kind `network`: `fbnas sample --near-target`),
+    and `purpose` is recorded in the manifest as it is (what the bundle is for)."""
     if runtime not in RUNTIMES:
         raise FbnasError(f"--runtime: {runtime!r} is not bundled (choose from "
                          f"{', '.join(RUNTIMES)})")
@@ -80,12 +85,16 @@ def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch
         for a in arches:
             add(f"probe {a.name}", build_child(a), (a.macro.in_channels, *a.macro.input_size),
                 kind="probe", arch=a.to_dict())
+        for a in networks:
+            torch.manual_seed(0)
+            add(f"network {a.name}", build_child(a), (a.macro.in_channels, *a.macro.input_size),
+                kind="network", arch=a.to_dict())
         manifest = {
             "schema": 1, "space": space.name, "runtime": runtime, "runtime_version": version,
             "torch_version": torch.__version__, "threads": threads, "batch": 1,
             "dtype": "float32", "reference": REFERENCE.key(), "rounds": p.rounds,
             "sample_s": p.sample_s, "ref_sample_s": p.ref_sample_s, "seed": p.seed,
-            "programs": programs,
+            "programs": programs, **({"purpose": purpose} if purpose else {}),
         }
         manifest["bundle_id"] = hashlib.sha256(
             json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
@@ -98,26 +107,55 @@ def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log(f"{out}: {len(sigs)} entries + {len(arches)} probes as .pte, manifest.json, "
-        "run_bundle.py")
+    log(f"{out}: {len(sigs)} entries + {len(arches)} probes + {len(networks)} networks as .pte, "
+        "manifest.json, run_bundle.py")
     return manifest
+
+
+def read_results(results_path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(results, manifest) of a bundle run: `results.json` with its `manifest.json` beside
+    it, checked to belong together."""
+    path = Path(results_path)
+    try:
+        res = json.loads(path.read_text())
+        man = json.loads((path.parent / "manifest.json").read_text())
+    except FileNotFoundError as e:
+        raise FbnasError(f"{e.filename}: no such file (a bundle's results.json is read with "
+                         "the bundle's manifest.json beside it)") from None
+    except ValueError as e:
+        raise FbnasError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(res, dict) or not isinstance(man, dict):
+        raise FbnasError(f"{path}: not a bundle's results (a JSON object with its manifest)")
+    if res.get("bundle") != man.get("bundle_id"):
+        raise FbnasError(f"{path}: results of bundle {res.get('bundle')!r}, but the manifest "
+                         f"beside it is bundle {man.get('bundle_id')!r}")
+    return res, man
+
+
+def network_latencies_us(res: dict[str, Any], man: dict[str, Any]
+                         ) -> dict[str, tuple[Architecture, float, float]]:
+    """The whole networks a bundle timed (kind `network`): name -> (architecture, median µs,
+    IQR / median), in the device's own reference-op scale (as an imported table's µs)."""
+    scale_us = reference_scale(res["ref_times_s"]) * 1e6
+    out = {}
+    for item in man["programs"]:
+        if item.get("kind") != "network":
+            continue
+        a = Architecture.from_dict(item["arch"], item["key"])
+        e = res["entries"].get(item["key"])
+        if e is None:
+            raise FbnasError(f"results.json: no timings for {item['key']!r}; run the whole "
+                             "bundle")
+        st = EntryStats(ratios=list(e["ratios"]))
+        out[a.name] = (a, st.quantiles()[1] * scale_us, st.rel_iqr)
+    return out
 
 
 def import_results(results_path: str | Path, space: SearchSpace | None = None) -> LatencyTable:
     """A latency table from a bundle's `results.json` (its manifest beside it)."""
     path = Path(results_path)
     folder = path.parent
-    try:
-        res = json.loads(path.read_text())
-        man = json.loads((folder / "manifest.json").read_text())
-    except FileNotFoundError as e:
-        raise FbnasError(f"{e.filename}: no such file (import reads results.json with the "
-                         "bundle's manifest.json beside it)") from None
-    except ValueError as e:
-        raise FbnasError(f"{path}: not valid JSON ({e})") from None
-    if res.get("bundle") != man.get("bundle_id"):
-        raise FbnasError(f"{path}: results of bundle {res.get('bundle')!r}, but the manifest "
-                         f"beside it is bundle {man.get('bundle_id')!r}")
+    res, man = read_results(path)
     items = {p["key"]: p for p in man["programs"]}
     missing = [k for k in items if k != man["reference"] and k not in res["entries"]]
     if missing:
