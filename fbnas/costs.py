@@ -258,7 +258,7 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     fit = fit_to_target(theta, rows, costs.fixed, target, s.fit_tolerance)
     log(fit.describe(cfg.loss.target, target, costs.unit))
     meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
-                            "fitted_layers": fit.changes}
+                            "cost_unit": costs.unit, "fitted_layers": fit.changes}
     mode = fit_measure or s.fit_measure
     if mode == "off" or cfg.latency.cost != "latency":
         return fit.indices, meta

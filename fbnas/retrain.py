@@ -270,6 +270,7 @@ class ChildTrainer(EpochRunner):
             "space": self.arch.space or self.cfg.space.name, "dataset": self.cfg.data.dataset,
             "device": str(self.device),
             "latency_device": measured["device"] if measured else None,
+            "target_latency_ms": _target_ms(self.arch.meta),
             "predicted_latency_ms": predicted, "latency_table": table_src,
             "measured_latency_ms": measured["median_ms"] if measured else None,
             "measured_latency_iqr": measured["rel_iqr"] if measured else None,
@@ -311,12 +312,22 @@ class ChildTrainer(EpochRunner):
                 writer.add_scalar(f"retrain/{k}", v, rec["epoch"])
 
 
+def _target_ms(meta: Any) -> float | None:
+    """The latency the search was asked for (its arch file's meta.target), in ms."""
+    if isinstance(meta, dict) and meta.get("cost_unit") == "us" and isinstance(
+            meta.get("target"), int | float):
+        return float(meta["target"]) / 1e3
+    return None
+
+
 def results_line(res: dict[str, Any]) -> str:
     """The one-line report: predicted and measured latency, accuracy, params, FLOPs."""
     def ms(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.3f} ms"
 
-    return (f"{res['arch']['name']} [{res['arch']['hash'][:12]}]: predicted "
+    asked = (f"target {ms(res['target_latency_ms'])}, "
+             if res.get("target_latency_ms") is not None else "")
+    return (f"{res['arch']['name']} [{res['arch']['hash'][:12]}]: {asked}predicted "
             f"{ms(res['predicted_latency_ms'])}, measured {ms(res['measured_latency_ms'])}, "
             f"top-1 {100 * res['top1']:.2f}%, top-5 {100 * res['top5']:.2f}%, params "
             f"{res['params'] / 1e6:.3f} M, FLOPs {res['flops'] / 1e6:.1f} M")

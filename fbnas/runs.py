@@ -26,8 +26,9 @@ SCHEMA = 1
 # Keys of a results.json file and the type each must have when present (None is always allowed).
 _STR_KEYS = ("kind", "run_dir", "created", "space", "dataset", "device", "latency_device",
              "search_run")
-_NUM_KEYS = ("predicted_latency_ms", "measured_latency_ms", "measured_latency_iqr", "top1",
-             "top5", "val_top1", "params", "flops", "epochs", "train_seconds", "images_per_s")
+_NUM_KEYS = ("target_latency_ms", "predicted_latency_ms", "measured_latency_ms",
+             "measured_latency_iqr", "top1", "top5", "val_top1", "params", "flops", "epochs",
+             "train_seconds", "images_per_s")
 _MAP_KEYS = ("arch", "sweep")
 PATH_KEY = "_path"  # load_results adds the file the row came from under this key
 _FRONT_KEY = "_front"
@@ -180,6 +181,7 @@ COLUMNS: dict[str, Column] = {
     "space": Column("space", _key("space"), str),
     "dataset": Column("dataset", _key("dataset"), str),
     "device": Column("device", lambda r: r.get("latency_device") or r.get("device"), str),
+    "target_ms": Column("target ms", _key("target_latency_ms"), _fixed(3)),
     "pred_ms": Column("pred ms", _key("predicted_latency_ms"), _fixed(3)),
     "meas_ms": Column("meas ms", _key("measured_latency_ms"), _fixed(3)),
     "iqr": Column("iqr %", _key("measured_latency_iqr"), _fixed(1, 100.0)),
@@ -202,8 +204,8 @@ COLUMNS: dict[str, Column] = {
     "file": Column("file", lambda r: _rel(r[PATH_KEY]) if r.get(PATH_KEY) else None, str),
 }
 
-DEFAULT_COLUMNS = ["front", "run", "arch", "name", "space", "dataset", "device", "pred_ms",
-                   "meas_ms", "top1", "top5", "params", "flops", "epochs", "setting"]
+DEFAULT_COLUMNS = ["front", "run", "arch", "name", "space", "dataset", "device", "target_ms",
+                   "pred_ms", "meas_ms", "top1", "top5", "params", "flops", "epochs", "setting"]
 # Sorted high-to-low unless told otherwise; every other column sorts low-to-high.
 DESCENDING = frozenset({"front", "top1", "top5", "val_top1", "img_s"})
 # Left-aligned in the table; the rest are numbers, right-aligned.

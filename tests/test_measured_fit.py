@@ -3,6 +3,8 @@ measures on the target; a device fbnas cannot run on closes the loop through a b
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from fbnas.costs import final_fit
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale
+from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
 from fbnas.target import fit_to_target, log_prob_of, measured_fit, near_target, predicted_cost
 from fbnas.trainer import SearchTrainer
@@ -153,6 +156,29 @@ def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     assert saved["ops"] == best["ops"] and meta["predicted"] == best["predicted"]
     log = (tmp_path / "run" / "train.log").read_text()
     assert "measured fit round 1" in log and f"{meta['measured']:.1f} us measured" in log
+
+
+def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_path, capsys):
+    """A retrained searched network's results (and `fbnas runs`) show what the search was
+    asked for beside the table's prediction and the measured latency."""
+    cfg = _fake_run(tmp_path)
+    _search(cfg, tmp_path)
+    arch = Architecture.load(tmp_path / "run" / "arch_hard.yaml")
+    d = digits_run_config(space=FIT_SPACE, latency={
+        "cost": "latency", "device": "fake", "cache_dir": str(tmp_path / "cache")},
+        retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu"})
+    c = ChildTrainer(config_from_dict(d, "r.yaml"), arch, tmp_path / "child")
+    try:
+        res = c.fit()
+    finally:
+        close_logger(c.log)
+    assert res["target_latency_ms"] == pytest.approx(arch.meta["target"] / 1e3)
+    assert res["predicted_latency_ms"] is not None and res["measured_latency_ms"] is not None
+    capsys.readouterr()
+    assert main(["runs", str(tmp_path / "child"), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert float(rows[0]["target_ms"]) == pytest.approx(arch.meta["target"] / 1e3)
+    assert float(rows[0]["meas_ms"]) == pytest.approx(res["measured_latency_ms"])
 
 
 def test_fit_measure_off_keeps_the_table_fit(tmp_path, monkeypatch):
