@@ -50,11 +50,11 @@ PLANTED = {
 }
 
 
-def _search(tmp_path, mode, weights):
+def _search(tmp_path, mode, weights, epochs=6):
     d = digits_run_config(
         space=PLANTED, data={"limit": 1000, "batch_size": 32, "val_fraction": 0.0},
         loss={"kind": "ce"},
-        search={"mode": mode, "weights": weights, "epochs": 6, "warmup_epochs": 2,
+        search={"mode": mode, "weights": weights, "epochs": epochs, "warmup_epochs": 2,
                 "w_lr": 0.2, "theta_lr": 0.1, "tau0": 2.0, "seed": 0})
     for k in ("alpha", "beta"):
         d["loss"].pop(k, None)
@@ -87,7 +87,7 @@ def test_relaxations_move_theta_away_from_the_zero_op_weakly(tmp_path, zero_op, 
     zero op still loses probability, and it is the argmax of no layer. (`single_path`'s
     straight-through gradient is 0 for it in these layers without a shortcut: GDAS cannot see
     it, which is why the quickstart searches with `reinforce`.)"""
-    probs = _search(tmp_path, mode, weights)
+    probs = _search(tmp_path, mode, weights, epochs=9)
     assert sum(p[2] for p in probs) / len(probs) < 0.32, probs
     for layer, p in enumerate(probs):
         assert p[2] < max(p[:2]), (layer, probs)
