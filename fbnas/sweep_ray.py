@@ -16,8 +16,12 @@ Re-running resumes: every task works in its point's run directory as the serial 
 (finished: re-read and checked, interrupted: resumed from its checkpoint), also after its
 worker was killed. A point's work depends only on its config, so its results are the serial
 sweep's, bit for bit, at the same torch thread count (`fbnas sweep --threads T` for both).
-On a cluster, OUT, the data and the latency table cache must be on a filesystem that every
-node sees at the same path (or give `latency.table`).
+The exception is a search's measured fit to a latency target (`search.fit_measure`, on by
+default with a target): it times networks end to end inside the task, while other tasks train,
+so the architecture it returns depends on a timing (the sweep says so; `search.fit_measure=off`
+keeps the table's fit, which is deterministic). On a cluster, OUT, the data and the latency
+table cache must be on a filesystem that every node sees at the same path (or give
+`latency.table`).
 
 `FBNAS_SWEEP_KILL=<run dir name>` (e.g. `search-beta4`) is a test and benchmark hook: the task
 of that run directory, when it starts without a checkpoint, SIGKILLs its own worker as soon
@@ -170,6 +174,13 @@ class RaySweep:
             # the latency table (and the data) once, here, before the workers load the machine
             resolve_costs(sw.plan[0].cfg, self.log, save=False)
         sw._n_test()
+        c = sw.plan[0].cfg
+        if (c.latency.cost == "latency" and c.loss.target is not None and c.search.fit_target
+                and c.search.fit_measure != "off"):
+            self.log("note: search.fit_measure times each search's fitted network end to end "
+                     "in its worker, while other points train: the returned architectures "
+                     "depend on that timing and need not equal a serial sweep's (theta does); "
+                     "--set search.fit_measure=off fits by the table alone")
         self._events = ensure_dir(sw.out / TASKS)
         for f in self._events.glob("*.json"):  # an earlier run's
             f.unlink()

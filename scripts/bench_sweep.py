@@ -30,6 +30,9 @@ Sweeps on Ray (`fbnas sweep --workers N`), against the serial sweep and after ki
 
 In these modes every sweep in OUT shares one latency table, measured first (outside the wall
 times): the searches' inputs are then the same and their results can be compared bit for bit.
+A search's measured fit to its target (`search.fit_measure`, on for the quickstart) times
+networks end to end, so the architecture it returns depends on a timing even between two
+serial runs; θ does not. Add `--set search.fit_measure=off` to compare architectures too.
 """
 
 from __future__ import annotations
