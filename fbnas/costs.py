@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 
-from fbnas.arch import Architecture, arch_from_indices, build_child
-from fbnas.config import Config, LatencyConfig
+from fbnas.arch import Architecture, arch_from_indices, build_child, sample_hard
+from fbnas.checkpoint import load_checkpoint
+from fbnas.config import Config, LatencyConfig, config_from_dict
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.measure import Protocol
-from fbnas.target import cost_lists, fit_to_target, measured_fit
+from fbnas.target import cost_lists, cost_range, fit_to_target, measured_fit
 from fbnas.timed_models import measure_modules
 
 
@@ -283,3 +284,55 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
                 fitted_layers=mf.fit.changes, fit_seconds=round(time.perf_counter() - t0, 2),
                 fit_rounds=[r.to_dict(cands) for r in mf.rounds])
     return mf.fit.indices, meta
+
+
+# ---- a finished search run's θ, table and fitted architecture (fbnas sample, fbnas sweep) -------
+def load_search_run(run_dir: Path) -> tuple[dict[str, Any], Config, list[torch.Tensor]]:
+    """(checkpoint state, config, θ per layer) of a search run, θ checked against its space."""
+    ckpt = Path(run_dir) / "checkpoint.pt"
+    state = load_checkpoint(ckpt, kind="search")
+    cfg = config_from_dict(state["config"], str(ckpt))
+    theta = []
+    for i, cands in enumerate(cfg.space.layer_candidates()):
+        t = state["model"].get(f"theta.{i}")
+        if t is None or t.ndim != 1 or len(t) != len(cands) or not t.is_floating_point():
+            raise FbnasError(f"{ckpt}: damaged checkpoint: model.theta.{i} does not fit layer "
+                             f"{i} of its search space '{cfg.space.name}' ({len(cands)} "
+                             "candidates)")
+        theta.append(t)
+    return state, cfg, theta
+
+
+def run_table(run_dir: Path) -> LatencyTable | None:
+    """The cost table saved in a run directory (optional; one that is there must load)."""
+    p = Path(run_dir) / "cost_table.json"
+    return LatencyTable.load(p) if p.exists() else None
+
+
+def run_costs(cfg: Config, table: LatencyTable) -> CostSource:
+    row_maps, fixed = table.costs_for(cfg.space)
+    return CostSource(row_maps, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit,
+                      "the run's cost table", table)
+
+
+def run_target(cfg: Config, costs: CostSource) -> float:
+    """The run's loss.target in the table's units (a relative target over its space's range)."""
+    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
+    return cfg.loss.build(cost_range(rows, costs.fixed)).target
+
+
+def fit_search_run(run_dir: Path, fit_measure: str | None = None,
+                   log: Callable[[str], None] = print, loaded: tuple | None = None
+                   ) -> Architecture:
+    """argmax θ of a search run, fitted to its loss.target as `fbnas train` fits arch_hard.yaml
+    (`final_fit`: by the table, then measured where this machine can time the table's device;
+    `fit_measure` overrides the run's setting); meta: the fit's record and the run."""
+    _, cfg, theta = loaded or load_search_run(run_dir)
+    table = run_table(run_dir)
+    a = sample_hard(cfg.space, theta, name=f"{cfg.space.name}_search")
+    if table is None or cfg.loss.target is None or not cfg.search.fit_target:
+        return Architecture(a.macro, a.ops, a.name, a.space, {"run": str(run_dir)})
+    costs = run_costs(cfg, table)
+    indices, meta = final_fit(cfg, theta, costs, run_target(cfg, costs), log, str(run_dir),
+                              fit_measure)
+    return arch_from_indices(cfg.space, indices, a.name, run=str(run_dir), **meta)

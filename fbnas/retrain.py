@@ -270,7 +270,7 @@ class ChildTrainer(EpochRunner):
             "space": self.arch.space or self.cfg.space.name, "dataset": self.cfg.data.dataset,
             "device": str(self.device),
             "latency_device": measured["device"] if measured else None,
-            "target_latency_ms": _target_ms(self.arch.meta),
+            "target_latency_ms": target_ms_of(self.arch.meta),
             "predicted_latency_ms": predicted, "latency_table": table_src,
             "measured_latency_ms": measured["median_ms"] if measured else None,
             "measured_latency_iqr": measured["rel_iqr"] if measured else None,
@@ -312,7 +312,7 @@ class ChildTrainer(EpochRunner):
                 writer.add_scalar(f"retrain/{k}", v, rec["epoch"])
 
 
-def _target_ms(meta: Any) -> float | None:
+def target_ms_of(meta: Any) -> float | None:
     """The latency the search was asked for (its arch file's meta.target), in ms."""
     if isinstance(meta, dict) and meta.get("cost_unit") == "us" and isinstance(
             meta.get("target"), int | float):

@@ -54,7 +54,7 @@ from fbnas.io import (
 from fbnas.latency.build import measure_archs
 from fbnas.loss import parse_target
 from fbnas.plots import _plt
-from fbnas.retrain import RESULTS, ChildTrainer
+from fbnas.retrain import RESULTS, ChildTrainer, target_ms_of
 from fbnas.run import close_logger
 from fbnas.runs import load_results
 from fbnas.trainer import SearchTrainer
@@ -62,9 +62,9 @@ from fbnas.trainer import SearchTrainer
 WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
 PARAMS = WEIGHTS + ("target",)
 REFERENCE_OPS = ("ir_k3_e6", "ir_k5_e6")
-CSV_COLUMNS = ("label", "kind", "param", "value", "arch_hash", "name", "predicted_ms",
-               "measured_ms", "measured_iqr", "top1", "top5", "val_top1", "params", "flops",
-               "dominated", "run_dir", "ops")
+CSV_COLUMNS = ("label", "kind", "param", "value", "arch_hash", "name", "target_ms",
+               "predicted_ms", "measured_ms", "measured_iqr", "top1", "top5", "val_top1",
+               "params", "flops", "dominated", "run_dir", "ops")
 
 
 @dataclass
@@ -396,6 +396,7 @@ class Sweep:
                 "label": p.label, "kind": p.kind, "param": self.param if p.kind == "search"
                 else "", "value": "" if p.value is None else p.value,
                 "arch_hash": p.arch.hash(), "name": p.arch.name,
+                "target_ms": target_ms_of(p.arch.meta) if p.kind == "search" else None,
                 "predicted_ms": r.get("predicted_ms"), "measured_ms": r.get("measured_ms"),
                 "measured_iqr": r.get("measured_latency_iqr"), "top1": r.get("top1"),
                 "top5": r.get("top5"), "val_top1": r.get("val_top1"), "params": r.get("params"),

@@ -16,12 +16,14 @@ Re-running resumes: every task works in its point's run directory as the serial 
 (finished: re-read and checked, interrupted: resumed from its checkpoint), also after its
 worker was killed. A point's work depends only on its config, so its results are the serial
 sweep's, bit for bit, at the same torch thread count (`fbnas sweep --threads T` for both).
-The exception is a search's measured fit to a latency target (`search.fit_measure`, on by
-default with a target): it times networks end to end inside the task, while other tasks train,
-so the architecture it returns depends on a timing (the sweep says so; `search.fit_measure=off`
-keeps the table's fit, which is deterministic). On a cluster, OUT, the data and the latency
-table cache must be on a filesystem that every node sees at the same path (or give
-`latency.table`).
+A search's measured fit to a latency target (`search.fit_measure`, issue 26) times networks end
+to end, which must not happen while other tasks train on the machine: the search tasks fit by
+the table alone, and once every search has finished, before any retrain starts, the driver
+times and re-fits each searched point's network (`fit_search_run`) with the workers idle, and
+writes the result to the point's arch_hard.yaml (a re-run keeps a fit already measured). The
+architectures then depend on that timing, as a serial sweep's do; θ stays bit-identical. On a
+cluster, OUT, the data and the latency table cache must be on a filesystem that every node
+sees at the same path (or give `latency.table`).
 
 `FBNAS_SWEEP_KILL=<run dir name>` (e.g. `search-beta4`) is a test and benchmark hook: the task
 of that run directory, when it starts without a checkpoint, SIGKILLs its own worker as soon
@@ -35,7 +37,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ import torch
 
 from fbnas.arch import Architecture
 from fbnas.config import Config
-from fbnas.costs import resolve_costs
+from fbnas.costs import fit_search_run, resolve_costs
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import RESULTS
@@ -175,12 +177,11 @@ class RaySweep:
             resolve_costs(sw.plan[0].cfg, self.log, save=False)
         sw._n_test()
         c = sw.plan[0].cfg
-        if (c.latency.cost == "latency" and c.loss.target is not None and c.search.fit_target
-                and c.search.fit_measure != "off"):
-            self.log("note: search.fit_measure times each search's fitted network end to end "
-                     "in its worker, while other points train: the returned architectures "
-                     "depend on that timing and need not equal a serial sweep's (theta does); "
-                     "--set search.fit_measure=off fits by the table alone")
+        self.driver_fit = (c.latency.cost == "latency" and c.loss.target is not None
+                           and c.search.fit_target and c.search.fit_measure != "off")
+        if self.driver_fit:
+            self.log("sweep: the searched networks are timed and fitted to their targets here "
+                     "once every search has finished, before the retrains (search.fit_measure)")
         self._events = ensure_dir(sw.out / TASKS)
         for f in self._events.glob("*.json"):  # an earlier run's
             f.unlink()
@@ -210,9 +211,12 @@ class RaySweep:
         pending: dict[Any, Job] = {}
         r_dev, s_dev = sw.cfg.retrain.device, sw.cfg.search.device
         searched: dict[str, SweepPoint] = {}
+        defer = self.driver_fit  # retrains wait for the driver's measured fits
         for sp in sw.plan:
             job = Job("search", sp.label, plan=sp)
-            pending[self._submit(job, sp.cfg, s_dev)] = job
+            cfg = sp.cfg if not defer else replace(
+                sp.cfg, search=replace(sp.cfg.search, fit_measure="off"))
+            pending[self._submit(job, cfg, s_dev)] = job
 
         def retrain(p: SweepPoint) -> None:
             cfg, extra = sw.retrain_job(p)
@@ -220,7 +224,7 @@ class RaySweep:
             pending[self._submit(job, cfg, r_dev, p.arch, extra)] = job
 
         refs = sw.reference_points()
-        for p in refs:
+        for p in [] if defer else refs:
             retrain(p)
         randoms: list[SweepPoint] | None = None
         while pending:
@@ -240,7 +244,8 @@ class RaySweep:
                     p = sw.searched(job.plan, out["arch"])
                     searched[job.label] = p
                     what = f"arch {p.arch.short_hash}"
-                    retrain(p)
+                    if not defer:
+                        retrain(p)
                 else:
                     job.point.results = dict(out["results"])
                     top1 = out["results"].get("top1")
@@ -249,6 +254,13 @@ class RaySweep:
                          + ("finished earlier" if out["earlier"] else
                             f"finished in {out['seconds']:.0f} s") + f": {what}")
             if randoms is None and not any(j.phase == "search" for j in pending.values()):
+                if defer:  # every search is done and nothing runs: time the fits here
+                    for sp in sw.plan:
+                        if sp.label in searched:
+                            searched[sp.label] = self._measured_fit(sp, searched[sp.label])
+                            retrain(searched[sp.label])
+                    for p in refs:
+                        retrain(p)
                 if len(searched) == len(sw.plan):
                     randoms = sw.random_points([searched[sp.label] for sp in sw.plan])
                     for p in randoms:
@@ -261,6 +273,18 @@ class RaySweep:
                                              reason="drawn once every search has finished"))
         ordered = [searched[sp.label] for sp in sw.plan if sp.label in searched]
         return ordered + refs + (randoms or [])
+
+    def _measured_fit(self, sp: SearchPlan, p: SweepPoint) -> SweepPoint:
+        """The point's searched network timed here and re-fitted to its target (`final_fit`),
+        saved as its arch_hard.yaml; a network measured by an earlier run of the sweep is
+        kept."""
+        if "measured" in (p.arch.meta or {}):
+            return p
+        run = Path(sp.cfg.run.dir)
+        self.log(f"sweep: search {sp.label}: measured fit")
+        arch = fit_search_run(run, sp.cfg.search.fit_measure, lambda m: self.log(f"  {m}"))
+        arch.save(run / "arch_hard.yaml")
+        return self.sweep.searched(sp, arch)
 
     def _drain(self) -> None:
         """Print the tasks that started since the last look (each writes TASKS/<phase>-<label>

@@ -21,6 +21,8 @@ from test_sweep import TINY
 
 from fbnas.arch import Architecture
 from fbnas.cli import main
+from fbnas.config import config_from_dict
+from fbnas.costs import resolve_costs
 from fbnas.sweep_ray import KILL_ENV
 
 ARGS = ["--beta", "0,4", "--random", "1", "--threads", "1"]
@@ -153,3 +155,43 @@ def test_ray_sweep_flags_are_checked(config, capsys):
                        (["--seeds", "1,x"], "--seeds"), (["--seeds", "1,1"], "--seeds")):
         assert main(["sweep", "--config", str(config), "--beta", "1", *flags]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_measured_fits_are_timed_by_the_driver_once_the_searches_are_done(
+        config, ray_session, monkeypatch, capsys):
+    """With a latency target the search tasks fit by the table alone; the driver times each
+    searched network (here 15% slower than its table says, in the driver's process only) and
+    re-fits it before any retrain starts, and the CSV shows the target beside the figures."""
+    from fbnas.arch import ChildNet
+    from fbnas.backends.fake import FakeTimer
+
+    prepare = FakeTimer.prepare
+
+    def slower(self, module, input_chw, label=""):
+        run = prepare(self, module, input_chw, label)
+        if isinstance(module, ChildNet):
+            run.cost_s *= 1.15
+        return run
+
+    d = yaml.safe_load(config.read_text())
+    d["loss"] = {"kind": "target", "target": "0.5x", "lambda": 1.0}
+    target_cfg = config.parent / "tiny-target.yaml"
+    target_cfg.write_text(yaml.safe_dump(d))
+    resolve_costs(config_from_dict(d, str(target_cfg)), save=False)  # the honest table first
+    monkeypatch.setattr(FakeTimer, "prepare", slower)
+    out = config.parent / "ray-target"
+    assert main(["sweep", "--config", str(target_cfg), "--out", str(out), "--workers", "2",
+                 "--target", "0.4x,0.7x", "--random", "0", "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("search target0.7x finished") < printed.index(
+        "search target0.4x: measured fit") < printed.index("retrain target0.4x started")
+    assert printed.index("retrain ref-all_k3_e6 started") > printed.index(
+        "search target0.7x: measured fit")
+    rows = {r["label"]: r for r in csv.DictReader((out / "sweep.csv").open())}
+    for label in ("target0.4x", "target0.7x"):
+        run = out / f"search-{label}"
+        meta = Architecture.load(run / "arch_hard.yaml").meta
+        first = meta["fit_rounds"][0]
+        assert first["measured"] == pytest.approx(first["predicted"] * 1.15, rel=0.02)
+        assert "measured fit round" not in (run / "train.log").read_text()  # not in the task
+        assert float(rows[label]["target_ms"]) == pytest.approx(meta["target"] / 1e3)

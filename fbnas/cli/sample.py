@@ -21,18 +21,13 @@ from fbnas.arch import (
     arch_from_indices,
     arch_log_prob,
     child_stats,
-    sample_hard,
     sample_soft,
 )
-from fbnas.checkpoint import load_checkpoint
-from fbnas.config import config_from_dict
-from fbnas.cost_kinds import COST_KINDS
-from fbnas.costs import CostSource, final_fit
+from fbnas.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
-from fbnas.latency import LatencyTable
 from fbnas.latency.bundle import RUNTIMES, network_latencies_us, read_results, write_bundle
-from fbnas.target import Round, cost_lists, cost_range, near_target, predicted_cost
+from fbnas.target import Round, cost_lists, near_target, predicted_cost
 
 NEAR_TARGET = "near_target_bundle.json"  # which bundle `--near-target` wrote for the run
 
@@ -63,18 +58,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     run_dir = Path(args.run_dir)
-    ckpt = run_dir / "checkpoint.pt"
-    state = load_checkpoint(ckpt, kind="search")
-    cfg = config_from_dict(state["config"], str(ckpt))
+    state, cfg, theta = load_search_run(run_dir)
     space = cfg.space
-    theta = []
-    for i, cands in enumerate(space.layer_candidates()):
-        t = state["model"].get(f"theta.{i}")
-        if t is None or t.ndim != 1 or len(t) != len(cands) or not t.is_floating_point():
-            raise FbnasError(f"{ckpt}: damaged checkpoint: model.theta.{i} does not fit layer "
-                             f"{i} of its search space '{space.name}' ({len(cands)} candidates)")
-        theta.append(t)
-    table = _load_table(run_dir)
+    table = run_table(run_dir)
     out = Path(args.out) if args.out else run_dir / "samples"
     if args.near_target is not None:
         return _near_target(args, run_dir, cfg, theta, table)
@@ -93,12 +79,14 @@ def run(args) -> int:
         archs = sorted(seen.values(), key=lambda a: -arch_log_prob(space, theta, a))
         names = [f"soft_{i + 1}" for i in range(len(archs))]
     else:
-        archs, names = [_hard(cfg, theta, table, run_dir, args.fit_measure)], ["hard"]
+        archs = [fit_search_run(run_dir, args.fit_measure, print, (state, cfg, theta))]
+        names = ["hard"]
     probs = [torch.softmax(t.float(), -1) for t in theta]
     for a, name in zip(archs, names, strict=True):
         stats = child_stats(a)
         lp = arch_log_prob(space, theta, a)
         meta = {
+            **{k: v for k, v in (a.meta or {}).items() if k != "run"},  # the fit's record
             "run": str(run_dir), "epoch": int(state["epoch"]), "selection": name,
             "probability": math.exp(lp), "log_probability": lp,
             "layer_probabilities": [round(float(p[space.layer_candidates()[i].index(op)]), 4)
@@ -117,30 +105,6 @@ def run(args) -> int:
               f"FLOPs {stats['flops'] / 1e6:.1f} M  [{arch.short_hash}]")
         print(f"  {' '.join(a.ops)}")
     return 0
-
-
-def _hard(cfg, theta, table, run_dir: Path, fit_measure: str | None = None) -> Architecture:
-    """argmax θ, fitted to the run's loss.target as `fbnas train` fitted arch_hard.yaml (and
-    measured, as it was, where this machine can time the table's device)."""
-    space = cfg.space
-    a = sample_hard(space, theta)
-    if table is None or cfg.loss.target is None or not cfg.search.fit_target:
-        return a
-    costs = _costs(cfg, table)
-    target = _target(cfg, costs)
-    indices, meta = final_fit(cfg, theta, costs, target, print, str(run_dir), fit_measure)
-    return arch_from_indices(space, indices, a.name, **meta)
-
-
-def _costs(cfg, table) -> CostSource:
-    row_maps, fixed = table.costs_for(cfg.space)
-    return CostSource(row_maps, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit,
-                      "the run's cost table", table)
-
-
-def _target(cfg, costs: CostSource) -> float:
-    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
-    return cfg.loss.build(cost_range(rows, costs.fixed)).target
 
 
 def _needs_target(cfg, table, run_dir: Path, what: str) -> None:
@@ -165,8 +129,8 @@ def _near_target(args, run_dir: Path, cfg, theta, table) -> int:
     if args.near_target < 1 or not 0 < args.near < 1:
         raise FbnasError(f"sample --near-target {args.near_target} --near {args.near}: K must "
                          "be >= 1 and F in (0, 1)")
-    costs = _costs(cfg, table)
-    target = _target(cfg, costs)
+    costs = run_costs(cfg, table)
+    target = run_target(cfg, costs)
     rows = cost_lists(costs.rows, cfg.space.layer_candidates())
     picks = near_target(theta, rows, costs.fixed, target, args.near_target, args.near)
     archs = [arch_from_indices(cfg.space, idx, f"near_{i + 1}") for i, idx in enumerate(picks)]
@@ -197,8 +161,8 @@ def _pick(args, run_dir: Path, cfg, theta, table, out: Path) -> int:
     if mine is None or man.get("bundle_id") != mine:
         raise FbnasError(f"{args.pick}: results of bundle {man.get('bundle_id')!r}, but "
                          f"{run_dir}'s --near-target bundle is {mine!r}")
-    costs = _costs(cfg, table)
-    target, tol = _target(cfg, costs), cfg.search.fit_tolerance
+    costs = run_costs(cfg, table)
+    target, tol = run_target(cfg, costs), cfg.search.fit_tolerance
     rows = cost_lists(costs.rows, cfg.space.layer_candidates())
     cands = cfg.space.layer_candidates()
     rounds = []
@@ -228,12 +192,3 @@ def _pick(args, run_dir: Path, cfg, theta, table, out: Path) -> int:
           f"{best.predicted:.1f}, measured {best.measured:.1f} {costs.unit} "
           f"({best.measured / target - 1:+.1%})  {' '.join(arch.ops)}")
     return 0
-
-
-def _load_table(run_dir: Path):
-    p = run_dir / "cost_table.json"
-    if not p.exists():  # optional; but one that is there must be readable
-        return None
-
-    return LatencyTable.load(p)
-
