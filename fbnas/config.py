@@ -208,6 +208,9 @@ class SearchConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
+        if isinstance(d, dict) and isinstance(d.get("fit_measure"), bool):
+            # YAML 1.1 reads `fit_measure: off` (and on) as a boolean
+            d = {**d, "fit_measure": "on" if d["fit_measure"] else "off"}
         return _trainer_section(cls, d, where, lambda c: [
             (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} leaves no θ "
                                           f"epochs (search.epochs is {c.epochs})"),

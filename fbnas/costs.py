@@ -185,16 +185,23 @@ def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyCon
     """End-to-end latency of the (trained) child with the latency section's timer settings,
     drift-compensated like the table's entries (same reference op, and the table's reference
     scale when there is one, so the two are in the same units)."""
-    timer = lat.make_timer()
-    if lat.allocator is None and table is not None and table.cost == "latency" and \
-            table.meta.get("backend") == timer.backend:
-        # unless the config names one, time under the allocator the table was measured with
-        timer = dataclasses.replace(lat, allocator=table.meta.get("allocator", "system")
-                                    ).make_timer()
+    timer = timer_for_table(lat, table)
     s = _time_net(timer, copy.deepcopy(model).cpu(), arch, table, protocol or Protocol())
     d = timer.describe()
     return {"median_ms": s["median_us"] / 1e3, "min_ms": s["min_us"] / 1e3,
             "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d}
+
+
+def timer_for_table(lat: LatencyConfig, table: LatencyTable | None) -> Timer:
+    """The latency section's timer, under the allocator `table` was measured with unless the
+    section names one: end-to-end figures then follow the table's protocol, so that they
+    compare with its predictions (a child's measured latency, a sweep's, bench_target's)."""
+    timer = lat.make_timer()
+    if lat.allocator is None and table is not None and table.cost == "latency" and \
+            table.meta.get("backend") == timer.backend:
+        timer = dataclasses.replace(lat, allocator=table.meta.get("allocator", "system")
+                                    ).make_timer()
+    return timer
 
 
 def _time_net(timer: Timer, net: torch.nn.Module, arch: Architecture,

@@ -40,7 +40,7 @@ import torch
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
-from fbnas.costs import find_latency_table, timer_label
+from fbnas.costs import find_latency_table, timer_for_table, timer_label
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.io import (
@@ -354,14 +354,14 @@ class Sweep:
         lat = self.cfg.latency
         if lat.cost != "latency" or not self.cfg.retrain.measure_latency:
             return
-        timer = lat.make_timer()
         uniq: dict[str, Architecture] = {}
         for p in points:
             uniq.setdefault(p.arch.hash(), p.arch)
         named = [Architecture(a.macro, a.ops, h[:16], a.space) for h, a in uniq.items()]
+        table, _ = find_latency_table(self.cfg, named[0], None)
+        timer = timer_for_table(lat, table)  # the table's allocator: comparable with its values
         self.log(f"== sweep: timing {len(named)} children end to end ({timer.backend})")
         m = measure_archs(timer, named)
-        table, _ = find_latency_table(self.cfg, named[0], None)
         ref_us = (table.reference or {}).get("scale_us") if table is not None else None
         scale = ref_us or m.ref_scale_s * 1e6
         device = timer_label(timer.describe())

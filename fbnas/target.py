@@ -192,7 +192,7 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     lo, hi = target * (1 - tol), target * (1 + tol)
     rounds: list[Round] = []
     fit = fit_to_target(theta, rows, fixed, target, tol)
-    band = tol
+    band = tol / 2  # re-fits aim inside the middle of the band: the correction is not exact
     for _ in range(max_rounds):
         key = tuple(fit.indices)
         med, spread = measure(list(key))
@@ -203,9 +203,8 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
             break  # the fit's architecture is the most probable one at its predicted cost
         tried = {x.indices for x in rounds}
         for _attempt in range(3):
-            # ask the table for the target the measurements say it means
-            goal = target * _correction(rounds, target)
-            nxt = fit_to_target(theta, rows, fixed, goal, band)
+            # ask the table for the prediction the measurements say measures at the target
+            nxt = fit_to_target(theta, rows, fixed, _goal(rounds, target), band)
             if tuple(nxt.indices) not in tried:
                 break
             band /= 2  # the same network again: ask for a narrower band around the goal
@@ -224,11 +223,19 @@ def _argmax(theta: Sequence[torch.Tensor]) -> list[int]:
     return [int(torch.argmax(t.detach())) for t in theta]
 
 
-def _correction(rounds: Sequence[Round], target: float) -> float:
-    """predicted / measured of the timed network whose measurement is nearest to the target:
-    the factor that turns the target into the prediction that should measure at it."""
+def _goal(rounds: Sequence[Round], target: float) -> float:
+    """The prediction that should measure at `target`: interpolated between the nearest timed
+    networks measured below and above it (the secant: the table's error changes with the
+    network), else the target times predicted / measured of the one measured nearest."""
+    below = [r for r in rounds if r.measured < target]
+    above = [r for r in rounds if r.measured > target]
+    if below and above:
+        b = max(below, key=lambda r: r.measured)
+        a = min(above, key=lambda r: r.measured)
+        t = (target - b.measured) / (a.measured - b.measured)
+        return b.predicted + t * (a.predicted - b.predicted)
     near = min(rounds, key=lambda r: abs(math.log(r.measured / target)))
-    return near.predicted / near.measured
+    return target * near.predicted / near.measured
 
 
 def near_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from fbnas.arch import Architecture
+from fbnas.costs import timer_for_table
 from fbnas.latency import Protocol, measure_archs
 from fbnas.loss import resolve_target
 from fbnas.sweep import random_archs
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
                     found.append((mode, target, seed, arch, t_us, res["predicted_cost"]))
                     fits.append(arch.meta)
         search_s = time.perf_counter() - t0
-        timer = cfg.latency.make_timer()
+        # under the table's protocol (its allocator), as the measured fit and the sweep time
+        timer = timer_for_table(cfg.latency, tr.costs.table)
         rand = random_archs(cfg, args.random, 12345, {f[3].hash() for f in found})
         named = {}
         for _, _, _, a, _, _ in found:

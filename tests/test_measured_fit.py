@@ -17,7 +17,7 @@ from conftest import digits_run_config
 from fbnas.arch import Architecture, ChildNet
 from fbnas.backends.fake import FakeTimer
 from fbnas.cli import main
-from fbnas.config import config_from_dict
+from fbnas.config import config_from_dict, load_config
 from fbnas.costs import final_fit
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
@@ -272,3 +272,14 @@ def test_near_target_bundle_round_trip_and_pick(tmp_path, monkeypatch, capsys):
     assert main(["sample", str(run), "--pick", str(bundle / "results.json"), "--out",
                  str(tmp_path / "p3")]) == 2
     assert "+20.0%" in capsys.readouterr().err and not (tmp_path / "p3").exists()
+
+
+@pytest.mark.parametrize("raw, want", [("off", "off"), ("on", "on"), ("auto", "auto")])
+def test_fit_measure_reads_yaml_booleans(tmp_path, raw, want):
+    """YAML 1.1 reads `fit_measure: off` as false: it still means off (and `on` on)."""
+    d = digits_run_config()
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(d).replace("search:\n", f"search:\n  fit_measure: {raw}\n", 1))
+    assert load_config(p).search.fit_measure == want
+    with pytest.raises(FbnasError, match="search.fit_measure"):
+        load_config(p, ["search.fit_measure=sometimes"])
