@@ -364,3 +364,11 @@ def read_fields(cls: type, data: Any, at: str, **given: Any) -> Any:
                                                        **meta["check"])
     f.done()
     return cls(**kwargs)
+
+
+def clock(seconds: float) -> str:
+    """A duration as a clock reads it: m:ss, or h:mm:ss from an hour (progress lines)."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"

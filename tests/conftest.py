@@ -118,3 +118,19 @@ def tiny_space() -> SearchSpace:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def run_bundle_standalone(folder, rounds: int = 3) -> dict:
+    """Run a latency bundle's run_bundle.py from inside its folder with fbnas made
+    unimportable (the runner must need only torch and executorch); its results.json."""
+    import json
+    import subprocess
+    import sys
+
+    block = ("import runpy, sys; sys.modules['fbnas'] = None; "
+             "runpy.run_path('run_bundle.py', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-I", "-c", block, "--rounds", str(rounds)],
+                         cwd=folder, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads((folder / "results.json").read_text())
+

@@ -6,13 +6,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config
+from conftest import digits_run_config, run_bundle_standalone
 
 from fbnas.arch import Architecture, ChildNet
 from fbnas.backends.fake import FakeTimer
@@ -231,13 +229,7 @@ def test_near_target_bundle_round_trip_and_pick(tmp_path, monkeypatch, capsys):
     nets = [p for p in man["programs"] if p["kind"] == "network"]
     assert len(nets) == 3 and man["purpose"]["near_target"]["run"] == str(run.resolve())
     target = man["purpose"]["near_target"]["target"]
-    # the runner needs no fbnas: run it from inside the bundle with fbnas made unimportable
-    block = ("import runpy, sys; sys.modules['fbnas'] = None; "
-             "runpy.run_path('run_bundle.py', run_name='__main__')")
-    r = subprocess.run([sys.executable, "-I", "-c", block, "--rounds", "3"], cwd=bundle,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    results = json.loads((bundle / "results.json").read_text())
+    results = run_bundle_standalone(bundle)  # fbnas unimportable to the runner
     assert all(p["key"] in results["entries"] for p in nets)
     # what the device "measured": near_1 8% over the target, near_2 and near_3 inside
     scale_us = reference_scale(results["ref_times_s"]) * 1e6

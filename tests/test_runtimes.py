@@ -5,12 +5,10 @@ compute, and one-line errors for what a runtime cannot take."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import latency_space
+from conftest import latency_space, run_bundle_standalone
 
 from fbnas.backends import TIMERS
 from fbnas.backends import exported as rt
@@ -123,13 +121,7 @@ def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
     assert kinds.count("entry") == len(space_signatures(SPACE))
     with pytest.raises(FbnasError, match="holds a bundle already"):
         write_bundle(SPACE, folder, probes=0)
-    # the runner needs no fbnas: run it from inside the bundle with fbnas made unimportable
-    block = ("import runpy, sys; sys.modules['fbnas'] = None; "
-             "runpy.run_path('run_bundle.py', run_name='__main__')")
-    run = subprocess.run([sys.executable, "-I", "-c", block, "--rounds", "3"], cwd=folder,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    results = json.loads((folder / "results.json").read_text())
+    results = run_bundle_standalone(folder)  # fbnas unimportable to the runner
     assert results["bundle"] == man["bundle_id"] and results["rounds"] == 3
     out = tmp_path / "device.json"
     assert main(["latency", "import", str(folder / "results.json"), "--out", str(out)]) == 0

@@ -32,6 +32,7 @@ from fbnas.backends import Runnable, Timer
 from fbnas.backends.worker import under_allocator
 from fbnas.cost_kinds import COST_KINDS, count_flops, counted_kinds
 from fbnas.errors import FbnasError
+from fbnas.io import clock
 from fbnas.latency.measure import (
     REFERENCE,
     EntryStats,
@@ -49,13 +50,6 @@ OVERHEAD = "call overhead"  # the empty program an exported runtime's entries ar
 
 # ---- progress --------------------------------------------------------------------------------
 PLAIN_EVERY_S = 30.0  # a plain progress line at most this often, where stderr is no terminal
-
-
-def _minutes(s: float) -> str:
-    s = int(round(s))
-    if s >= 3600:
-        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-    return f"{s // 60}:{s % 60:02d}"
 
 
 class MeasureProgress:
@@ -120,12 +114,12 @@ class MeasureProgress:
         elif now - self.shown_at >= self.every:
             self.shown_at = now
             left = (self.total - self.n) / self.rounds * per
-            self._line(f", ETA {_minutes(left)}, {per:.2f} s/item, {key[:36]}")
+            self._line(f", ETA {clock(left)}, {per:.2f} s/item, {key[:36]}")
 
     def _line(self, tail: str) -> None:
         pct = 100 * self.n / self.total if self.total else 100.0
         self.stream.write(f"{self.what}: {self.n}/{self.total} samples ({pct:.0f}%) in "
-                          f"{_minutes(time.perf_counter() - self.t0)}{tail}\n")
+                          f"{clock(time.perf_counter() - self.t0)}{tail}\n")
         self.stream.flush()
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from fbnas.io import ensure_dir
+from fbnas.io import clock, ensure_dir
 
 PLAIN_EVERY_S = 30.0  # a plain progress line at most this often (not on a terminal)
 BAR_REFRESH_S = 0.5  # a bar's figures are read from the device at most this often
@@ -32,13 +32,6 @@ def is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
-
-
-def _duration(s: float) -> str:
-    s = int(round(s))
-    if s >= 3600:
-        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-    return f"{s // 60}:{s % 60:02d}"
 
 
 class Progress:
@@ -88,7 +81,7 @@ class Progress:
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         rate = f", {done / spent:.3g} {self.unit}/s" if spent > 0 and done else ""
         tail = "".join(f", {k}={v}" for k, v in (figs or {}).items())
-        return (f"{self.desc}: {self.n}/{self.total} {self.unit}s{pct} in {_duration(spent)}"
+        return (f"{self.desc}: {self.n}/{self.total} {self.unit}s{pct} in {clock(spent)}"
                 f"{rate}{tail}")
 
     def close(self) -> None:
