@@ -184,11 +184,12 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
                  target: float, measure, tol: float = 0.03, max_rounds: int = 4) -> MeasuredFit:
     """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->
     (median, rel_iqr)` (in the table's units). While it misses `target` by more than `tol`,
-    the target the table is asked for is corrected by what was measured (measured / predicted
-    of the architecture measured nearest to the new prediction: a local correction, since a
-    table's error grows with the network) and the fit repeated, for at most `max_rounds`
-    timed networks. Returns the most probable architecture measured inside the band, or,
-    when none is, the one measured nearest to the target."""
+    the table is asked for the prediction that the measurements say measures at the target
+    (`_goal`: the secant between the networks measured nearest below and above it, else the
+    nearest one's predicted / measured ratio: a local correction, since a table's error
+    changes with the network) and the fit repeated within ±tol/2 of it, for at most
+    `max_rounds` timed networks. Returns the most probable architecture measured inside the
+    band, or, when none is, the one measured nearest to the target."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     rounds: list[Round] = []
     fit = fit_to_target(theta, rows, fixed, target, tol)
@@ -244,7 +245,6 @@ def near_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], 
     first: the most probable one (`fit_to_target`) at each of k sub-targets spread evenly over
     the band, so that a table that is off by up to `spread` still has one measured on target.
     Finer sub-target grids are tried while fewer than k distinct ones are found."""
-    logp = [torch.log_softmax(t.detach().double().cpu(), -1).tolist() for t in theta]
     found: dict[tuple[int, ...], float] = {}
     n = k
     while len(found) < k and n <= 16 * k:
@@ -252,8 +252,7 @@ def near_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], 
         for d in sorted(points, key=abs):  # the target itself first
             f = fit_to_target(theta, rows, fixed, target * (1 + d), spread / max(n, 1))
             if abs(f.cost / target - 1) <= spread * 1.0001:
-                found.setdefault(tuple(f.indices), sum(lp[i] for lp, i in zip(
-                    logp, f.indices, strict=True)))
+                found.setdefault(tuple(f.indices), log_prob_of(theta, f.indices))
             if len(found) >= k:
                 break
         n *= 2

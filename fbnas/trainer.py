@@ -305,9 +305,11 @@ class SearchTrainer(SearchSteps, EpochRunner):
             result["final_path_acc"] = r["acc"]
             self.log.info(f"final architecture as a path of the supernet (BN re-estimated): "
                           f"val acc {r['acc']:.3f}, CE {r['ce']:.3f}")
-        for k in ("target", "measured", "fit_seconds"):
-            if k in arch.meta:
-                result[f"{k}_cost" if k != "fit_seconds" else k] = arch.meta[k]
+        if "target" in arch.meta:
+            result["target_cost"] = arch.meta["target"]
+        if "measured" in arch.meta:  # the measured fit's figure and what it took
+            result.update(measured_cost=arch.meta["measured"],
+                          fit_seconds=arch.meta["fit_seconds"])
         u = self.costs.unit
         said = "".join(f", {arch.meta[k]:.1f} {u} {w}" for k, w in (
             ("target", "asked"), ("measured", "measured")) if k in arch.meta)
