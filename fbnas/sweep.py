@@ -14,7 +14,7 @@ Every step is a normal run directory: running the same command again skips what 
 resumes what was interrupted. With `seeds`, every value is searched once per search seed
 (`search.seed`; labels `<param><value>-seed<S>`).
 
-A point's work is a function of its config alone (`search_point`, `retrain_point`: seeded
+A point's work is a function of its config alone (`fbnas.sweep_point`: seeded
 from the config, its own run directory), so the points can run in any order and in other
 processes: `fbnas.sweep_ray` runs them as Ray tasks (`fbnas sweep --workers N`) and then
 hands back to `Sweep.finish` for the end-to-end timing in this process. Results are
@@ -38,7 +38,6 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture, arch_from_indices
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.costs import find_latency_table, timer_for_table, timer_label
 from fbnas.data import build_eval_data
@@ -46,7 +45,6 @@ from fbnas.errors import FbnasError
 from fbnas.io import (
     atomic_write,
     ensure_dir,
-    load_json,
     load_yaml,
     write_json_atomic,
     write_text_atomic,
@@ -54,10 +52,8 @@ from fbnas.io import (
 from fbnas.latency.build import measure_archs
 from fbnas.loss import parse_target
 from fbnas.plots import _plt
-from fbnas.retrain import RESULTS, ChildTrainer, target_ms_of
-from fbnas.run import close_logger
-from fbnas.runs import load_results
-from fbnas.trainer import SearchTrainer
+from fbnas.retrain import RESULTS, target_ms_of
+from fbnas.sweep_point import retrain_config, retrain_point, search_done, search_point
 
 WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
 PARAMS = WEIGHTS + ("target",)
@@ -205,47 +201,6 @@ def dominated(points: list[SweepPoint], by: list[SweepPoint], lat_tol: float,
                 break
         out.append(hit)
     return out
-
-
-# ---- one point's work: a function of its config alone (any order, any process) -------------
-def search_done(cfg: Config) -> bool:
-    """Has this point's search run all its epochs (its run directory says so)?"""
-    ck = Path(cfg.run.dir) / "checkpoint.pt"
-    return ck.is_file() and load_checkpoint(ck, kind="search")["epoch"] >= cfg.search.epochs
-
-
-def search_point(cfg: Config) -> Architecture:
-    """Search (or resume, or re-read a finished search) in `cfg.run.dir`; its argmax
-    architecture. Resuming checks the run was made with these settings (one-line error if
-    not); a finished run just writes its architecture again."""
-    run = Path(cfg.run.dir)
-    t = SearchTrainer(cfg, run, resume=(run / "checkpoint.pt").is_file())
-    try:
-        t.fit()
-    finally:
-        close_logger(t.log)
-    return Architecture.load(run / "arch_hard.yaml")
-
-
-def retrain_config(base: dict, config_path: str | Path, run: Path) -> Config:
-    """The retrain config of one sweep point (timed later, all children together)."""
-    return config_from_dict(apply_overrides(base, [
-        f"run.dir={run}", "retrain.measure_latency=false"]), str(config_path))
-
-
-def retrain_point(cfg: Config, arch: Architecture, extra: dict[str, Any]) -> dict[str, Any]:
-    """Retrain `arch` (or resume, or re-read a finished retrain) in `cfg.run.dir`; its
-    results. Resuming checks the run trained this architecture with this recipe."""
-    run = Path(cfg.run.dir)
-    done = (run / RESULTS).is_file()
-    if done:
-        load_results(run / RESULTS)  # checked: a damaged file is a one-line error
-    t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
-                     extra={"sweep": extra})
-    try:
-        return load_json(run / RESULTS) if done else t.fit()
-    finally:
-        close_logger(t.log)
 
 
 class Sweep:

@@ -1,0 +1,57 @@
+"""One sweep point's work, a function of its config alone (any order, any process): its search
+(`search_point`, or resumed, or re-read when finished) and its retrain (`retrain_point`).
+`fbnas.sweep` runs the points one after another, `fbnas.sweep_ray` on a Ray cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fbnas.arch import Architecture
+from fbnas.checkpoint import load_checkpoint
+from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.io import load_json
+from fbnas.retrain import RESULTS, ChildTrainer
+from fbnas.run import close_logger
+from fbnas.runs import load_results
+from fbnas.trainer import SearchTrainer
+
+
+def search_done(cfg: Config) -> bool:
+    """Has this point's search run all its epochs (its run directory says so)?"""
+    ck = Path(cfg.run.dir) / "checkpoint.pt"
+    return ck.is_file() and load_checkpoint(ck, kind="search")["epoch"] >= cfg.search.epochs
+
+
+def search_point(cfg: Config) -> Architecture:
+    """Search (or resume, or re-read a finished search) in `cfg.run.dir`; its argmax
+    architecture. Resuming checks the run was made with these settings (one-line error if
+    not); a finished run just writes its architecture again."""
+    run = Path(cfg.run.dir)
+    t = SearchTrainer(cfg, run, resume=(run / "checkpoint.pt").is_file())
+    try:
+        t.fit()
+    finally:
+        close_logger(t.log)
+    return Architecture.load(run / "arch_hard.yaml")
+
+
+def retrain_config(base: dict, config_path: str | Path, run: Path) -> Config:
+    """The retrain config of one sweep point (timed later, all children together)."""
+    return config_from_dict(apply_overrides(base, [
+        f"run.dir={run}", "retrain.measure_latency=false"]), str(config_path))
+
+
+def retrain_point(cfg: Config, arch: Architecture, extra: dict[str, Any]) -> dict[str, Any]:
+    """Retrain `arch` (or resume, or re-read a finished retrain) in `cfg.run.dir`; its
+    results. Resuming checks the run trained this architecture with this recipe."""
+    run = Path(cfg.run.dir)
+    done = (run / RESULTS).is_file()
+    if done:
+        load_results(run / RESULTS)  # checked: a damaged file is a one-line error
+    t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
+                     extra={"sweep": extra})
+    try:
+        return load_json(run / RESULTS) if done else t.fit()
+    finally:
+        close_logger(t.log)
