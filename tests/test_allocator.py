@@ -55,7 +55,7 @@ def test_worker_timer_gives_the_in_process_numbers_for_the_fake_backend():
     assert len(there) == len(here) > 5
     for k, e in here.entries.items():
         assert there.entries[k].value == pytest.approx(e.value, rel=1e-12)
-    assert any("context factor" in s for s in lines)  # log lines come back from the worker
+    assert any("context model" in s for s in lines)  # log lines come back from the worker
     archs = sample_spanning(SPACE, 4, here.costs_for(SPACE, "raw")[0])
     a = measure_archs(make_timer("fake", seed=5), archs, FAST)
     b = measure_archs(make_timer("fake", seed=5, allocator="retain"), archs, FAST)

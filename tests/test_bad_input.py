@@ -634,6 +634,8 @@ TABLE_CHANGES: list[tuple[str, Callable[[dict], None], str]] = [
      "reference.scale_us: expected a number"),
     ("context-scale-string", lambda t: t.update(context={"scale": "x"}),
      "context.scale: expected a number"),
+    ("context-exponent-negative", lambda t: t.update(context={"scale": 1.2, "exponent": -1}),
+     "context.exponent: must be a finite number >= 0"),
     ("noise-string", lambda t: t.update(noise={"median_rel_iqr": "x"}), "noise.median_rel_iqr"),
     ("protocol-rounds-string", lambda t: t.update(protocol={"rounds": "many"}),
      "protocol.rounds: expected an integer"),

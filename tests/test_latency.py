@@ -6,11 +6,12 @@ import json
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 from conftest import latency_space
 
-from fbnas.arch import arch_from_indices, build_child, count_flops, count_params
+from fbnas.arch import ChildNet, arch_from_indices, build_child, count_flops, count_params
 from fbnas.backends.fake import FakeTimer
 from fbnas.cost_kinds import count_flops as count_module_flops
 from fbnas.errors import FbnasError
@@ -28,7 +29,14 @@ from fbnas.latency import (
     space_signatures,
     validate,
 )
-from fbnas.latency.build import fit_context
+from fbnas.latency.build import (
+    EXPONENT_BOUNDS,
+    fit_context,
+    fit_context_model,
+    refresh_values,
+)
+from fbnas.latency.measure import REFERENCE
+from fbnas.latency.signature import arch_signatures
 from fbnas.search_space import SearchSpace, load_space
 from fbnas.supernet import Supernet
 
@@ -234,6 +242,60 @@ def test_context_factor_is_folded_into_values():
     s = plain.context["scale"]
     assert plain.context["probes"] == 3 and 0.8 < s < 1.25  # the fake network = its blocks
     assert all(e.value == pytest.approx(before[k] * s) for k, e in plain.entries.items())
+
+
+class ContextFake(CountingFake):
+    """A fake device whose whole networks take scale · Σ_e ratio_e^exponent reference times,
+    ratio_e being entry e's isolated time over the reference op's: the in-network law that the
+    context model fits (a real CPU's big blocks gain less inside a network than small ones)."""
+
+    def __init__(self, *a, scale: float = 1.3, exponent: float = 0.85, **kw):
+        super().__init__(*a, **kw)
+        self.law = (scale, exponent)
+
+    def prepare(self, module, input_chw, label=""):
+        base = super().prepare  # (a comprehension cannot call super() itself)
+        run = base(module, input_chw, label)
+        if isinstance(module, ChildNet):
+            ref = base(REFERENCE.build(), REFERENCE.input_shape).cost_s
+            parts = [base(s.build(), s.input_shape).cost_s
+                     for s in arch_signatures(module.arch)]
+            c, g = self.law
+            run.cost_s = ref * c * sum((t / ref) ** g for t in parts)
+        return run
+
+
+def test_context_model_fits_the_in_network_law_and_beats_a_single_factor():
+    space = tiny_space()
+    table = build_table(space, ContextFake(), FAST, context_probes=8)
+    ctx = table.context
+    assert ctx["exponent"] == pytest.approx(0.85, abs=0.01)
+    assert ctx["scale"] == pytest.approx(1.3, rel=0.02)
+    assert max(abs(e) for e in ctx["probe_errors"]) < 0.005
+    ref = table.reference["scale_us"]
+    for e in table.entries.values():  # every value is the model applied to the entry's ratio
+        assert e.value == pytest.approx(ref * ctx["scale"] * e.stats["ratio"] ** ctx["exponent"])
+    single = LatencyTable.from_dict(table.to_dict())
+    single.context = {"scale": float(np.median(ctx["probe_ratios"])), "probes": 8}
+    refresh_values(single)  # the model before the exponent: one factor
+    held_out = sample_spanning(space, 10, table.costs_for(space, "raw")[0], seed=3)
+    err = {}
+    for name, t in (("model", table), ("single", single)):
+        rep = validate(space, t, ContextFake(), archs=held_out, repeats=1, protocol=FAST)
+        err[name] = rep["table"]["mape"]
+    assert err["model"] < 0.002 and err["single"] > 0.02, err
+
+
+def test_context_model_keeps_one_factor_with_few_probes_and_bounds_the_exponent():
+    rng = np.random.default_rng(0)
+    parts = [list(rng.uniform(0.1, 5.0, 6)) for _ in range(3)]
+    nets = [1.2 * sum(p) for p in parts]
+    assert fit_context_model(parts, nets) == pytest.approx((1.2, 1.0))  # 3 probes: one factor
+    parts = [list(rng.uniform(0.1, 5.0, 6)) for _ in range(10)]
+    nets = [sum(r ** 0.3 for r in p) for p in parts]  # far outside the bounds
+    scale, exponent = fit_context_model(parts, nets)
+    assert exponent == pytest.approx(EXPONENT_BOUNDS[0])
+    assert scale > 0
 
 
 def test_reference_op_compensates_machine_drift():

@@ -4,19 +4,21 @@
 after each chunk the table can be written (`out=`), so an interrupted build resumes where it
 stopped. Latency values are
 
-    value = ratio (entry / reference op, median over rounds) x reference µs x context scale
+    value = reference µs x scale x ratio^exponent    (ratio: entry / reference op, median)
 
-where the *context* factor comes from whole child networks ("probes") timed in the same
-interleaved rounds as the entries of a fresh build: a block timed alone runs faster than the
-same block inside a network (its weights stay in cache), and the median of (network time /
-sum of its isolated entries) folds that difference into the table so that its absolute
-predictions hold without a calibration step. Probes and entries see the same machine states;
-timed apart, a few seconds of a noisy neighbour can bend the factor by 20%.
+where the *context model* (scale, exponent) comes from whole child networks ("probes") timed
+in the same interleaved rounds as the entries of a fresh build: a block timed alone runs at
+another speed than the same block inside a network (its weights stay in cache), and not by one
+factor (big blocks gain less), so (scale, exponent) are fitted to the probes' network times in
+least squares of the log and folded into the table, whose absolute predictions then hold
+without a calibration step while it stays a sum of entries. Probes and entries see the same
+machine states; timed apart, a few seconds of a noisy neighbour can bend the factor by 20%.
 Extending a table keeps its reference and context, so old and new entries share one scale.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +48,9 @@ from fbnas.latency.table import LatencyTable
 from fbnas.search_space import SearchSpace
 
 OVERHEAD = "call overhead"  # the empty program an exported runtime's entries are corrected by
+# the context model's exponent stays within these (12 probes identify it; the bounds keep a
+# degenerate probe set, all networks of one size, from bending the table)
+EXPONENT_BOUNDS = (0.7, 1.3)
 
 
 # ---- progress --------------------------------------------------------------------------------
@@ -135,12 +140,6 @@ def prepare_reference(timer: Timer) -> Runnable:
     return timer.prepare(REFERENCE.build(), REFERENCE.input_shape, "reference")
 
 
-def _value_scale(table: LatencyTable) -> float:
-    ref = (table.reference or {}).get("scale_us", 1.0)
-    ctx = (table.context or {}).get("scale", 1.0)
-    return float(ref) * float(ctx)
-
-
 def entry_stats(sig: Signature, st: EntryStats, scale_s: float,
                 call: float | None = None) -> dict[str, Any]:
     """An entry's statistics (µs at `scale_s` seconds per reference ratio) and its `ratio`,
@@ -155,12 +154,29 @@ def entry_stats(sig: Signature, st: EntryStats, scale_s: float,
     return stats
 
 
+def context_model(table: LatencyTable) -> tuple[float, float]:
+    """(scale, exponent) of the table's context model: an entry's value is reference µs ×
+    scale × ratio^exponent (no context: (1, 1); tables before the exponent: exponent 1)."""
+    ctx = table.context or {}
+    return float(ctx.get("scale", 1.0)), float(ctx.get("exponent", 1.0))
+
+
+def context_text(table: LatencyTable) -> str:
+    """The context model in a few words, for the CLI's summary lines."""
+    if not table.context:
+        return "no context model"
+    scale, exponent = context_model(table)
+    return (f"context x{scale:.3f}" + (f" * ratio^{exponent:.3f}" if exponent != 1.0 else "")
+            + f" (from {table.context.get('probes')} probe networks)")
+
+
 def refresh_values(table: LatencyTable) -> None:
     """Recompute every latency entry's value from its ratio, the reference and the context."""
-    s = _value_scale(table)
+    ref = float((table.reference or {}).get("scale_us", 1.0))
+    scale, exponent = context_model(table)
     for e in table.entries.values():
         if e.stats and "ratio" in e.stats:
-            e.value = e.stats["ratio"] * s
+            e.value = ref * scale * e.stats["ratio"] ** exponent
 
 
 def check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
@@ -249,7 +265,7 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
     Writes `out` after every chunk of entries (atomically), so an interrupted build resumes
     from `out`. A fresh build also times `context_probes` whole child networks, interleaved
     with the entries of every chunk (so that they see the same machine states), and folds
-    the median in-network / isolated ratio into the values (0 probes: no context factor).
+    the context model fitted to them into the values (0 probes: no context model).
     Returns the table.
     """
     p = protocol or Protocol()
@@ -340,7 +356,7 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
 
 
 def probe_archs(space: SearchSpace, n: int) -> list[Architecture]:
-    """The `n` child networks that fit a table's context factor (always the same ones)."""
+    """The `n` child networks that fit a table's context model (always the same ones)."""
     return sample_spanning(space, n, counted_rows(space), seed=12345, name="probe")
 
 
@@ -350,23 +366,52 @@ def counted_rows(space: SearchSpace) -> list[dict[str, float]]:
              for op, sig in row.items()} for row in layer_signatures(space)]
 
 
+def fit_context_model(parts: Sequence[Sequence[float]], nets: Sequence[float],
+                      exponent_bounds: tuple[float, float] = EXPONENT_BOUNDS
+                      ) -> tuple[float, float]:
+    """(scale, exponent) that make scale · Σ_e r_e^exponent over each probe's isolated entry
+    ratios `parts[p]` match its whole-network ratio `nets[p]`, in least squares of the log
+    (relative errors). With fewer than 4 probes the exponent stays 1 and the scale is the
+    median of nets / Σ parts (a single factor)."""
+    parts = [np.asarray([r for r in p if r > 0], dtype=float) for p in parts]
+    nets_a = np.asarray(nets, dtype=float)
+    scale1 = float(np.median(nets_a / np.array([p.sum() for p in parts])))
+    if len(parts) < 4:
+        return scale1, 1.0
+    from scipy.optimize import least_squares
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.log([np.exp(x[0]) * float(np.sum(p ** x[1])) for p in parts]) - np.log(nets_a)
+
+    lo, hi = exponent_bounds
+    fit = least_squares(residuals, [math.log(scale1), 1.0],
+                        bounds=([-np.inf, lo], [np.inf, hi]))
+    if not fit.success:
+        return scale1, 1.0
+    return float(math.exp(fit.x[0])), float(fit.x[1])
+
+
 def _context_from(table: LatencyTable, probes: Sequence[Architecture],
                   samples: dict[str, list[float]],
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """context.scale = median over probe networks of (network ratio / Σ its entries' ratios)."""
-    ratios = []
-    for a in probes:
-        iso = sum(table.entries[s.key()].stats["ratio"] for s in arch_signatures(a))
-        ratios.append(float(np.median(samples[f"probe {a.name}"])) / iso)
-    scale = float(np.median(ratios))
-    table.context = {"scale": round(scale, 5), "probes": len(probes),
-                     "probe_ratios": [round(r, 4) for r in ratios],
-                     "why": "median over whole child networks of in-network time / sum of "
-                            "their isolated entries, timed interleaved with the entries; "
-                            "folded into every value"}
+    """The context model (scale, exponent) fitted to the probe networks (fit_context_model)."""
+    parts = [[table.entries[s.key()].stats["ratio"] for s in arch_signatures(a)]
+             for a in probes]
+    nets = [float(np.median(samples[f"probe {a.name}"])) for a in probes]
+    scale, exponent = fit_context_model(parts, nets)
+    fitted = [scale * sum(r ** exponent for r in p if r > 0) for p in parts]
+    errors = [f / n - 1 for f, n in zip(fitted, nets, strict=True)]
+    table.context = {"scale": round(scale, 5), "exponent": round(exponent, 4),
+                     "probes": len(probes),
+                     "probe_ratios": [round(n / sum(p), 4) for p, n in zip(parts, nets,
+                                                                            strict=True)],
+                     "probe_errors": [round(e, 4) for e in errors],
+                     "why": "entry value = reference us x scale x ratio^exponent, fitted to "
+                            "whole child networks timed interleaved with the entries (least "
+                            "squares of the log); folded into every value"}
     if log:
-        log(f"context factor {scale:.3f} from {len(probes)} probe networks "
-            f"(ratios {min(ratios):.3f}-{max(ratios):.3f})")
+        log(f"context model x{scale:.3f} · ratio^{exponent:.3f} from {len(probes)} probe "
+            f"networks (probe errors {100 * min(errors):+.1f}% to {100 * max(errors):+.1f}%)")
     return table.context
 
 
@@ -398,9 +443,9 @@ def _record_noise(table: LatencyTable, ref_times: list[float], remeasured: int,
 def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: int = 12,
                 protocol: Protocol | None = None, reference: Runnable | None = None,
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Fit the context factor of a complete table on its own (build_table does it while
-    building): time `probes` child networks and fold the median in-network / isolated ratio
-    into the values."""
+    """Fit the context model of a complete table on its own (build_table does it while
+    building): time `probes` child networks and fold the model fitted to them into the
+    values."""
     table.require(space)
     archs = probe_archs(space, probes)
     m = measure_archs(timer, archs, protocol, reference)

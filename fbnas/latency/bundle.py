@@ -6,7 +6,7 @@ probe networks to ExecuTorch/XNNPACK `.pte` programs, and writes them with `mani
 a standalone `run_bundle.py` (needs Python, torch and executorch, not fbnas) into one folder.
 Copy the folder to the device, run `python run_bundle.py`, copy `results.json` back, and
 `import_results` turns it into a normal latency table: the same drift-compensated ratios,
-reference scale, call-overhead correction and context factor as `fbnas latency build`, with
+reference scale, call-overhead correction and context model as `fbnas latency build`, with
 the device's own description in the table's meta.
 """
 

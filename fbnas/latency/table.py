@@ -11,7 +11,7 @@ whole network can be predicted. Schema (version 1):
               dtype, memory_format, mode, created, fbnas_version},
      "protocol": {...how entries were timed...} | null,
      "reference": {"signature": KEY, "scale_us": µs, ...} | null,  # drift-compensation unit
-     "context": {"scale": s, ...} | null,      # in-network / isolated factor, already in values
+     "context": {"scale": s, "exponent": g, ...} | null,  # in-network model, in the values
      "noise": {...} | null,                    # spread of the measurement, for the record
      "calibration": {"a": a, "b": b, ...} | null,       # measured ≈ a·predicted + b
      "corrections": {"space": NAME, "space_hash": H, "rows": [{op: δ}, ...], ...} | null,
@@ -370,7 +370,7 @@ _PROTOCOL = {"rounds": ("int", 1), "sample_s": ("num", 0.0), "ref_sample_s": ("n
              "extra_rounds": ("int", 0), "seed": ("int", 0), "reference": ("bool", None),
              "reference_signature": ("str", None)}
 _REFERENCE = {"scale_us": ("num", 0.0), "signature": ("str", None), "statistic": ("str", None)}
-_CONTEXT = {"scale": ("num", 0.0), "probes": ("int", 0)}
+_CONTEXT = {"scale": ("num", 0.0), "exponent": ("num", 0.0), "probes": ("int", 0)}
 
 
 def _check_block(block: dict[str, Any] | None, spec: dict[str, tuple[str, Any]],

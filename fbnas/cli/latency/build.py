@@ -10,7 +10,7 @@ from fbnas.cli.latency.common import log, protocol, timer, timer_args
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, build_cost_table, build_table
-from fbnas.latency.build import check_extend
+from fbnas.latency.build import check_extend, context_text
 from fbnas.search_space import load_space
 
 
@@ -49,7 +49,7 @@ def run(args) -> int:
           f"{table.meta.get('dtype')}); spread IQR/median: median "
           f"{100 * (n.get('median_rel_iqr') or 0):.1f}%, "
           f"p90 {100 * (n.get('p90_rel_iqr') or 0):.1f}%; "
-          f"context x{(table.context or {}).get('scale', 1.0):.3f}")
+          f"{context_text(table)}")
     return 0
 
 
@@ -60,7 +60,7 @@ def add_parser(actions) -> None:
     b.add_argument("--cost", default="latency", choices=COST_KINDS.choices(),
                    help="what to tabulate (flops and params need no device)")
     b.add_argument("--probes", type=int, default=12,
-                   help="child networks timed to fit the in-network context factor (0: none)")
+                   help="child networks timed to fit the in-network context model (0: none)")
     b.add_argument("--fresh", action="store_true", help="ignore an existing --out file")
     b.add_argument("--quiet", action="store_true", help="no progress output")
     timer_args(b)

@@ -39,6 +39,6 @@ def add_parser(actions) -> None:
     bd.add_argument("--threads", type=int, default=1, help="threads on the device (default 1)")
     bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")
     bd.add_argument("--probes", type=int, default=12,
-                    help="child networks for the context factor (0: none)")
+                    help="child networks for the context model (0: none)")
     bd.add_argument("--quiet", action="store_true", help="no per-program lines")
     bd.set_defaults(func=run)

@@ -3,6 +3,7 @@ runner) as a latency table."""
 
 from __future__ import annotations
 
+from fbnas.latency.build import context_text
 from fbnas.latency.bundle import import_results
 from fbnas.search_space import load_space
 
@@ -13,7 +14,7 @@ def run(args) -> int:
     table.save(args.out)
     print(f"{args.out}: {len(table)} entries from {args.results} on "
           f"{table.meta.get('device_name')} ({table.meta.get('threads')} thread(s)); "
-          f"context x{(table.context or {}).get('scale', 1.0):.3f}")
+          f"{context_text(table)}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fbnas.cli.latency.common import counted, fmt
 from fbnas.latency import LatencyTable, head_signature, layer_signatures, stem_signature
+from fbnas.latency.build import context_text
 from fbnas.search_space import load_space
 
 
@@ -23,8 +24,8 @@ def _header(path: str, table: LatencyTable) -> None:
               f"p90 {100 * (n.get('p90_rel_iqr') or 0):.1f}%; machine drift p90/p10 "
               f"{n.get('drift_p90_over_p10')}")
     if table.context:
-        print(f"  context: in-network = x{table.context.get('scale', 1.0):.3f} the isolated "
-              f"entries (from {table.context.get('probes')} probe networks; in the values)")
+        print(f"  {context_text(table)}: an entry's in-network value from its isolated ratio "
+              "to the reference op (in the values)")
     if table.calibration:
         c = table.calibration
         print(f"  calibration: measured = {c['a']:.3f} x predicted + {c['b']:.1f}")
