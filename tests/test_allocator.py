@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -43,6 +44,52 @@ def _fails():
 def test_a_worker_error_comes_back_as_the_same_one_line_error():
     with pytest.raises(FbnasError, match="space.yaml: stages: bad"):
         call_in_worker("retain", None, _fails, (), {})
+
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `pid`, from /proc."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if stat[0] != "Z" and int(stat[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads processes from /proc")
+def test_a_worker_ends_when_its_parent_is_killed_outright():
+    code = ("import time; from fbnas.backends.worker import call_in_worker; "
+            "call_in_worker('retain', None, time.sleep, (120,), {})")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        workers: list[int] = []
+        for _ in range(300):  # the spawned worker (and multiprocessing's resource tracker)
+            workers = [p for p in _children(parent.pid)
+                       if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+            if workers:
+                break
+            time.sleep(0.1)
+        assert workers, "the worker process never started"
+        parent.kill()  # SIGKILL: no atexit, no multiprocessing cleanup
+        parent.wait()
+        for _ in range(100):
+            if not any(_alive(p) for p in workers):
+                break
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers), "the worker outlived its parent by 10 s"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
 
 
 def test_worker_timer_gives_the_in_process_numbers_for_the_fake_backend():

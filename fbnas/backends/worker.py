@@ -13,6 +13,8 @@ import functools
 import multiprocessing as mp
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -47,9 +49,21 @@ def _send_log(msg: str) -> None:
     _PIPE.send(("log", msg))
 
 
-def _worker(conn, fn: Callable, args: tuple, kwargs: dict) -> None:
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """Watch the parent from a daemon thread and end this process once it is gone (a parent
+    killed outright runs no cleanup, and an orphaned timing would hold a core for minutes)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fbnas-parent-watch", daemon=True).start()
+
+
+def _worker(conn, parent: int, fn: Callable, args: tuple, kwargs: dict) -> None:
     global _PIPE
     _PIPE = conn
+    _exit_with_parent(parent)
     try:
         conn.send(("ok", fn(*args, **kwargs)))
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
@@ -68,7 +82,7 @@ def call_in_worker(name: str, library: str | None, fn: Callable, args: tuple, kw
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     with _environ({**environment(name, library), WORKER_ENV: name}):
-        proc = ctx.Process(target=_worker, args=(send, fn, args, kwargs), daemon=True)
+        proc = ctx.Process(target=_worker, args=(send, os.getpid(), fn, args, kwargs), daemon=True)
         proc.start()
     send.close()
     try:
