@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from fbnas.cost_kinds import COST_KINDS
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
+from fbnas.latency.build import sample_spanning
 from fbnas.latency.measure import Protocol
 from fbnas.target import cost_lists, cost_range, fit_to_target, measured_fit
 from fbnas.timed_models import measure_modules
@@ -205,10 +206,16 @@ def timer_for_table(lat: LatencyConfig, table: LatencyTable | None) -> Timer:
 
 
 def _time_net(timer: Timer, net: torch.nn.Module, arch: Architecture,
-              table: LatencyTable | None, proto: Protocol) -> dict[str, Any]:
-    """One network timed end to end, its statistics in the table's µs (its reference scale)."""
-    m = measure_modules(timer, {"child": (net, (arch.macro.in_channels,
-                                                *arch.macro.input_size))}, proto)
+              table: LatencyTable | None, proto: Protocol,
+              companions: Sequence[Architecture] = ()) -> dict[str, Any]:
+    """One network timed end to end, its statistics in the table's µs (its reference scale);
+    interleaved with `companions` (other child networks, timed and discarded) when given."""
+    chw = (arch.macro.in_channels, *arch.macro.input_size)
+    modules = {"child": (net, chw)}
+    for a in companions:
+        torch.manual_seed(0)
+        modules[f"companion {a.name}"] = (build_child(a), chw)
+    m = measure_modules(timer, modules, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
     scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
     return m.entries["child"].summary(scale_us / 1e6)
@@ -238,16 +245,27 @@ def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
     return None
 
 
-def fit_measurer(cfg: Config, table: LatencyTable) -> Callable[[list[int]], tuple[float, float]]:
+# A network timed alone, its samples back to back, repeated within 2-12% on this VM (30 or
+# 150 rounds), and read 1-2% above the same network timed among others; interleaved with a
+# few others its samples spread over more machine states: 0.3-4.6% (median 1.2%), 0.7% apart.
+FIT_COMPANIONS = 6
+
+
+def fit_measurer(cfg: Config, table: LatencyTable, companions: int = FIT_COMPANIONS
+                 ) -> Callable[[list[int]], tuple[float, float]]:
     """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices built
     and timed end to end under the table's timer settings (threads, batch, dtype, allocator)
-    and drift compensation, in the table's units."""
+    and drift compensation, in the table's units, interleaved with `companions` child
+    networks that span the space (always the same ones)."""
     timer = cfg.latency.for_timing(table.meta).make_timer()
+    rows, _ = table.costs_for(cfg.space, "raw")
+    panel = (sample_spanning(cfg.space, companions, rows, seed=4321, name="companion")
+             if companions else [])
 
     def measure(indices: list[int]) -> tuple[float, float]:
         arch = arch_from_indices(cfg.space, indices, "fit")
         torch.manual_seed(0)
-        s = _time_net(timer, build_child(arch), arch, table, Protocol())
+        s = _time_net(timer, build_child(arch), arch, table, Protocol(), panel)
         return s["median_us"], s["rel_iqr"]
 
     return measure
