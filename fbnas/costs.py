@@ -31,6 +31,7 @@ from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.build import sample_spanning
 from fbnas.latency.measure import Protocol
+from fbnas.search_space import SearchSpace
 from fbnas.target import cost_lists, cost_range, fit_to_target, measured_fit
 from fbnas.timed_models import measure_modules
 
@@ -180,14 +181,36 @@ def timer_label(d: dict[str, Any]) -> str:
             f"{'s' if d['threads'] != 1 else ''}, batch {d['batch']}, {d['dtype']})")
 
 
+# A network timed alone, its samples back to back, repeated within 2-12% on this VM (30 or
+# 150 rounds), and read 1-2% above the same network timed among others; interleaved with a
+# few others its samples spread over more machine states: 0.3-4.6% (median 1.2%), 0.7% apart.
+COMPANIONS = 6
+
+
+def companions(space: SearchSpace, table: LatencyTable | None, n: int = COMPANIONS
+               ) -> list[Architecture]:
+    """`n` child networks spanning `space` by `table`'s costs (always the same ones), timed
+    beside a network so that its samples spread over more machine states; none where the
+    table does not cover the space."""
+    if table is None or n <= 0:
+        return []
+    try:
+        rows, _ = table.costs_for(space, "raw")
+    except FbnasError:
+        return []
+    return sample_spanning(space, n, rows, seed=4321, name="companion")
+
+
 def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyConfig,
-                     table: LatencyTable | None = None, protocol: Protocol | None = None
-                     ) -> dict[str, Any]:
+                     table: LatencyTable | None = None, protocol: Protocol | None = None,
+                     space: SearchSpace | None = None) -> dict[str, Any]:
     """End-to-end latency of the (trained) child with the latency section's timer settings,
     drift-compensated like the table's entries (same reference op, and the table's reference
-    scale when there is one, so the two are in the same units)."""
+    scale when there is one, so the two are in the same units); interleaved with `space`'s
+    `companions` where given, as the measured fit times its networks."""
     timer = timer_for_table(lat, table)
-    s = _time_net(timer, copy.deepcopy(model).cpu(), arch, table, protocol or Protocol())
+    panel = companions(space, table) if space is not None else []
+    s = _time_net(timer, copy.deepcopy(model).cpu(), arch, table, protocol or Protocol(), panel)
     d = timer.describe()
     return {"median_ms": s["median_us"] / 1e3, "min_ms": s["min_us"] / 1e3,
             "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d}
@@ -210,11 +233,11 @@ def _time_net(timer: Timer, net: torch.nn.Module, arch: Architecture,
               companions: Sequence[Architecture] = ()) -> dict[str, Any]:
     """One network timed end to end, its statistics in the table's µs (its reference scale);
     interleaved with `companions` (other child networks, timed and discarded) when given."""
-    chw = (arch.macro.in_channels, *arch.macro.input_size)
-    modules = {"child": (net, chw)}
+    modules = {"child": (net, (arch.macro.in_channels, *arch.macro.input_size))}
     for a in companions:
         torch.manual_seed(0)
-        modules[f"companion {a.name}"] = (build_child(a), chw)
+        modules[f"companion {a.name}"] = (build_child(a), (a.macro.in_channels,
+                                                           *a.macro.input_size))
     m = measure_modules(timer, modules, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
     scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
@@ -245,22 +268,12 @@ def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
     return None
 
 
-# A network timed alone, its samples back to back, repeated within 2-12% on this VM (30 or
-# 150 rounds), and read 1-2% above the same network timed among others; interleaved with a
-# few others its samples spread over more machine states: 0.3-4.6% (median 1.2%), 0.7% apart.
-FIT_COMPANIONS = 6
-
-
-def fit_measurer(cfg: Config, table: LatencyTable, companions: int = FIT_COMPANIONS
-                 ) -> Callable[[list[int]], tuple[float, float]]:
+def fit_measurer(cfg: Config, table: LatencyTable) -> Callable[[list[int]], tuple[float, float]]:
     """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices built
     and timed end to end under the table's timer settings (threads, batch, dtype, allocator)
-    and drift compensation, in the table's units, interleaved with `companions` child
-    networks that span the space (always the same ones)."""
+    and drift compensation, in the table's units, interleaved with `companions`."""
     timer = cfg.latency.for_timing(table.meta).make_timer()
-    rows, _ = table.costs_for(cfg.space, "raw")
-    panel = (sample_spanning(cfg.space, companions, rows, seed=4321, name="companion")
-             if companions else [])
+    panel = companions(cfg.space, table)
 
     def measure(indices: list[int]) -> tuple[float, float]:
         arch = arch_from_indices(cfg.space, indices, "fit")

@@ -259,7 +259,8 @@ class ChildTrainer(EpochRunner):
                 self.log.warning(f"no predicted latency: {e}")
         measured = None
         if self.cfg.retrain.measure_latency and self.cfg.latency.cost == "latency":
-            measured = measure_child_ms(self.model, self.arch, self.cfg.latency, table)
+            measured = measure_child_ms(self.model, self.arch, self.cfg.latency, table,
+                                        space=self.cfg.space)
         last = self.history[-1] if self.history else {}
         total_s = sum(h.get("seconds", 0.0) for h in self.history)
         total_n = sum(h.get("images_per_s", 0.0) * h.get("seconds", 0.0) for h in self.history)

@@ -183,14 +183,18 @@ def log_prob_of(theta: Sequence[torch.Tensor], indices: Sequence[int]) -> float:
 def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
                  target: float, measure, tol: float = 0.03, max_rounds: int = 4) -> MeasuredFit:
     """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->
-    (median, rel_iqr)` (in the table's units). While it misses `target` by more than `tol`,
-    the table is asked for the prediction that the measurements say measures at the target
-    (`_goal`: the secant between the networks measured nearest below and above it, else the
-    nearest one's predicted / measured ratio: a local correction, since a table's error
-    changes with the network) and the fit repeated within ±tol/2 of it, for at most
-    `max_rounds` timed networks. Returns the most probable architecture measured inside the
-    band, or, when none is, the one measured nearest to the target."""
+    (median, rel_iqr)` (in the table's units). While it misses the middle half of the band,
+    `target` ± `tol`/2 (a second measurement of one network moves by 1-2%, so a network
+    measured near the band's edge would often measure outside it the next time), the table is
+    asked for the prediction that the measurements say measures at the target (`_goal`: the
+    secant between the networks measured nearest below and above it, else the nearest one's
+    predicted / measured ratio: a local correction, since a table's error changes with the
+    network) and the fit repeated within ±tol/2 of it, for at most `max_rounds` timed
+    networks. Returns the most probable architecture measured inside the middle of the band,
+    else the most probable one measured inside the band, else the one measured nearest to
+    the target."""
     lo, hi = target * (1 - tol), target * (1 + tol)
+    middle = tol / 2
     rounds: list[Round] = []
     fit = fit_to_target(theta, rows, fixed, target, tol)
     band = tol / 2  # re-fits aim inside the middle of the band: the correction is not exact
@@ -200,7 +204,7 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         r = Round(key, fit.cost, float(med), float(spread), log_prob_of(theta, key),
                   lo <= med <= hi)
         rounds.append(r)
-        if r.inside:
+        if abs(r.measured / target - 1) <= middle:
             break  # the fit's architecture is the most probable one at its predicted cost
         tried = {x.indices for x in rounds}
         for _attempt in range(3):
@@ -212,7 +216,8 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         else:
             break
         fit = nxt
-    inside = [r for r in rounds if r.inside]
+    central = [r for r in rounds if abs(r.measured / target - 1) <= middle]
+    inside = central or [r for r in rounds if r.inside]
     chosen = (max(inside, key=lambda r: r.log_prob) if inside
               else min(rounds, key=lambda r: abs(math.log(r.measured / target))))
     idx = list(chosen.indices)

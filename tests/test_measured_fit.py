@@ -12,16 +12,18 @@ import torch
 import yaml
 from conftest import digits_run_config, run_bundle_standalone
 
+import fbnas.costs
 from fbnas.arch import Architecture, ChildNet
 from fbnas.backends.fake import FakeTimer
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
-from fbnas.costs import final_fit
+from fbnas.costs import COMPANIONS, companions, final_fit
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale
 from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
+from fbnas.search_space import SearchSpace
 from fbnas.target import fit_to_target, log_prob_of, measured_fit, near_target, predicted_cost
 from fbnas.trainer import SearchTrainer
 
@@ -55,7 +57,8 @@ def test_a_table_that_under_predicts_large_networks_is_corrected_by_measuring(se
     mf = measured_fit(theta, rows, 0.0, target, measure, tol=0.03, max_rounds=4)
     assert mf.hit and abs(mf.chosen.measured / target - 1) <= 0.03
     assert 2 <= len(mf.rounds) == len(timed) <= 4 and timed[0] == plain.indices
-    inside = [r for r in mf.rounds if r.inside]
+    central = [r for r in mf.rounds if abs(r.measured / target - 1) <= 0.015]
+    inside = central or [r for r in mf.rounds if r.inside]
     assert mf.fit.indices == list(max(inside, key=lambda r: r.log_prob).indices)
     assert mf.chosen.log_prob == pytest.approx(log_prob_of(theta, mf.fit.indices))
     assert mf.fit.cost == pytest.approx(predicted_cost(rows, 0.0, mf.fit.indices))
@@ -64,10 +67,28 @@ def test_a_table_that_under_predicts_large_networks_is_corrected_by_measuring(se
 def test_an_exact_table_is_measured_once_and_keeps_the_table_fit():
     rows, theta = _space(0)
     target = sum(sum(r) for r in rows) / len(rows[0])
+    plain = fit_to_target(theta, rows, 0.0, target)
+    assert abs(plain.cost / target - 1) <= 0.015  # the table's fit lands mid-band here
     mf = measured_fit(theta, rows, 0.0, target,
                       lambda idx: (predicted_cost(rows, 0.0, idx), 0.0))
-    plain = fit_to_target(theta, rows, 0.0, target)
     assert len(mf.rounds) == 1 and mf.fit.indices == plain.indices and mf.hit == plain.hit
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_network_measured_near_the_band_edge_is_refitted_towards_the_middle(seed):
+    """Measured +2.5% (inside ±3%, but a second measurement moving by 1-2% would often put it
+    outside): the fit goes on and returns a network measured within ±1.5%."""
+    rows, theta = _space(seed)
+    lo, hi = sum(min(r) for r in rows), sum(max(r) for r in rows)
+    target = lo + 0.5 * (hi - lo)
+    plain = fit_to_target(theta, rows, 0.0, target)
+    factor = 1.025 * target / plain.cost  # the table's own fit measures exactly +2.5%
+    mf = measured_fit(theta, rows, 0.0, target,
+                      lambda idx: (factor * predicted_cost(rows, 0.0, idx), 0.01))
+    assert mf.rounds[0].inside and mf.rounds[0].measured == pytest.approx(1.025 * target)
+    assert len(mf.rounds) >= 2 and abs(mf.chosen.measured / target - 1) <= 0.015
+    central = [r for r in mf.rounds if abs(r.measured / target - 1) <= 0.015]
+    assert mf.chosen == max(central, key=lambda r: r.log_prob)
 
 
 def test_near_target_spreads_the_most_probable_over_the_band():
@@ -154,6 +175,32 @@ def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     assert saved["ops"] == best["ops"] and meta["predicted"] == best["predicted"]
     log = (tmp_path / "run" / "train.log").read_text()
     assert "measured fit round 1" in log and f"{meta['measured']:.1f} us measured" in log
+
+
+def test_each_timed_network_is_interleaved_with_the_same_companions(tmp_path, monkeypatch):
+    """The fit times its network among COMPANIONS networks spanning the space (the same ones
+    every round), not alone: a network timed alone repeats far worse on a noisy machine."""
+    cfg = _fake_run(tmp_path)
+    t = SearchTrainer(cfg, tmp_path / "run")
+    close_logger(t.log)
+    _slow_networks(monkeypatch, 1.15)  # two or more rounds
+    seen: list[list[str]] = []
+    measure = fbnas.costs.measure_modules
+
+    def spy(timer, modules, protocol=None):
+        seen.append(sorted(modules))
+        return measure(timer, modules, protocol)
+
+    monkeypatch.setattr(fbnas.costs, "measure_modules", spy)
+    _, saved = _search(cfg, tmp_path)
+    assert len(seen) == len(saved["meta"]["fit_rounds"]) >= 2
+    panel = [k for k in seen[0] if k.startswith("companion ")]
+    assert len(panel) == COMPANIONS and "child" in seen[0]
+    assert all(s == seen[0] for s in seen)  # the same companions every round
+    table = LatencyTable.load(tmp_path / "run" / "cost_table.json")
+    assert companions(cfg.space, table) and companions(cfg.space, None) == []
+    other = SearchSpace.from_dict({**FIT_SPACE, "stem": {"channels": 24, "stride": 1}})
+    assert companions(other, table) == []  # a space the table does not cover: none
 
 
 def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_path, capsys):
