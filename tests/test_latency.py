@@ -216,14 +216,14 @@ def test_extending_measures_only_missing_entries(built):
 def test_interrupted_build_resumes_where_it_stopped(tmp_path):
     space = tiny_space()
     out = tmp_path / "lat.json"
-    timer = fake(interrupt_at=1 + 2 + 3 + 3 + 2)  # reference, 2 probes, chunks 1-2, 2 of 3
+    timer = fake(interrupt_at=1 + 3 + 3 + 2)  # reference, chunks 1-2, 2 of chunk 3
     with pytest.raises(KeyboardInterrupt):
         build_table(space, timer, FAST, out=out, chunk=3, context_probes=2)
     partial = LatencyTable.load(out)
     assert len(partial) == 6
     n_partial = len(partial)
     timer2 = fake()
-    assert len(partial.noise["_probe_ratios"]) == 2 and partial.context is None
+    assert partial.context is None  # the probes are timed once the entries are done
     done = build_table(space, timer2, FAST, table=partial, out=out, chunk=3, context_probes=2)
     assert done.missing(space) == []
     resumed = [p for p in timer2.prepared if p != "reference" and not p.startswith("probe")]

@@ -7,12 +7,13 @@ stopped. Latency values are
     value = reference µs x scale x ratio^exponent    (ratio: entry / reference op, median)
 
 where the *context model* (scale, exponent) comes from whole child networks ("probes") timed
-in the same interleaved rounds as the entries of a fresh build: a block timed alone runs at
-another speed than the same block inside a network (its weights stay in cache), and not by one
-factor (big blocks gain less), so (scale, exponent) are fitted to the probes' network times in
-least squares of the log and folded into the table, whose absolute predictions then hold
-without a calibration step while it stays a sum of entries. Probes and entries see the same
-machine states; timed apart, a few seconds of a noisy neighbour can bend the factor by 20%.
+end to end among themselves once a fresh build's entries are done, as validation, the measured
+fit and a user time networks: a block timed alone runs at another speed than the same block
+inside a network (its weights stay in cache), and not by one factor (big blocks gain less), so
+(scale, exponent) are fitted to the probes' network times in least squares of the log and
+folded into the table, whose absolute predictions then hold without a calibration step while
+it stays a sum of entries. (Probes timed interleaved with the entries, as before 2026-11-25,
+read 1-10% slower than the same networks timed among networks.)
 Extending a table keeps its reference and context, so old and new entries share one scale.
 """
 
@@ -263,9 +264,9 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
     """Measure every signature of `space` that `table` lacks (all of them without a table).
 
     Writes `out` after every chunk of entries (atomically), so an interrupted build resumes
-    from `out`. A fresh build also times `context_probes` whole child networks, interleaved
-    with the entries of every chunk (so that they see the same machine states), and folds
-    the context model fitted to them into the values (0 probes: no context model).
+    from `out`. A fresh build then times `context_probes` whole child networks end to end
+    among themselves and folds the context model fitted to them into the values (0 probes:
+    no context model).
     Returns the table.
     """
     p = protocol or Protocol()
@@ -281,21 +282,17 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
     reference = prepare_reference(timer) if p.reference else None
     noise = table.noise or {}
     ref_times: list[float] = list(noise.get("_ref_times_s", []))
-    probe_ratios: dict[str, list[float]] = dict(noise.get("_probe_ratios", {}))
     remeasured = int(noise.get("remeasured", 0))
     probes: list[Architecture] = []
     if context_probes > 0 and table.context is None and todo:
         probes = probe_archs(space, context_probes)
-    probe_runs = {f"probe {a.name}": r for a, r in zip(
-        probes, prepare_archs(timer, probes).values(), strict=True)}
     # Exported runtimes and XLA pay a fixed cost per call (entering the runtime, binding input
     # and output; XLA: tracing, graph lookup, launch): an empty program is timed beside the
     # entries (see entry_stats).
     overhead_runs = ({OVERHEAD: timer.prepare(timer.empty_program(), REFERENCE.input_shape,
                                               OVERHEAD)}
                      if getattr(timer, "per_call_overhead", False) and todo else {})
-    n_chunks = -(-len(todo) // chunk)
-    bar = (MeasureProgress(len(todo) + len(probe_runs) * n_chunks, p.rounds,
+    bar = (MeasureProgress(len(todo) + len(probes), p.rounds,
                            f"latency {space.name}")
            if progress and todo else None)
     remeasured0 = remeasured
@@ -306,15 +303,12 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
             for sig in part:
                 torch.manual_seed(0)
                 runs[sig.key()] = timer.prepare(sig.build(), sig.input_shape, sig.key())
-            runs.update(probe_runs)
             runs.update(overhead_runs)
             cb = bar.chunk(len(runs)) if bar else None
             m = measure(timer, runs, p, reference, cb)
             call = m.ratio(OVERHEAD) if overhead_runs else 0.0
-            remeasured += len([k for k in m.remeasured if not k.startswith("probe ")])
+            remeasured += len(m.remeasured)
             ref_times += m.ref_times
-            for key in probe_runs:
-                probe_ratios.setdefault(key, []).extend(m.entries[key].ratios)
             if table.reference is None or table.reference.get("_provisional"):
                 # A fresh build: the unit is the reference's undisturbed time (5th percentile)
                 # over every reference sample so far.
@@ -330,25 +324,29 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
                 table.add(sig, 0.0, stats)
             refresh_values(table)
             _record_noise(table, ref_times, remeasured, time.perf_counter() - t0, timer)
-            table.noise["_probe_ratios"] = probe_ratios
             if out is not None:
                 table.save(out)
+        if todo:
+            log(f"measured {len(todo)} entries in {time.perf_counter() - t0:.0f} s "
+                f"({remeasured - remeasured0} re-measured for spread)"
+                + (f"; runtime call overhead {call * table.reference['scale_us']:.1f} us taken "
+                   "off every entry but the stem" if overhead_runs else ""))
+        if probes:
+            # The probes end to end among themselves, as validate, the measured fit and a
+            # user time networks: timed among the entries they read 1-10% slower.
+            m = measure(timer, prepare_archs(timer, probes), p, reference,
+                        bar.chunk(len(probes)) if bar else None)
+            _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes},
+                          log)
     finally:
         if bar:
             bar.close()
     if table.reference is not None:
         table.reference.pop("_provisional", None)
-    if todo:
-        log(f"measured {len(todo)} entries in {time.perf_counter() - t0:.0f} s "
-            f"({remeasured - remeasured0} re-measured for spread)"
-            + (f"; runtime call overhead {call * table.reference['scale_us']:.1f} us taken off "
-               "every entry but the stem" if overhead_runs else ""))
-    if probes:
-        _context_from(table, probes, probe_ratios, log)
     refresh_values(table)
     if table.noise is not None:
         table.noise.pop("_ref_times_s", None)
-        table.noise.pop("_probe_ratios", None)
+        table.noise.pop("_probe_ratios", None)  # written by builds before 2026-11-25
         table.noise["build_seconds"] = round(time.perf_counter() - t0, 1)
     if out is not None:
         table.save(out)
@@ -397,7 +395,7 @@ def _context_from(table: LatencyTable, probes: Sequence[Architecture],
     """The context model (scale, exponent) fitted to the probe networks (fit_context_model)."""
     parts = [[table.entries[s.key()].stats["ratio"] for s in arch_signatures(a)]
              for a in probes]
-    nets = [float(np.median(samples[f"probe {a.name}"])) for a in probes]
+    nets = [float(np.median(samples[a.name])) for a in probes]
     scale, exponent = fit_context_model(parts, nets)
     fitted = [scale * sum(r ** exponent for r in p if r > 0) for p in parts]
     errors = [f / n - 1 for f, n in zip(fitted, nets, strict=True)]
@@ -449,8 +447,7 @@ def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: i
     table.require(space)
     archs = probe_archs(space, probes)
     m = measure_archs(timer, archs, protocol, reference)
-    _context_from(table, archs, {f"probe {a.name}": m.entries[a.name].ratios for a in archs},
-                  log)
+    _context_from(table, archs, {a.name: m.entries[a.name].ratios for a in archs}, log)
     refresh_values(table)
     return table.context
 

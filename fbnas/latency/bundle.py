@@ -195,8 +195,8 @@ def import_results(results_path: str | Path, space: SearchSpace | None = None) -
         elif item["kind"] == "probe":
             probes.append(Architecture.from_dict(item["arch"], key))
     if probes:
-        _context_from(table, probes, {f"probe {a.name}": res["entries"][f"probe {a.name}"]
-                                      ["ratios"] for a in probes})
+        _context_from(table, probes, {a.name: res["entries"][f"probe {a.name}"]["ratios"]
+                                      for a in probes})
     refresh_values(table)
     _record_noise(table, res["ref_times_s"], 0, res.get("seconds") or 0.0, None)
     table.noise.pop("_ref_times_s")  # kept only while a build resumes
