@@ -206,7 +206,9 @@ def test_bench_target(tiny, capsys, tmp_path):
                                     "--seeds", "0", "--epochs", "2", "--random", "1",
                                     "--rounds", "2", "--set", "latency.cost=latency",
                                     "--set", f"latency.cache_dir={tmp_path}"], capsys)
-    assert "re-measured within ±3%: " in out and "random architectures (n=1)" in out
+    assert "re-measured right after its search" in out and "random architectures (n=1)" in out
+    assert "re-measured at the end, all together: within ±3%: " in out
+    assert "end run / right after, median over the networks: " in out
     assert "measured fit: " in out  # the tiny config times on the fake device
 
 

@@ -13,7 +13,7 @@ inside a network (its weights stay in cache), and not by one factor (big blocks 
 (scale, exponent) are fitted to the probes' network times in least squares of the log and
 folded into the table, whose absolute predictions then hold without a calibration step while
 it stays a sum of entries. (Probes timed interleaved with the entries, as before 2026-11-25,
-read 1-10% slower than the same networks timed among networks.)
+read 1-7% slower on the ImageNet space than the same networks timed among networks.)
 Extending a table keeps its reference and context, so old and new entries share one scale.
 """
 
@@ -333,7 +333,7 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
                    "off every entry but the stem" if overhead_runs else ""))
         if probes:
             # The probes end to end among themselves, as validate, the measured fit and a
-            # user time networks: timed among the entries they read 1-10% slower.
+            # user time networks: timed among the entries they read 1-7% slower (ImageNet).
             m = measure(timer, prepare_archs(timer, probes), p, reference,
                         bar.chunk(len(probes)) if bar else None)
             _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes},
