@@ -334,10 +334,8 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
         if probes:
             # The probes end to end among themselves, as validate, the measured fit and a
             # user time networks: timed among the entries they read 1-7% slower (ImageNet).
-            m = measure(timer, prepare_archs(timer, probes), p, reference,
-                        bar.chunk(len(probes)) if bar else None)
-            _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes},
-                          log)
+            _time_probes(table, probes, timer, p, reference,
+                         bar.chunk(len(probes)) if bar else None, log)
     finally:
         if bar:
             bar.close()
@@ -405,8 +403,8 @@ def _context_from(table: LatencyTable, probes: Sequence[Architecture],
                                                                             strict=True)],
                      "probe_errors": [round(e, 4) for e in errors],
                      "why": "entry value = reference us x scale x ratio^exponent, fitted to "
-                            "whole child networks timed interleaved with the entries (least "
-                            "squares of the log); folded into every value"}
+                            "whole child networks timed end to end (least squares of the "
+                            "log); folded into every value"}
     if log:
         log(f"context model x{scale:.3f} · ratio^{exponent:.3f} from {len(probes)} probe "
             f"networks (probe errors {100 * min(errors):+.1f}% to {100 * max(errors):+.1f}%)")
@@ -445,11 +443,17 @@ def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: i
     building): time `probes` child networks and fold the model fitted to them into the
     values."""
     table.require(space)
-    archs = probe_archs(space, probes)
-    m = measure_archs(timer, archs, protocol, reference)
-    _context_from(table, archs, {a.name: m.entries[a.name].ratios for a in archs}, log)
+    _time_probes(table, probe_archs(space, probes), timer, protocol, reference, None, log)
     refresh_values(table)
     return table.context
+
+
+def _time_probes(table: LatencyTable, probes: Sequence[Architecture], timer: Timer,
+                 protocol: Protocol | None, reference: Runnable | None, progress,
+                 log: Callable[[str], None] | None) -> dict[str, Any]:
+    """Time `probes` end to end among themselves and fit the table's context model to them."""
+    m = measure_archs(timer, probes, protocol, reference, progress)
+    return _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes}, log)
 
 
 # ---- FLOPs and params tables -----------------------------------------------------------------
