@@ -14,8 +14,10 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from fbnas.cost_kinds import COST_KINDS
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
-from fbnas.latency.build import sample_spanning
+from fbnas.latency.build import probe_archs, sample_spanning
 from fbnas.latency.measure import Protocol
 from fbnas.search_space import SearchSpace
 from fbnas.target import cost_lists, cost_range, fit_to_target, measured_fit
@@ -185,6 +187,37 @@ def timer_label(d: dict[str, Any]) -> str:
 # 150 rounds), and read 1-2% above the same network timed among others; interleaved with a
 # few others its samples spread over more machine states: 0.3-4.6% (median 1.2%), 0.7% apart.
 COMPANIONS = 6
+# Rounds of an end-to-end measurement (the measured fit, a retrained child). Over the table's
+# probes (`Panel`) five networks repeated within 0.9-2.6% (sd over 6 runs) at 30 rounds and
+# 0.4-1.4% at 90; over the reference op 2.1-3.2% at 30 rounds and 1.6-2.8% at 90 (2-core VM).
+FIT_ROUNDS = 60
+
+
+@dataclass(frozen=True)
+class Panel:
+    """The networks timed beside a measured one, and what its figure is expressed through."""
+
+    archs: list[Architecture]
+    # each one's whole-network time at the table's build in reference-op units
+    # (`context.probe_nets`): the figure is then anchored to them; None: to the reference op
+    anchors: list[float] | None = None
+
+    @property
+    def label(self) -> str:
+        return (f"anchored to the table's {len(self.archs)} probe networks" if self.anchors
+                else "through the reference op")
+
+
+def panel(space: SearchSpace, table: LatencyTable | None) -> Panel:
+    """The table's probe networks with their build-time times, where its context model was
+    fitted on `space` (the reference op's time relative to whole networks moves by 2-3%
+    between runs on a busy machine; whole networks move together); else `companions`."""
+    ctx = (table.context or {}) if table is not None else {}
+    nets = ctx.get("probe_nets")
+    if nets and len(nets) == ctx.get("probes") and ctx.get("probe_space") == space_hash(space) \
+            and (table.reference or {}).get("scale_us"):
+        return Panel(probe_archs(space, len(nets)), [float(x) for x in nets])
+    return Panel(companions(space, table))
 
 
 def companions(space: SearchSpace, table: LatencyTable | None, n: int = COMPANIONS
@@ -205,15 +238,17 @@ def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyCon
                      table: LatencyTable | None = None, protocol: Protocol | None = None,
                      space: SearchSpace | None = None) -> dict[str, Any]:
     """End-to-end latency of the (trained) child with the latency section's timer settings,
-    drift-compensated like the table's entries (same reference op, and the table's reference
-    scale when there is one, so the two are in the same units); interleaved with `space`'s
-    `companions` where given, as the measured fit times its networks."""
+    in the table's units, as the measured fit times its networks: interleaved with `space`'s
+    `panel` where given (anchored to the table's probes where it can be), else drift-
+    compensated through the reference op (the table's reference scale where there is one)."""
     timer = timer_for_table(lat, table)
-    panel = companions(space, table) if space is not None else []
-    s = _time_net(timer, copy.deepcopy(model).cpu(), arch, table, protocol or Protocol(), panel)
+    pan = panel(space, table) if space is not None else Panel([])
+    net = {"child": (copy.deepcopy(model).cpu(), (arch.macro.in_channels, *arch.macro.input_size))}
+    s = time_networks(timer, net, table, pan, protocol or Protocol(rounds=FIT_ROUNDS))["child"]
     d = timer.describe()
     return {"median_ms": s["median_us"] / 1e3, "min_ms": s["min_us"] / 1e3,
-            "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d}
+            "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d,
+            "units": pan.label}
 
 
 def timer_for_table(lat: LatencyConfig, table: LatencyTable | None) -> Timer:
@@ -228,20 +263,44 @@ def timer_for_table(lat: LatencyConfig, table: LatencyTable | None) -> Timer:
     return timer
 
 
-def _time_net(timer: Timer, net: torch.nn.Module, arch: Architecture,
-              table: LatencyTable | None, proto: Protocol,
-              companions: Sequence[Architecture] = ()) -> dict[str, Any]:
-    """One network timed end to end, its statistics in the table's µs (its reference scale);
-    interleaved with `companions` (other child networks, timed and discarded) when given."""
-    modules = {"child": (net, (arch.macro.in_channels, *arch.macro.input_size))}
-    for a in companions:
+def time_networks(timer: Timer, nets: dict[str, tuple[torch.nn.Module, tuple[int, int, int]]],
+                  table: LatencyTable | None, pan: Panel, proto: Protocol
+                  ) -> dict[str, dict[str, Any]]:
+    """Networks (label -> (module, C,H,W)) timed end to end in one interleaved measurement
+    with `pan`'s networks; each one's statistics in the table's µs. With anchors, a ratio is
+    converted through the panel (× the geometric mean of anchor × reference µs / ratio over
+    its networks: what the machine's drift since the build did to whole networks); else
+    through the reference op (the table's reference scale where there is one). Each summary
+    also holds `ref_median_us`, the median through the reference op, for comparison."""
+    modules = dict(nets)
+    for a in pan.archs:
         torch.manual_seed(0)
-        modules[f"companion {a.name}"] = (build_child(a), (a.macro.in_channels,
-                                                           *a.macro.input_size))
+        modules[f"panel {a.name}"] = (build_child(a), (a.macro.in_channels, *a.macro.input_size))
     m = measure_modules(timer, modules, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
-    scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
-    return m.entries["child"].summary(scale_us / 1e6)
+    ref_scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
+    scale_us = ref_scale_us
+    if pan.anchors and ref_us:
+        scale_us = math.exp(statistics.mean(
+            math.log(anchor * ref_us / m.ratio(f"panel {a.name}"))
+            for a, anchor in zip(pan.archs, pan.anchors, strict=True)))
+    out = {}
+    for k in nets:
+        s = m.entries[k].summary(scale_us / 1e6)
+        s["ref_median_us"] = m.ratio(k) * ref_scale_us
+        out[k] = s
+    return out
+
+
+def time_archs(timer: Timer, archs: dict[str, Architecture], table: LatencyTable | None,
+               space: SearchSpace, rounds: int = FIT_ROUNDS) -> dict[str, dict[str, Any]]:
+    """`time_networks` for architectures (label -> Architecture, each built with the same
+    seed) among `space`'s `panel`: how the sweep and the benchmarks re-measure networks."""
+    nets = {}
+    for k, a in archs.items():
+        torch.manual_seed(0)
+        nets[k] = (build_child(a), (a.macro.in_channels, *a.macro.input_size))
+    return time_networks(timer, nets, table, panel(space, table), Protocol(rounds=rounds))
 
 
 # ---- the final fit: onto the target by the table, then by measuring the network -----------------
@@ -271,14 +330,15 @@ def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
 def fit_measurer(cfg: Config, table: LatencyTable) -> Callable[[list[int]], tuple[float, float]]:
     """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices built
     and timed end to end under the table's timer settings (threads, batch, dtype, allocator)
-    and drift compensation, in the table's units, interleaved with `companions`."""
+    and drift compensation, in the table's units, interleaved with its `panel`."""
     timer = cfg.latency.for_timing(table.meta).make_timer()
-    panel = companions(cfg.space, table)
+    pan = panel(cfg.space, table)
 
     def measure(indices: list[int]) -> tuple[float, float]:
         arch = arch_from_indices(cfg.space, indices, "fit")
         torch.manual_seed(0)
-        s = _time_net(timer, build_child(arch), arch, table, Protocol(), panel)
+        net = {"fit": (build_child(arch), (arch.macro.in_channels, *arch.macro.input_size))}
+        s = time_networks(timer, net, table, pan, Protocol(rounds=FIT_ROUNDS))["fit"]
         return s["median_us"], s["rel_iqr"]
 
     return measure

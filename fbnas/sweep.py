@@ -39,7 +39,7 @@ import torch
 
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, apply_overrides, config_from_dict
-from fbnas.costs import find_latency_table, timer_for_table, timer_label
+from fbnas.costs import find_latency_table, panel, time_archs, timer_for_table, timer_label
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.io import (
@@ -49,7 +49,7 @@ from fbnas.io import (
     write_json_atomic,
     write_text_atomic,
 )
-from fbnas.latency.build import measure_archs
+from fbnas.latency.measure import Protocol
 from fbnas.loss import parse_target
 from fbnas.plots import _plt
 from fbnas.retrain import RESULTS, target_ms_of
@@ -312,16 +312,17 @@ class Sweep:
         uniq: dict[str, Architecture] = {}
         for p in points:
             uniq.setdefault(p.arch.hash(), p.arch)
-        named = [Architecture(a.macro, a.ops, h[:16], a.space) for h, a in uniq.items()]
-        table, _ = find_latency_table(self.cfg, named[0], None)
+        table, _ = find_latency_table(self.cfg, next(iter(uniq.values())), None)
         timer = timer_for_table(lat, table)  # the table's allocator: comparable with its values
-        self.log(f"== sweep: timing {len(named)} children end to end ({timer.backend})")
-        m = measure_archs(timer, named)
-        ref_us = (table.reference or {}).get("scale_us") if table is not None else None
-        scale = ref_us or m.ref_scale_s * 1e6
+        pan = panel(self.cfg.space, table)
+        self.log(f"== sweep: timing {len(uniq)} children end to end ({timer.backend}, "
+                 f"{pan.label})")
+        # the table's units, as the measured fit and retrain report them
+        stats = time_archs(timer, {h[:16]: a for h, a in uniq.items()}, table, self.cfg.space,
+                           Protocol().rounds)
         device = timer_label(timer.describe())
         for p in points:
-            s = m.entries[p.arch.hash()[:16]].summary(scale / 1e6)
+            s = stats[p.arch.hash()[:16]]
             p.results["measured_latency_ms"] = s["median_us"] / 1e3
             p.results["measured_latency_iqr"] = s["rel_iqr"]
             p.results["latency_device"] = device

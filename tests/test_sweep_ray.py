@@ -160,8 +160,9 @@ def test_ray_sweep_flags_are_checked(config, capsys):
 def test_measured_fits_are_timed_by_the_driver_once_the_searches_are_done(
         config, ray_session, monkeypatch, capsys):
     """With a latency target the search tasks fit by the table alone; the driver times each
-    searched network (here 15% slower than its table says, in the driver's process only) and
-    re-fits it before any retrain starts, and the CSV shows the target beside the figures."""
+    searched network (here 15% slower than its table says, in the driver's process only; the
+    table's probes, which end-to-end figures are anchored to, as the table says) and re-fits
+    it before any retrain starts, and the CSV shows the target beside the figures."""
     from fbnas.arch import ChildNet
     from fbnas.backends.fake import FakeTimer
 
@@ -169,7 +170,7 @@ def test_measured_fits_are_timed_by_the_driver_once_the_searches_are_done(
 
     def slower(self, module, input_chw, label=""):
         run = prepare(self, module, input_chw, label)
-        if isinstance(module, ChildNet):
+        if isinstance(module, ChildNet) and "probe" not in label:
             run.cost_s *= 1.15
         return run
 

@@ -45,7 +45,7 @@ from fbnas.latency.measure import (
     reference_scale,
 )
 from fbnas.latency.signature import Signature, arch_signatures, layer_signatures, space_signatures
-from fbnas.latency.table import LatencyTable
+from fbnas.latency.table import LatencyTable, space_hash
 from fbnas.search_space import SearchSpace
 
 OVERHEAD = "call overhead"  # the empty program an exported runtime's entries are corrected by
@@ -334,7 +334,7 @@ def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = No
         if probes:
             # The probes end to end among themselves, as validate, the measured fit and a
             # user time networks: timed among the entries they read 1-7% slower (ImageNet).
-            _time_probes(table, probes, timer, p, reference,
+            _time_probes(table, space, probes, timer, p, reference,
                          bar.chunk(len(probes)) if bar else None, log)
     finally:
         if bar:
@@ -399,6 +399,8 @@ def _context_from(table: LatencyTable, probes: Sequence[Architecture],
     errors = [f / n - 1 for f, n in zip(fitted, nets, strict=True)]
     table.context = {"scale": round(scale, 5), "exponent": round(exponent, 4),
                      "probes": len(probes),
+                     # each probe's whole-network time in reference-op units (×reference us)
+                     "probe_nets": [float(f"{n:.6g}") for n in nets],
                      "probe_ratios": [round(n / sum(p), 4) for p, n in zip(parts, nets,
                                                                             strict=True)],
                      "probe_errors": [round(e, 4) for e in errors],
@@ -443,17 +445,22 @@ def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: i
     building): time `probes` child networks and fold the model fitted to them into the
     values."""
     table.require(space)
-    _time_probes(table, probe_archs(space, probes), timer, protocol, reference, None, log)
+    _time_probes(table, space, probe_archs(space, probes), timer, protocol, reference, None,
+                 log)
     refresh_values(table)
     return table.context
 
 
-def _time_probes(table: LatencyTable, probes: Sequence[Architecture], timer: Timer,
-                 protocol: Protocol | None, reference: Runnable | None, progress,
+def _time_probes(table: LatencyTable, space: SearchSpace, probes: Sequence[Architecture],
+                 timer: Timer, protocol: Protocol | None, reference: Runnable | None, progress,
                  log: Callable[[str], None] | None) -> dict[str, Any]:
-    """Time `probes` end to end among themselves and fit the table's context model to them."""
+    """Time `probes` end to end among themselves and fit the table's context model to them;
+    the context records which space they came from (`probe_space`), so that end-to-end
+    measurements can later use them as anchors (fbnas.costs.time_networks)."""
     m = measure_archs(timer, probes, protocol, reference, progress)
-    return _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes}, log)
+    ctx = _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes}, log)
+    ctx["probe_space"] = space_hash(space)
+    return ctx
 
 
 # ---- FLOPs and params tables -----------------------------------------------------------------

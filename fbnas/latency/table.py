@@ -370,7 +370,8 @@ _PROTOCOL = {"rounds": ("int", 1), "sample_s": ("num", 0.0), "ref_sample_s": ("n
              "extra_rounds": ("int", 0), "seed": ("int", 0), "reference": ("bool", None),
              "reference_signature": ("str", None)}
 _REFERENCE = {"scale_us": ("num", 0.0), "signature": ("str", None), "statistic": ("str", None)}
-_CONTEXT = {"scale": ("num", 0.0), "exponent": ("num", 0.0), "probes": ("int", 0)}
+_CONTEXT = {"scale": ("num", 0.0), "exponent": ("num", 0.0), "probes": ("int", 0),
+            "probe_space": ("str", None)}
 
 
 def _check_block(block: dict[str, Any] | None, spec: dict[str, tuple[str, Any]],
@@ -396,6 +397,11 @@ def _check_blocks(t: LatencyTable, f: Fields) -> None:
     _check_block(t.protocol, _PROTOCOL, f.at("protocol"))
     _check_block(t.reference, _REFERENCE, f.at("reference"))
     _check_block(t.context, _CONTEXT, f.at("context"))
+    nets = (t.context or {}).get("probe_nets")
+    if nets is not None and not (isinstance(nets, list) and all(
+            _number(x) and 0 < x < float("inf") for x in nets)):
+        raise FbnasError(f"{f.at('context')}.probe_nets: expected a list of positive numbers, "
+                         f"got {show(nets)}")
     for key, v in (t.noise or {}).items():
         w = f"{f.at('noise')}.{key}"
         if key == "_ref_times_s":
