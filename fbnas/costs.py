@@ -272,10 +272,7 @@ def time_networks(timer: Timer, nets: dict[str, tuple[torch.nn.Module, tuple[int
     its networks: what the machine's drift since the build did to whole networks); else
     through the reference op (the table's reference scale where there is one). Each summary
     also holds `ref_median_us`, the median through the reference op, for comparison."""
-    modules = dict(nets)
-    for a in pan.archs:
-        torch.manual_seed(0)
-        modules[f"panel {a.name}"] = (build_child(a), (a.macro.in_channels, *a.macro.input_size))
+    modules = {**nets, **_built({f"panel {a.name}": a for a in pan.archs})}
     m = measure_modules(timer, modules, proto)
     ref_us = (table.reference or {}).get("scale_us") if table is not None else None
     ref_scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
@@ -293,14 +290,20 @@ def time_networks(timer: Timer, nets: dict[str, tuple[torch.nn.Module, tuple[int
 
 
 def time_archs(timer: Timer, archs: dict[str, Architecture], table: LatencyTable | None,
-               space: SearchSpace, rounds: int = FIT_ROUNDS) -> dict[str, dict[str, Any]]:
-    """`time_networks` for architectures (label -> Architecture, each built with the same
-    seed) among `space`'s `panel`: how the sweep and the benchmarks re-measure networks."""
-    nets = {}
+               pan: Panel, rounds: int = FIT_ROUNDS) -> dict[str, dict[str, Any]]:
+    """`time_networks` for architectures (label -> Architecture) among `pan`: how the measured
+    fit, the sweep and the benchmarks time networks."""
+    return time_networks(timer, _built(archs), table, pan, Protocol(rounds=rounds))
+
+
+def _built(archs: dict[str, Architecture]
+           ) -> dict[str, tuple[torch.nn.Module, tuple[int, int, int]]]:
+    """Each architecture built with the same seed, with its input shape."""
+    out = {}
     for k, a in archs.items():
         torch.manual_seed(0)
-        nets[k] = (build_child(a), (a.macro.in_channels, *a.macro.input_size))
-    return time_networks(timer, nets, table, panel(space, table), Protocol(rounds=rounds))
+        out[k] = (build_child(a), (a.macro.in_channels, *a.macro.input_size))
+    return out
 
 
 # ---- the final fit: onto the target by the table, then by measuring the network -----------------
@@ -336,9 +339,7 @@ def fit_measurer(cfg: Config, table: LatencyTable) -> Callable[[list[int]], tupl
 
     def measure(indices: list[int]) -> tuple[float, float]:
         arch = arch_from_indices(cfg.space, indices, "fit")
-        torch.manual_seed(0)
-        net = {"fit": (build_child(arch), (arch.macro.in_channels, *arch.macro.input_size))}
-        s = time_networks(timer, net, table, pan, Protocol(rounds=FIT_ROUNDS))["fit"]
+        s = time_archs(timer, {"fit": arch}, table, pan)["fit"]
         return s["median_us"], s["rel_iqr"]
 
     return measure

@@ -318,7 +318,7 @@ class Sweep:
         self.log(f"== sweep: timing {len(uniq)} children end to end ({timer.backend}, "
                  f"{pan.label})")
         # the table's units, as the measured fit and retrain report them
-        stats = time_archs(timer, {h[:16]: a for h, a in uniq.items()}, table, self.cfg.space,
+        stats = time_archs(timer, {h[:16]: a for h, a in uniq.items()}, table, pan,
                            Protocol().rounds)
         device = timer_label(timer.describe())
         for p in points:

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             named.setdefault(a.hash()[:16], a)
         # in the table's units, as the measured fit, fbnas sweep and retrain report
         pan = panel(cfg.space, table)
-        s = time_archs(timer, named, table, cfg.space, args.rounds)
+        s = time_archs(timer, named, table, pan, args.rounds)
         meas = {k: v["median_us"] for k, v in s.items()}
         via_ref = {k: v["ref_median_us"] for k, v in s.items()}
     print(f"== {len(found)} searches in {search_s:.0f} s; {len(named)} networks timed together "
@@ -152,7 +152,8 @@ def _right_after(cfg, table, arch: Architecture, args) -> float:
     timer = timer_for_table(cfg.latency, table)
     nets = {"found": arch, **{f"random {i}": a for i, a in
                               enumerate(random_archs(cfg, args.random, 12345, {arch.hash()}))}}
-    return time_archs(timer, nets, table, cfg.space, args.rounds)["found"]["median_us"]
+    return time_archs(timer, nets, table, panel(cfg.space, table), args.rounds)["found"][
+        "median_us"]
 
 
 def _in_band(rows: list[list[float]], fixed: float, target: float, tol: float) -> int:
