@@ -373,7 +373,8 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
                       s.fit_tolerance, s.fit_rounds)
     cands = cfg.space.layer_candidates()
     for i, r in enumerate(mf.rounds):
-        log(f"measured fit round {i + 1}: predicted {r.predicted:.1f}, measured "
+        again = " (again)" if r.indices in {x.indices for x in mf.rounds[:i]} else ""
+        log(f"measured fit round {i + 1}{again}: predicted {r.predicted:.1f}, measured "
             f"{r.measured:.1f} {costs.unit} (IQR {r.rel_iqr:.1%}), "
             f"{r.measured / target - 1:+.1%} from the target")
     log(mf.describe(target, costs.unit))

@@ -14,8 +14,10 @@ band is found exhaustively.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -159,8 +161,8 @@ class MeasuredFit:
     """What `measured_fit` returns: the chosen architecture and every round it timed."""
 
     fit: Fit  # the chosen architecture (its `cost` is the table's prediction)
-    rounds: list[Round]
-    chosen: Round
+    rounds: list[Round]  # every timing, in order (a network confirmed is timed twice)
+    chosen: Round  # its measurements pooled
 
     @property
     def hit(self) -> bool:
@@ -169,9 +171,10 @@ class MeasuredFit:
     def describe(self, target: float, unit: str) -> str:
         c = self.chosen
         miss = c.measured / target - 1
-        return (f"measured fit: {len(self.rounds)} network(s) timed; target {target:.1f} {unit}, "
-                f"predicted {c.predicted:.1f}, measured {c.measured:.1f} {unit} "
-                f"(±{c.rel_iqr / 2:.1%}), {miss:+.1%} from the target"
+        nets, times = len({r.indices for r in self.rounds}), len(self.rounds)
+        return (f"measured fit: {nets} network(s) timed ({times} measurements); target "
+                f"{target:.1f} {unit}, predicted {c.predicted:.1f}, measured "
+                f"{c.measured:.1f} {unit} (±{c.rel_iqr / 2:.1%}), {miss:+.1%} from the target"
                 + ("" if c.inside else f" (outside ±{self.fit.tol:.0%}: the closest measured)"))
 
 
@@ -181,7 +184,8 @@ def log_prob_of(theta: Sequence[torch.Tensor], indices: Sequence[int]) -> float:
 
 
 def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
-                 target: float, measure, tol: float = 0.03, max_rounds: int = 4) -> MeasuredFit:
+                 target: float, measure, tol: float = 0.03, max_rounds: int = 4,
+                 confirm: bool = True) -> MeasuredFit:
     """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->
     (median, rel_iqr)` (in the table's units). While it misses the middle half of the band,
     `target` ± `tol`/2 (a second measurement of one network moves by 1-2%, so a network
@@ -189,40 +193,73 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     asked for the prediction that the measurements say measures at the target (`_goal`: the
     secant between the networks measured nearest below and above it, else the nearest one's
     predicted / measured ratio: a local correction, since a table's error changes with the
-    network) and the fit repeated within ±tol/2 of it, for at most `max_rounds` timed
-    networks. Returns the most probable architecture measured inside the middle of the band,
-    else the most probable one measured inside the band, else the one measured nearest to
-    the target."""
+    network) and the fit repeated within ±tol/2 of it (`_next`: where that returns networks
+    already timed, the most probable untried one predicted near the goal), for at most
+    `max_rounds` networks. With `confirm`, a network measured inside the middle is timed once
+    more and judged on the geometric mean of its measurements (`_pooled`): one measurement's
+    error is what a re-measurement finds. Returns the most probable architecture measured
+    (pooled) inside the middle of the band, else the most probable one inside the band, else
+    the one measured nearest to the target; `rounds` holds every timing."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     middle = tol / 2
     rounds: list[Round] = []
     fit = fit_to_target(theta, rows, fixed, target, tol)
-    band = tol / 2  # re-fits aim inside the middle of the band: the correction is not exact
-    for _ in range(max_rounds):
-        key = tuple(fit.indices)
+    key, networks = tuple(fit.indices), 1
+    while True:
         med, spread = measure(list(key))
-        r = Round(key, fit.cost, float(med), float(spread), log_prob_of(theta, key),
-                  lo <= med <= hi)
-        rounds.append(r)
-        if abs(r.measured / target - 1) <= middle:
-            break  # the fit's architecture is the most probable one at its predicted cost
-        tried = {x.indices for x in rounds}
-        for _attempt in range(3):
-            # ask the table for the prediction the measurements say measures at the target
-            nxt = fit_to_target(theta, rows, fixed, _goal(rounds, target), band)
-            if tuple(nxt.indices) not in tried:
-                break
-            band /= 2  # the same network again: ask for a narrower band around the goal
-        else:
+        rounds.append(Round(key, predicted_cost(rows, fixed, key), float(med), float(spread),
+                            log_prob_of(theta, key), lo <= med <= hi))
+        est = _pooled(rounds, lo, hi)
+        this = next(r for r in est if r.indices == key)
+        times = sum(r.indices == key for r in rounds)
+        if abs(this.measured / target - 1) <= middle:
+            if confirm and times < 2:
+                continue  # time it again before returning it
             break
-        fit = nxt
-    central = [r for r in rounds if abs(r.measured / target - 1) <= middle]
-    inside = central or [r for r in rounds if r.inside]
+        if networks >= max_rounds:
+            break
+        nxt = _next(theta, rows, fixed, _goal(est, target), middle, {r.indices for r in est})
+        if nxt is None:
+            break
+        key, networks = nxt, networks + 1
+    est = _pooled(rounds, lo, hi)
+    central = [r for r in est if abs(r.measured / target - 1) <= middle]
+    inside = central or [r for r in est if r.inside]
     chosen = (max(inside, key=lambda r: r.log_prob) if inside
-              else min(rounds, key=lambda r: abs(math.log(r.measured / target))))
+              else min(est, key=lambda r: abs(math.log(r.measured / target))))
     idx = list(chosen.indices)
     changes = sum(a != b for a, b in zip(idx, _argmax(theta), strict=True))
     return MeasuredFit(Fit(idx, chosen.predicted, changes, chosen.inside, tol), rounds, chosen)
+
+
+def _pooled(rounds: Sequence[Round], lo: float, hi: float) -> list[Round]:
+    """One Round per distinct network, in the order first timed: the geometric mean of its
+    measurements and the mean of their spreads over √(times timed)."""
+    by: dict[tuple[int, ...], list[Round]] = {}
+    for r in rounds:
+        by.setdefault(r.indices, []).append(r)
+    out = []
+    for rs in by.values():
+        m = math.exp(statistics.mean(math.log(r.measured) for r in rs))
+        spread = statistics.mean(r.rel_iqr for r in rs) / math.sqrt(len(rs))
+        out.append(dataclasses.replace(rs[0], measured=m, rel_iqr=spread, inside=lo <= m <= hi))
+    return out
+
+
+def _next(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
+          goal: float, band: float, tried: set[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The next network to time: the table's fit within ±`band` of `goal`, its band narrowed
+    while that is a network already timed; then (a goal in a gap between timed networks) the
+    most probable untried one `near_target` finds within ±band, then ±2·band, of the goal."""
+    for b in (band, band / 2, band / 4):
+        key = tuple(fit_to_target(theta, rows, fixed, goal, b).indices)
+        if key not in tried:
+            return key
+    for spread in (band, 2 * band):
+        for idx in near_target(theta, rows, fixed, goal, len(tried) + 4, spread):
+            if tuple(idx) not in tried:
+                return tuple(idx)
+    return None
 
 
 def _argmax(theta: Sequence[torch.Tensor]) -> list[int]:
