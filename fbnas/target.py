@@ -198,8 +198,9 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     `max_rounds` networks. With `confirm`, a network measured inside the middle is timed once
     more and judged on the geometric mean of its measurements (`_pooled`): one measurement's
     error is what a re-measurement finds. Returns the most probable architecture measured
-    (pooled) inside the middle of the band, else the most probable one inside the band, else
-    the one measured nearest to the target; `rounds` holds every timing."""
+    (pooled) inside the middle of the band, else the one measured nearest to the target (near
+    the band's edge, a re-measurement is as likely outside as in: the nearest is the safest);
+    `rounds` holds every timing."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     middle = tol / 2
     rounds: list[Round] = []
@@ -224,8 +225,7 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         key, networks = nxt, networks + 1
     est = _pooled(rounds, lo, hi)
     central = [r for r in est if abs(r.measured / target - 1) <= middle]
-    inside = central or [r for r in est if r.inside]
-    chosen = (max(inside, key=lambda r: r.log_prob) if inside
+    chosen = (max(central, key=lambda r: r.log_prob) if central
               else min(est, key=lambda r: abs(math.log(r.measured / target))))
     idx = list(chosen.indices)
     changes = sum(a != b for a, b in zip(idx, _argmax(theta), strict=True))
@@ -249,12 +249,14 @@ def _pooled(rounds: Sequence[Round], lo: float, hi: float) -> list[Round]:
 def _next(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
           goal: float, band: float, tried: set[tuple[int, ...]]) -> tuple[int, ...] | None:
     """The next network to time: the table's fit within ±`band` of `goal`, its band narrowed
-    while that is a network already timed; then (a goal in a gap between timed networks) the
-    most probable untried one `near_target` finds within ±band, then ±2·band, of the goal."""
+    while that is a network already timed; then (a goal in a gap of the space, or between
+    timed networks) the most probable untried one `near_target` finds within ±band, then
+    ±2·band, of the goal; None where the table predicts no untried network that near (one
+    predicted further off would measure off the target by about as much)."""
     for b in (band, band / 2, band / 4):
-        key = tuple(fit_to_target(theta, rows, fixed, goal, b).indices)
-        if key not in tried:
-            return key
+        f = fit_to_target(theta, rows, fixed, goal, b)
+        if f.hit and tuple(f.indices) not in tried:
+            return tuple(f.indices)
     for spread in (band, 2 * band):
         for idx in near_target(theta, rows, fixed, goal, len(tried) + 4, spread):
             if tuple(idx) not in tried:
