@@ -24,6 +24,8 @@ ExecuTorch table, timed in ExecuTorch).
     python -m scripts.bench_target                                  # 3 modes × 3 targets × 3 seeds
     python -m scripts.bench_target --modes full --targets 0.5x --seeds 0 --epochs 10  # a look
     python -m scripts.bench_target --set search.fit_measure=off     # the table's fit alone
+    python -m scripts.bench_target --keep /tmp/bt   # keep the searches; run it again with the
+                                                    # same --keep to re-fit them (no search)
 
 Never run it beside tests or other benchmarks: the timings share the 2 cores.
 """
@@ -31,6 +33,7 @@ Never run it beside tests or other benchmarks: the timings share the 2 cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
@@ -39,10 +42,20 @@ from pathlib import Path
 import numpy as np
 
 from fbnas.arch import Architecture
-from fbnas.costs import FIT_ROUNDS, panel, time_archs, timer_for_table
+from fbnas.costs import (
+    FIT_ROUNDS,
+    fit_search_run,
+    load_search_run,
+    panel,
+    run_costs,
+    run_table,
+    run_target,
+    time_archs,
+    timer_for_table,
+)
 from fbnas.loss import resolve_target
 from fbnas.sweep import random_archs
-from fbnas.target import cost_lists
+from fbnas.target import cost_lists, cost_range
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 
@@ -55,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, help="search.epochs (default: the config's)")
     ap.add_argument("--random", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="search runs kept in DIR; a search already finished there is not run "
+                         "again: its θ is fitted anew (`fit_search_run`, as `fbnas sample "
+                         "--hard`), so a change to the final fit is measured on the same θ")
     ap.add_argument("--rounds", type=int, default=FIT_ROUNDS,
                     help="rounds of the re-measurements (default: the measured fit's)")
     args = ap.parse_args(argv)
@@ -64,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     fits: list[dict] = []
     soon: list[float] = []  # each network re-measured right after its search
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="fbnas-bench-target-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="fbnas-bench-target-"))
         for mode in modes:
             for target in targets:
                 for seed in seeds:
@@ -73,16 +92,23 @@ def main(argv: list[str] | None = None) -> None:
                     if args.epochs:
                         sets.append(f"search.epochs={args.epochs}")
                     cfg = run_config(args.config, sets)
-                    with closing([search_trainer(cfg, theta_active=False)]) as (tr,):
-                        res = tr.fit()
-                    arch = Architecture.load(Path(cfg.run.dir) / "arch_hard.yaml")
-                    t_us = resolve_target(target, tr.model.cost_bounds())
-                    found.append((mode, target, seed, arch, t_us, res["predicted_cost"]))
+                    run = Path(cfg.run.dir)
+                    if (run / "arch_hard.yaml").is_file():  # searched before (--keep): re-fit
+                        _, cfg, _ = loaded = load_search_run(run)
+                        costs = run_costs(cfg, run_table(run))
+                        arch = fit_search_run(run, log=lambda _: None, loaded=loaded)
+                    else:
+                        with closing([search_trainer(cfg, theta_active=False)]) as (tr,):
+                            tr.fit()
+                        costs = tr.costs
+                        arch = Architecture.load(run / "arch_hard.yaml")
+                    t_us = run_target(cfg, costs)
+                    found.append((mode, target, seed, arch, t_us, arch.meta["predicted"]))
                     fits.append(arch.meta)
-                    soon.append(_right_after(cfg, tr.costs.table, arch, args))
+                    soon.append(_right_after(cfg, costs.table, arch, args))
         search_s = time.perf_counter() - t0
         # under the table's protocol (its allocator), as the measured fit and the sweep time
-        table = tr.costs.table
+        table = costs.table
         timer = timer_for_table(cfg.latency, table)
         rand = random_archs(cfg, args.random, 12345, {f[3].hash() for f in found})
         named = {}
@@ -97,10 +123,10 @@ def main(argv: list[str] | None = None) -> None:
         via_ref = {k: v["ref_median_us"] for k, v in s.items()}
     print(f"== {len(found)} searches in {search_s:.0f} s; {len(named)} networks timed together "
           f"({timer.describe()['backend']}, batch 1, {timer.threads} thread), {pan.label}")
-    rows = cost_lists(tr.costs.rows, cfg.space.layer_candidates())
+    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
     for target in targets:
-        t_us = resolve_target(target, tr.model.cost_bounds())
-        print(f"  {target}: {_in_band(rows, tr.costs.fixed, t_us, 0.03)} architectures of the "
+        t_us = resolve_target(target, cost_range(rows, costs.fixed))
+        print(f"  {target}: {_in_band(rows, costs.fixed, t_us, 0.03)} architectures of the "
               f"space predicted within ±3% of {t_us:.0f} us by the table")
     print(f"{'mode':<12}{'target':>8}{'T us':>8}{'seed':>5}{'pred us':>9}{'fit us':>8}"
           f"{'nets':>6}{'soon us':>9}{'miss':>8}{'meas us':>9}{'miss':>8}  ±3%  ±10%  ops")
