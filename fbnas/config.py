@@ -197,7 +197,7 @@ class SearchConfig:
     # measures within ±fit_tolerance (`auto`: where this machine can time the table's device;
     # `on`: an error where it cannot), timing at most `fit_rounds` networks
     fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"))
-    fit_rounds: int = setting(4, "int", min=1, max=20)
+    fit_rounds: int = setting(6, "int", min=1, max=20)
     # torch.compile every block of the supernet (stem, each candidate, head) in place: one
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
     compile: bool = setting(False, "bool")

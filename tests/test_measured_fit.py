@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import statistics
 
 import pytest
 import torch
@@ -59,12 +61,15 @@ def test_a_table_that_under_predicts_large_networks_is_corrected_by_measuring(se
     networks = {tuple(i) for i in timed}
     assert 2 <= len(networks) <= 4 and len(mf.rounds) == len(timed) <= 8
     assert timed[0] == plain.indices
-    central = [r for r in mf.rounds if abs(r.measured / target - 1) <= 0.015]
-    best = (max(central, key=lambda r: r.log_prob) if central
+    inner = [r for r in mf.rounds if abs(r.measured / target - 1) <= 0.01]
+    middle = [r for r in mf.rounds if abs(r.measured / target - 1) <= 0.015]
+    best = (max(inner or middle, key=lambda r: r.log_prob) if inner or middle
             else min(mf.rounds, key=lambda r: abs(r.measured / target - 1)))
     assert mf.fit.indices == list(best.indices)
-    if central:  # returned only once measured a second time
-        assert timed.count(mf.fit.indices) == 2 and timed[-1] == mf.fit.indices
+    if middle:  # returned only once measured a second time
+        assert timed.count(mf.fit.indices) == 2
+    if inner:  # the fit stops at the first network measured in the inner third of the band
+        assert timed[-1] == mf.fit.indices and len(inner) == 2
     assert mf.chosen.log_prob == pytest.approx(log_prob_of(theta, mf.fit.indices))
     assert mf.fit.cost == pytest.approx(predicted_cost(rows, 0.0, mf.fit.indices))
 
@@ -84,27 +89,47 @@ def test_an_exact_table_is_measured_once_and_keeps_the_table_fit():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_network_measured_near_the_band_edge_is_refitted_towards_the_middle(seed):
-    """Measured +2.5% (inside ±3%, but a second measurement moving by 1-2% would often put it
-    outside): the fit goes on and returns a network measured within ±1.5%."""
+@pytest.mark.parametrize("off", [1.025, 1.013])
+def test_a_network_measured_off_the_inner_band_is_refitted_towards_the_target(seed, off):
+    """Measured +2.5% or +1.3% (inside ±3%, but a re-measurement moving by 1% would put such
+    a network outside now and then): the fit goes on and returns a network measured within
+    ±1%, the most probable of those."""
     rows, theta = _space(seed)
     lo, hi = sum(min(r) for r in rows), sum(max(r) for r in rows)
     target = lo + 0.5 * (hi - lo)
     plain = fit_to_target(theta, rows, 0.0, target)
-    factor = 1.025 * target / plain.cost  # the table's own fit measures exactly +2.5%
+    factor = off * target / plain.cost  # the table's own fit measures exactly +2.5% / +1.3%
     mf = measured_fit(theta, rows, 0.0, target,
                       lambda idx: (factor * predicted_cost(rows, 0.0, idx), 0.01))
-    assert mf.rounds[0].inside and mf.rounds[0].measured == pytest.approx(1.025 * target)
-    assert len(mf.rounds) >= 2 and abs(mf.chosen.measured / target - 1) <= 0.015
-    central = [r for r in mf.rounds if abs(r.measured / target - 1) <= 0.015]
-    assert mf.chosen.indices == max(central, key=lambda r: r.log_prob).indices
+    assert mf.rounds[0].inside and mf.rounds[0].measured == pytest.approx(off * target)
+    assert len({r.indices for r in mf.rounds}) >= 2
+    assert abs(mf.chosen.measured / target - 1) <= 0.01
+    inner = [r for r in mf.rounds if abs(r.measured / target - 1) <= 0.01]
+    assert mf.chosen.indices == max(inner, key=lambda r: r.log_prob).indices
+
+
+def test_a_network_whose_two_measurements_disagree_is_timed_a_third_time():
+    """The table's fit measures +0.2%, then +4.5% (an outlier of a busy machine), then
+    +0.4%: two measurements parting by more than tol/2 get a third, and the network is
+    judged on the median (+0.4%), inside the inner band: returned, with no other timed."""
+    rows, theta = _space(1)
+    lo, hi = sum(min(r) for r in rows), sum(max(r) for r in rows)
+    target = lo + 0.5 * (hi - lo)
+    plain = fit_to_target(theta, rows, 0.0, target)
+    readings = iter([1.002, 1.045, 1.004])
+    mf = measured_fit(theta, rows, 0.0, target, lambda idx: (next(readings) * target, 0.01))
+    assert [list(r.indices) for r in mf.rounds] == [plain.indices] * 3
+    assert mf.fit.indices == plain.indices
+    assert mf.chosen.measured == pytest.approx(1.004 * target)
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_network_is_returned_on_its_pooled_measurements_not_one_lucky_one(seed):
-    """The table's fit measures -1% the first time and +5% the second (a busy machine): its
-    pooled figure, +2%, is outside the middle of the band, so the fit goes on, and what it
-    returns was measured (pooled) inside the middle."""
+    """The table's fit measures -1% the first time and +5% after (a busy machine): the two
+    part by more than tol/2, so it is timed a third time, and its pooled figure (the median,
+    +5%) is outside the band; the fit goes on, and what it returns was measured (pooled)
+    inside the middle of the band (the misleading +5% keeps the secant from the inner third
+    within the fit's 6 networks in some of these spaces)."""
     rows, theta = _space(seed)
     lo, hi = sum(min(r) for r in rows), sum(max(r) for r in rows)
     target = lo + 0.5 * (hi - lo)
@@ -119,9 +144,9 @@ def test_a_network_is_returned_on_its_pooled_measurements_not_one_lucky_one(seed
         return extra * factor * predicted_cost(rows, 0.0, idx), 0.01
 
     mf = measured_fit(theta, rows, 0.0, target, measure)
-    assert timed[:2] == [plain.indices] * 2  # timed -1%, confirmed at +5%
+    assert timed[:3] == [plain.indices] * 3  # timed -1%, then +5% twice
     first = [r for r in mf.rounds if list(r.indices) == plain.indices]
-    assert [round(r.measured / target, 4) for r in first] == [0.99, 1.05]
+    assert [round(r.measured / target, 4) for r in first] == [0.99, 1.05, 1.05]
     assert mf.fit.indices != plain.indices and len({tuple(i) for i in timed}) >= 2
     assert abs(mf.chosen.measured / target - 1) <= 0.015
     assert timed.count(mf.fit.indices) == 2  # the one returned was confirmed too
@@ -216,6 +241,23 @@ def _search(cfg, tmp_path):
     return t, saved
 
 
+def _expected_choice(rounds: list[dict], target: float, tol: float) -> dict:
+    """What the measured fit should return from its recorded rounds: each network's
+    measurements pooled (median in log space), then the most probable one within ±tol/3 of
+    the target, else within ±tol/2, else the one nearest to it."""
+    by: dict[tuple, list[dict]] = {}
+    for r in rounds:
+        by.setdefault(tuple(r["ops"]), []).append(r)
+    pooled = [{**rs[0], "measured": math.exp(statistics.median(math.log(r["measured"])
+                                                                for r in rs))}
+              for rs in by.values()]
+    for band in (tol / 3, tol / 2):
+        inside = [r for r in pooled if abs(r["measured"] / target - 1) <= band]
+        if inside:
+            return max(inside, key=lambda r: r["log_probability"])
+    return min(pooled, key=lambda r: abs(math.log(r["measured"] / target)))
+
+
 def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     cfg = _fake_run(tmp_path)
     t = SearchTrainer(cfg, tmp_path / "run")  # measures the table with the honest fake device
@@ -227,14 +269,14 @@ def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     assert abs(meta["measured"] / target - 1) <= cfg.search.fit_tolerance and meta[
         "measured_inside"]
     rounds = meta["fit_rounds"]
-    assert 2 <= len(rounds) <= cfg.search.fit_rounds
+    assert len(rounds) >= 2 and len({tuple(r["ops"]) for r in rounds}) <= cfg.search.fit_rounds
     # the first timed network is the table's fit, which measures 15% high
     rows = [list(r.values()) for r in t.costs.rows]
     plain = fit_to_target(t.net.theta, rows, t.costs.fixed, target, cfg.search.fit_tolerance)
     cands = cfg.space.layer_candidates()
     assert rounds[0]["ops"] == [c[i] for c, i in zip(cands, plain.indices, strict=True)]
     assert rounds[0]["measured"] == pytest.approx(plain.cost * 1.15, rel=0.02)
-    best = max((r for r in rounds if r["inside"]), key=lambda r: r["log_probability"])
+    best = _expected_choice(rounds, target, cfg.search.fit_tolerance)
     assert saved["ops"] == best["ops"] and meta["predicted"] == best["predicted"]
     log = (tmp_path / "run" / "train.log").read_text()
     assert "measured fit round 1" in log and f"{meta['measured']:.1f} us measured" in log
