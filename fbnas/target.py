@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -262,18 +263,53 @@ def _next(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed:
           goal: float, band: float, tried: set[tuple[int, ...]]) -> tuple[int, ...] | None:
     """The next network to time: the table's fit within ±`band` of `goal`, its band narrowed
     while that is a network already timed; then (a goal in a gap of the space, or between
-    timed networks) the most probable untried one `near_target` finds within ±band, ±2·band,
-    then ±3·band of the goal; None where the table predicts no untried network that near (one
-    predicted further off would measure off the target by about as much)."""
+    timed networks) an untried network predicted near the goal (`_nearest_untried`, within
+    ±band, ±2·band, then ±3·band); None where the table predicts no untried network that near
+    (one predicted further off would measure off the target by about as much)."""
     for b in (band, band / 2, band / 4):
         f = fit_to_target(theta, rows, fixed, goal, b)
         if f.hit and tuple(f.indices) not in tried:
             return tuple(f.indices)
     for spread in (band, 2 * band, 3 * band):
-        for idx in near_target(theta, rows, fixed, goal, len(tried) + 4, spread):
-            if tuple(idx) not in tried:
-                return tuple(idx)
+        found = _nearest_untried(theta, rows, fixed, goal, spread, band / 4, tried)
+        if found is not None:
+            return found
     return None
+
+
+def _nearest_untried(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
+                     fixed: float, goal: float, spread: float, slack: float,
+                     tried: set[tuple[int, ...]], limit: int = 200_000
+                     ) -> tuple[int, ...] | None:
+    """Of the untried networks predicted within goal × (1 ± `spread`), those nearest to the
+    goal (within `slack` of the nearest one's relative distance), the most probable: in a gap
+    the fit's next network should be predicted as near the goal as the space allows, and the
+    most probable of the near ones. Exhaustive for spaces of at most `limit` architectures;
+    beyond, over `near_target`'s candidates."""
+    logp = [torch.log_softmax(t.detach().double().cpu(), -1).numpy() for t in theta]
+    shape = tuple(len(r) for r in rows)
+    if math.prod(shape) <= limit:
+        cost, lp = np.array([float(fixed)]), np.array([0.0])
+        for r, lr in zip(rows, logp, strict=True):
+            cost = np.add.outer(cost, np.asarray(r, dtype=float)).ravel()
+            lp = np.add.outer(lp, lr).ravel()
+        dist = np.abs(cost / goal - 1)
+        if tried:
+            dist[np.ravel_multi_index(tuple(np.array(sorted(tried)).T), shape)] = np.inf
+        ok = np.flatnonzero(dist <= spread)
+        if not len(ok):
+            return None
+        near = ok[dist[ok] <= dist[ok].min() + slack]
+        best = near[np.argmax(lp[near])]
+        return tuple(int(i) for i in np.unravel_index(best, shape))
+    cands = [tuple(i) for i in near_target(theta, rows, fixed, goal, len(tried) + 8, spread)
+             if tuple(i) not in tried]
+    if not cands:
+        return None
+    dist = {c: abs(predicted_cost(rows, fixed, c) / goal - 1) for c in cands}
+    dmin = min(dist.values())
+    return max((c for c in cands if dist[c] <= dmin + slack),
+               key=lambda c: log_prob_of(theta, c))
 
 
 def _argmax(theta: Sequence[torch.Tensor]) -> list[int]:

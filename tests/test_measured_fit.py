@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
 import statistics
@@ -155,8 +156,8 @@ def test_a_network_is_returned_on_its_pooled_measurements_not_one_lucky_one(seed
 def test_a_goal_in_a_gap_of_the_table_tries_an_untried_network_near_it():
     """Costs in lumps of 25 (one block ≈ 300 us, skip ≈ 0 in the quickstart CPU table): the
     table's fit measures +6%, and the corrected goal lies where the table's fit, at every
-    band, returns that same network; the fit times the most probable untried network the
-    table predicts near the goal instead of stopping, and ends inside the band."""
+    band, returns that same network; the fit times the untried network the table predicts
+    nearest to the goal instead of stopping, and ends inside the band."""
     g = torch.Generator().manual_seed(12)
     rows = (torch.randint(1, 6, (4, 4), generator=g).float() * 25).tolist()
     theta = list(torch.randn(4, 4, generator=g) * 2)
@@ -169,11 +170,15 @@ def test_a_goal_in_a_gap_of_the_table_tries_an_untried_network_near_it():
 
     goal = target / 1.06  # what one network measured +6% says
     assert all(fit_to_target(theta, rows, 0.0, goal, b).indices == plain.indices
-               for b in (0.015, 0.0075, 0.00375))  # the gap: the fit has nothing else there
+               for b in (0.01, 0.005, 0.0025))  # the gap: the fit has nothing else there
     mf = measured_fit(theta, rows, 0.0, target, measure)
     assert mf.rounds[0].indices == tuple(plain.indices) and mf.rounds[0].measured > 1.05 * target
     assert mf.hit and mf.fit.indices != plain.indices
-    assert abs(predicted_cost(rows, 0.0, mf.rounds[1].indices) / goal - 1) <= 0.03
+    # the second network is predicted as near the goal as any untried one (a quarter of the
+    # inner band's slack), not merely somewhere within ±3% of it
+    gaps = [abs(predicted_cost(rows, 0.0, c) / goal - 1)
+            for c in itertools.product(range(4), repeat=4) if list(c) != plain.indices]
+    assert abs(predicted_cost(rows, 0.0, mf.rounds[1].indices) / goal - 1) <= min(gaps) + 0.0025
 
 
 def test_near_target_spreads_the_most_probable_over_the_band():
