@@ -224,7 +224,9 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         if networks >= max_rounds:
             break
         est = _pooled(rounds, lo, hi)
-        nxt = _next(theta, rows, fixed, _goal(est, target), inner, {r.indices for r in est})
+        goal = _goal(est, target)
+        reach = min(abs(r.predicted / goal - 1) for r in est)
+        nxt = _next(theta, rows, fixed, goal, inner, {r.indices for r in est}, reach)
         if nxt is None:
             break
         key, networks = nxt, networks + 1
@@ -260,21 +262,32 @@ def _pooled(rounds: Sequence[Round], lo: float, hi: float) -> list[Round]:
 
 
 def _next(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
-          goal: float, band: float, tried: set[tuple[int, ...]]) -> tuple[int, ...] | None:
+          goal: float, band: float, tried: set[tuple[int, ...]], reach: float = 0.0
+          ) -> tuple[int, ...] | None:
     """The next network to time: the table's fit within ±`band` of `goal`, its band narrowed
     while that is a network already timed; then (a goal in a gap of the space, or between
     timed networks) an untried network predicted near the goal (`_nearest_untried`, within
-    ±band, ±2·band, then ±3·band); None where the table predicts no untried network that near
-    (one predicted further off would measure off the target by about as much)."""
+    ±band, ±2·band, ±3·band, then ±`reach`: the distance from the goal of the nearest timed
+    network's prediction, so that any untried network nearer the goal than every timed one is
+    tried); None where the table predicts no untried network that near."""
     for b in (band, band / 2, band / 4):
         f = fit_to_target(theta, rows, fixed, goal, b)
         if f.hit and tuple(f.indices) not in tried:
             return tuple(f.indices)
-    for spread in (band, 2 * band, 3 * band):
+    for spread in (band, 2 * band, 3 * band, *([reach] if reach > 3 * band else [])):
         found = _nearest_untried(theta, rows, fixed, goal, spread, band / 4, tried)
         if found is not None:
             return found
     return None
+
+
+def every_cost(rows: Sequence[Sequence[float]], fixed: float) -> np.ndarray:
+    """Σ rows[l][i_l] + fixed for every architecture, flat in the order of
+    `itertools.product` over the layers' indices (`np.unravel_index` gives the indices)."""
+    out = np.array([float(fixed)])
+    for r in rows:
+        out = np.add.outer(out, np.asarray(r, dtype=float)).ravel()
+    return out
 
 
 def _nearest_untried(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
@@ -286,13 +299,11 @@ def _nearest_untried(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[floa
     the fit's next network should be predicted as near the goal as the space allows, and the
     most probable of the near ones. Exhaustive for spaces of at most `limit` architectures;
     beyond, over `near_target`'s candidates."""
-    logp = [torch.log_softmax(t.detach().double().cpu(), -1).numpy() for t in theta]
     shape = tuple(len(r) for r in rows)
     if math.prod(shape) <= limit:
-        cost, lp = np.array([float(fixed)]), np.array([0.0])
-        for r, lr in zip(rows, logp, strict=True):
-            cost = np.add.outer(cost, np.asarray(r, dtype=float)).ravel()
-            lp = np.add.outer(lp, lr).ravel()
+        cost = every_cost(rows, fixed)
+        lp = every_cost([torch.log_softmax(t.detach().double().cpu(), -1).numpy()
+                         for t in theta], 0.0)
         dist = np.abs(cost / goal - 1)
         if tried:
             dist[np.ravel_multi_index(tuple(np.array(sorted(tried)).T), shape)] = np.inf

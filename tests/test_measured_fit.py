@@ -181,6 +181,25 @@ def test_a_goal_in_a_gap_of_the_table_tries_an_untried_network_near_it():
     assert abs(predicted_cost(rows, 0.0, mf.rounds[1].indices) / goal - 1) <= min(gaps) + 0.0025
 
 
+def test_a_network_nearer_the_goal_than_every_timed_one_is_tried_however_far():
+    """The table's fit (205 predicted) measures +8.4%; the corrected goal, 189, lies in a gap
+    with nothing within ±3% of it, but the untried 200 is nearer to it than the timed 205:
+    it is timed (and measures -1%) instead of the fit stopping at +8.4%."""
+    rows = [[100.0, 200.0], [0.0, 5.0, 300.0]]
+    theta = [torch.tensor([0.0, 2.0]), torch.tensor([0.0, 2.0, -1.0])]
+    target = 208.0
+
+    def measure(idx):
+        p = predicted_cost(rows, 0.0, idx)
+        return (1.10 if p == 205.0 else 1.03) * p, 0.01
+
+    assert fit_to_target(theta, rows, 0.0, target).indices == [1, 1]  # 205, inside ±3%
+    mf = measured_fit(theta, rows, 0.0, target, measure)
+    assert [r.indices for r in mf.rounds] == [(1, 1), (1, 0), (1, 0)]
+    assert mf.hit and mf.fit.indices == [1, 0]
+    assert mf.chosen.measured == pytest.approx(206.0)
+
+
 def test_near_target_spreads_the_most_probable_over_the_band():
     rows, theta = _space(1)
     lo, hi = sum(min(r) for r in rows), sum(max(r) for r in rows)

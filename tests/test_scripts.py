@@ -202,14 +202,18 @@ def test_bench_search_quality(tiny, capsys):
 
 
 def test_bench_target(tiny, capsys, tmp_path):
-    out = run_main("bench_target", ["--config", tiny, "--modes", "full", "--targets", "0.5x",
-                                    "--seeds", "0", "--epochs", "2", "--random", "1",
-                                    "--rounds", "2", "--set", "latency.cost=latency",
-                                    "--set", f"latency.cache_dir={tmp_path}"], capsys)
+    args = ["--config", tiny, "--modes", "full", "--targets", "0.5x", "--seeds", "0",
+            "--epochs", "2", "--random", "1", "--rounds", "2", "--set", "latency.cost=latency",
+            "--set", f"latency.cache_dir={tmp_path}", "--keep", str(tmp_path / "keep")]
+    out = run_main("bench_target", args, capsys)
     assert "re-measured right after its search" in out and "random architectures (n=1)" in out
     assert "re-measured at the end, all together: within ±3%: " in out
     assert "end run / right after, median over the networks: " in out
     assert "measured fit: " in out  # the tiny config times on the fake device
+    assert "within ±1%; nearest " in out and "epoch 2/2" in out
+    again = run_main("bench_target", args, capsys)  # --keep: the search re-fitted, not re-run
+    assert "epoch 1/2" not in again and "re-measured at the end, all together" in again
+    assert "measured fit: " in again
 
 
 def test_bench_sweep(tiny, tmp_path):
