@@ -7,7 +7,9 @@ measurement (batch 1, 1 thread, as the table), in the table's units as the measu
 reports them (anchored to the table's probe networks where its context model records them,
 else through its reference op; the end run's count through the reference op is printed too).
 Per target it first prints how many architectures of the space the table predicts within ±3%
-(none: the space has no network there, whatever the fit does).
+and ±1%, and the nearest predicted below and above (a target in a gap of the space cannot be
+measured on, whatever the fit does). With `--keep DIR` the searches stay in DIR, and a run
+with the same DIR re-fits their θ instead of searching again (a search cut short resumes).
 
 Prints per search the target, the table's prediction of the found architecture, the measured
 fit's own measurement of it (`search.fit_measure`, issue 26; "-" when off) and the networks it
