@@ -214,7 +214,8 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         rounds.append(Round(key, predicted_cost(rows, fixed, key), float(med), float(spread),
                             log_prob_of(theta, key), lo <= med <= hi))
         mine = [r.measured for r in rounds if r.indices == key]
-        this = next(r for r in _pooled(rounds, lo, hi) if r.indices == key)
+        est = _pooled(rounds, lo, hi)
+        this = next(r for r in est if r.indices == key)
         if confirm and (len(mine) == 1 and abs(med / target - 1) <= middle or len(mine) == 2
                         and abs(math.log(mine[1] / mine[0])) > middle
                         and min(abs(m / target - 1) for m in mine) <= middle):
@@ -223,7 +224,6 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
             break
         if networks >= max_rounds:
             break
-        est = _pooled(rounds, lo, hi)
         goal = _goal(est, target)
         reach = min(abs(r.predicted / goal - 1) for r in est)
         nxt = _next(theta, rows, fixed, goal, inner, {r.indices for r in est}, reach)
@@ -274,11 +274,8 @@ def _next(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed:
         f = fit_to_target(theta, rows, fixed, goal, b)
         if f.hit and tuple(f.indices) not in tried:
             return tuple(f.indices)
-    for spread in (band, 2 * band, 3 * band, *([reach] if reach > 3 * band else [])):
-        found = _nearest_untried(theta, rows, fixed, goal, spread, band / 4, tried)
-        if found is not None:
-            return found
-    return None
+    spreads = (band, 2 * band, 3 * band, *([reach] if reach > 3 * band else []))
+    return _nearest_untried(theta, rows, fixed, goal, spreads, band / 4, tried)
 
 
 def every_cost(rows: Sequence[Sequence[float]], fixed: float) -> np.ndarray:
@@ -291,36 +288,40 @@ def every_cost(rows: Sequence[Sequence[float]], fixed: float) -> np.ndarray:
 
 
 def _nearest_untried(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
-                     fixed: float, goal: float, spread: float, slack: float,
+                     fixed: float, goal: float, spreads: Sequence[float], slack: float,
                      tried: set[tuple[int, ...]], limit: int = 200_000
                      ) -> tuple[int, ...] | None:
-    """Of the untried networks predicted within goal × (1 ± `spread`), those nearest to the
-    goal (within `slack` of the nearest one's relative distance), the most probable: in a gap
-    the fit's next network should be predicted as near the goal as the space allows, and the
-    most probable of the near ones. Exhaustive for spaces of at most `limit` architectures;
-    beyond, over `near_target`'s candidates."""
+    """Of the untried networks predicted within goal × (1 ± spread), for the first of
+    `spreads` that holds one, those nearest to the goal (within `slack` of the nearest one's
+    relative distance), the most probable: in a gap the fit's next network should be
+    predicted as near the goal as the space allows, and the most probable of the near ones.
+    Exhaustive for spaces of at most `limit` architectures (every cost computed once);
+    beyond, over `near_target`'s candidates at each spread."""
     shape = tuple(len(r) for r in rows)
     if math.prod(shape) <= limit:
-        cost = every_cost(rows, fixed)
-        lp = every_cost([torch.log_softmax(t.detach().double().cpu(), -1).numpy()
-                         for t in theta], 0.0)
-        dist = np.abs(cost / goal - 1)
+        dist = np.abs(every_cost(rows, fixed) / goal - 1)
         if tried:
             dist[np.ravel_multi_index(tuple(np.array(sorted(tried)).T), shape)] = np.inf
-        ok = np.flatnonzero(dist <= spread)
-        if not len(ok):
-            return None
-        near = ok[dist[ok] <= dist[ok].min() + slack]
-        best = near[np.argmax(lp[near])]
-        return tuple(int(i) for i in np.unravel_index(best, shape))
-    cands = [tuple(i) for i in near_target(theta, rows, fixed, goal, len(tried) + 8, spread)
-             if tuple(i) not in tried]
-    if not cands:
+        lp = None
+        for spread in spreads:
+            ok = np.flatnonzero(dist <= spread)
+            if len(ok):
+                if lp is None:
+                    lp = every_cost([torch.log_softmax(t.detach().double().cpu(), -1).numpy()
+                                     for t in theta], 0.0)
+                near = ok[dist[ok] <= dist[ok].min() + slack]
+                best = near[np.argmax(lp[near])]
+                return tuple(int(i) for i in np.unravel_index(best, shape))
         return None
-    dist = {c: abs(predicted_cost(rows, fixed, c) / goal - 1) for c in cands}
-    dmin = min(dist.values())
-    return max((c for c in cands if dist[c] <= dmin + slack),
-               key=lambda c: log_prob_of(theta, c))
+    for spread in spreads:
+        cands = [tuple(i) for i in near_target(theta, rows, fixed, goal, len(tried) + 8, spread)
+                 if tuple(i) not in tried]
+        if cands:
+            dist_of = {c: abs(predicted_cost(rows, fixed, c) / goal - 1) for c in cands}
+            dmin = min(dist_of.values())
+            return max((c for c in cands if dist_of[c] <= dmin + slack),
+                       key=lambda c: log_prob_of(theta, c))
+    return None
 
 
 def _argmax(theta: Sequence[torch.Tensor]) -> list[int]:
