@@ -32,7 +32,7 @@ from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.build import probe_archs, sample_spanning
-from fbnas.latency.measure import Protocol
+from fbnas.latency.measure import Measurement, Protocol
 from fbnas.search_space import SearchSpace
 from fbnas.target import cost_lists, cost_range, fit_to_target, measured_fit
 from fbnas.timed_models import measure_modules
@@ -268,25 +268,59 @@ def time_networks(timer: Timer, nets: dict[str, tuple[torch.nn.Module, tuple[int
                   ) -> dict[str, dict[str, Any]]:
     """Networks (label -> (module, C,H,W)) timed end to end in one interleaved measurement
     with `pan`'s networks; each one's statistics in the table's µs. With anchors, a ratio is
-    converted through the panel (× the geometric mean of anchor × reference µs / ratio over
-    its networks: what the machine's drift since the build did to whole networks); else
+    converted through the panel (`anchored_scale`: anchor × reference µs / ratio of its
+    networks, what the machine's drift since the build did to whole networks, read at the
+    network's size); else
     through the reference op (the table's reference scale where there is one). Each summary
     also holds `ref_median_us`, the median through the reference op, for comparison."""
-    modules = {**nets, **_built({f"panel {a.name}": a for a in pan.archs})}
-    m = measure_modules(timer, modules, proto)
-    ref_us = (table.reference or {}).get("scale_us") if table is not None else None
-    ref_scale_us = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
-    scale_us = ref_scale_us
-    if pan.anchors and ref_us:
-        scale_us = math.exp(statistics.mean(
-            math.log(anchor * ref_us / m.ratio(f"panel {a.name}"))
-            for a, anchor in zip(pan.archs, pan.anchors, strict=True)))
+    m = measure_modules(timer, {**nets, **panel_modules(pan)}, proto)
+    scale_us, ref_scale_us = unit_scales(m, table, pan, proto.reference)
     out = {}
     for k in nets:
-        s = m.entries[k].summary(scale_us / 1e6)
+        s = m.entries[k].summary(scale_us(k) / 1e6)
         s["ref_median_us"] = m.ratio(k) * ref_scale_us
         out[k] = s
     return out
+
+
+def panel_modules(pan: Panel) -> dict[str, tuple[torch.nn.Module, tuple[int, int, int]]]:
+    """`pan`'s networks built, labelled 'panel NAME', to be timed beside measured ones."""
+    return _built({f"panel {a.name}": a for a in pan.archs})
+
+
+def unit_scales(m: Measurement, table: LatencyTable | None, pan: Panel, reference: bool
+                ) -> tuple[Callable[[str], float], float]:
+    """How a measurement that timed `pan`'s networks (`panel_modules`) converts an entry's
+    ratio to µs in the table's units: (label -> µs per reference-op unit, anchored to the
+    probes at that entry's size where `pan` has anchors and the table a reference scale;
+    the reference op's µs, the table's reference scale where there is one)."""
+    ref_us = (table.reference or {}).get("scale_us") if table is not None else None
+    ref_scale_us = (ref_us or m.ref_scale_s * 1e6) if reference else 1e6
+    if not (pan.anchors and ref_us):
+        return (lambda _: ref_scale_us), ref_scale_us
+    scale = anchored_scale([m.ratio(f"panel {a.name}") for a in pan.archs],
+                           [anchor * ref_us for anchor in pan.anchors])
+    return (lambda label: scale(m.ratio(label))), ref_scale_us
+
+
+def anchored_scale(ratios: list[float], anchors_us: list[float]) -> Callable[[float], float]:
+    """µs per reference-op unit for a network of `ratio` (its time over the reference op's,
+    now), from probe networks timed now (`ratios`) and at the table's build (`anchors_us`):
+    each probe's anchor / ratio is what the machine's drift since the build did to a network
+    of its size, and the drift is not the same for small and large networks (per-call
+    overhead and compute move apart when the CPU's speed shifts), so it is fitted as a line in
+    log-log over the probes and read at the network's size, within their range (39 quickstart
+    networks, 6 runs each: their figures repeated within 0.54% between runs (sd, median)
+    against 0.90% through one factor for all sizes, the all-skip network 0.22% against 2.78%;
+    `docs/latency.md`). With fewer than 4 probes, one factor (their geometric mean)."""
+    x = [math.log(r) for r in ratios]
+    y = [math.log(a / r) for a, r in zip(anchors_us, ratios, strict=True)]
+    mx, my = statistics.mean(x), statistics.mean(y)
+    sxx = sum((v - mx) ** 2 for v in x)
+    slope = (sum((u - mx) * (v - my) for u, v in zip(x, y, strict=True)) / sxx
+             if len(x) >= 4 and sxx > 0 else 0.0)
+    lo, hi = min(x), max(x)
+    return lambda ratio: math.exp(my + slope * (min(max(math.log(ratio), lo), hi) - mx))
 
 
 def time_archs(timer: Timer, archs: dict[str, Architecture], table: LatencyTable | None,

@@ -134,3 +134,20 @@ def run_bundle_standalone(folder, rounds: int = 3) -> dict:
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads((folder / "results.json").read_text())
 
+
+
+def slow_reference_op(monkeypatch, factor: float) -> None:
+    """From now on the fake device's reference op (everything it times but child networks)
+    takes `factor` times as long: the reference moving against whole networks after a build."""
+    from fbnas.arch import ChildNet
+    from fbnas.backends.fake import FakeTimer
+
+    prepare = FakeTimer.prepare
+
+    def slower(self, module, input_chw, label=""):
+        run = prepare(self, module, input_chw, label)
+        if not isinstance(module, ChildNet):
+            run.cost_s *= factor
+        return run
+
+    monkeypatch.setattr(FakeTimer, "prepare", slower)

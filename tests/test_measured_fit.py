@@ -13,14 +13,21 @@ import statistics
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config, run_bundle_standalone
+from conftest import digits_run_config, run_bundle_standalone, slow_reference_op
 
 import fbnas.costs
 from fbnas.arch import Architecture, ChildNet, arch_from_indices, build_child
 from fbnas.backends.fake import FakeTimer
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
-from fbnas.costs import COMPANIONS, companions, final_fit, measure_child_ms, panel
+from fbnas.costs import (
+    COMPANIONS,
+    anchored_scale,
+    companions,
+    final_fit,
+    measure_child_ms,
+    panel,
+)
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale
@@ -352,15 +359,7 @@ def test_a_measured_network_is_anchored_to_the_probes_when_the_reference_op_drif
     model = build_child(arch)
     before = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
     assert before["median_ms"] * 1e3 == pytest.approx(table.predict(arch), rel=0.05)
-    prepare = FakeTimer.prepare
-
-    def slower_reference(self, module, input_chw, label=""):
-        run = prepare(self, module, input_chw, label)
-        if not isinstance(module, ChildNet):
-            run.cost_s *= 1.1
-        return run
-
-    monkeypatch.setattr(FakeTimer, "prepare", slower_reference)
+    slow_reference_op(monkeypatch, 1.1)
     anchored = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
     via_reference = measure_child_ms(model, arch, cfg.latency, table)
     assert anchored["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
@@ -487,3 +486,48 @@ def test_fit_measure_reads_yaml_booleans(tmp_path, raw, want):
     assert load_config(p).search.fit_measure == want
     with pytest.raises(FbnasError, match="search.fit_measure"):
         load_config(p, ["search.fit_measure=sometimes"])
+
+
+def test_the_anchor_follows_a_drift_that_differs_with_the_network_s_size():
+    """Probes timed now (ratios to the reference op) and at the build (µs): where the drift
+    since the build is a power of the network's size, the scale read at a network's size is
+    that drift exactly (inside the probes' range; at the nearest probe's outside it), not one
+    factor for all sizes; with fewer than 4 probes, one factor (their geometric mean)."""
+    drift = lambda r: 2.0 * r ** -0.06  # noqa: E731  µs per reference unit, by size
+    ratios = [1.0, 2.0, 3.5, 6.0, 9.0]
+    scale = anchored_scale(ratios, [r * drift(r) for r in ratios])
+    for r in (1.0, 1.7, 4.0, 9.0):
+        assert scale(r) == pytest.approx(drift(r), rel=1e-9)
+    assert scale(0.5) == pytest.approx(drift(1.0)) and scale(20.0) == pytest.approx(drift(9.0))
+    one = math.exp(statistics.mean(math.log(drift(r)) for r in ratios))
+    assert abs(one / drift(1.0) - 1) > 0.04  # what one factor would have read for the smallest
+    few = anchored_scale(ratios[:3], [r * drift(r) for r in ratios[:3]])
+    geo = math.exp(statistics.mean(math.log(drift(r)) for r in ratios[:3]))
+    assert few(1.0) == pytest.approx(geo) and few(3.5) == pytest.approx(geo)
+
+
+def test_a_small_network_keeps_its_figure_when_small_networks_drift_more(tmp_path,
+                                                                         monkeypatch):
+    """After the build every whole network slows by a power of its size (the smallest probe
+    11% more than the largest): the figure of a small network, anchored to the probes at its
+    size, stays where it measured before the drift (through one factor it read 5% off)."""
+    cfg = _fake_run(tmp_path)
+    t = SearchTrainer(cfg, tmp_path / "run")
+    close_logger(t.log)
+    table = t.costs.table
+    cands = cfg.space.layer_candidates()  # skips and one block: between the smallest probes
+    small = arch_from_indices(cfg.space, [c.index("skip") for c in cands[:-1]] + [0], "small")
+    model = build_child(small)
+    before = measure_child_ms(model, small, cfg.latency, table, space=cfg.space)
+    prepare = FakeTimer.prepare
+    big = max(table.context["probe_nets"])
+
+    def size_drift(self, module, input_chw, label=""):
+        run = prepare(self, module, input_chw, label)
+        if isinstance(module, ChildNet):
+            run.cost_s *= (run.cost_s / (big * table.reference["scale_us"] / 1e6)) ** -0.05
+        return run
+
+    monkeypatch.setattr(FakeTimer, "prepare", size_drift)
+    after = measure_child_ms(model, small, cfg.latency, table, space=cfg.space)
+    assert after["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
