@@ -81,12 +81,14 @@ def load_model(spec: ModelSpec, batch: int, threads: int = 1
 
 
 @under_allocator
-def measure_specs(timer: Timer, specs: list[ModelSpec], protocol: Protocol | None = None
+def measure_specs(timer: Timer, specs: list[ModelSpec], protocol: Protocol | None = None,
+                  beside: dict[str, tuple[nn.Module, tuple[int, int, int]]] | None = None
                   ) -> tuple[list[dict], Measurement]:
-    """Load every spec and time them all in one interleaved, drift-compensated measurement.
+    """Load every spec and time them all in one interleaved, drift-compensated measurement,
+    with the in-memory modules `beside` (label -> (module, C,H,W): a table's probe networks).
     Returns per spec {label, kind, path, hash (None for a plain model), input_shape} and the
     measurement (keyed by label)."""
-    info, runs = [], {}
+    info, runs = [], {k: timer.prepare(mod, chw, k) for k, (mod, chw) in (beside or {}).items()}
     for s in specs:
         a, net, chw = load_model(s, timer.batch, timer.threads)
         runs[s.label] = timer.prepare(net, chw, s.label)

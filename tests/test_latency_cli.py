@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from conftest import latency_space
+from conftest import latency_space, slow_reference_op
 
 from fbnas.arch import arch_from_indices
 from fbnas.cli import main
@@ -106,3 +106,32 @@ def test_timing_commands_take_the_tables_backend_then_the_configs(files, capsys)
     assert main(["latency", "build", "--config", str(cfg2), "--out", out2, "--probes", "0",
                  "--quiet", "--rounds", "4"]) == 0
     assert LatencyTable.load(out2).meta["backend"] == "fake"
+
+
+def test_measure_with_config_anchors_to_the_table_s_probes(files, capsys, monkeypatch):
+    """`latency measure --config` times the networks among the table's probe networks and
+    anchors their figures to them, as the measured fit does: when the reference op slows by
+    10% after the build, the anchored figure stays at the table's prediction and the figure
+    through the reference op moves by the 10%. --config without --table is a one-line error."""
+    d, cfg, arch = files
+    out = str(d / "lat.json")
+    assert main(["latency", "build", "--config", cfg, "--out", out, "--probes", "6",
+                 "--quiet", *FAST]) == 0
+    slow_reference_op(monkeypatch, 1.1)
+    pred = LatencyTable.load(out).predict(
+        arch_from_indices(SearchSpace.from_dict(TINY), [0, 1, 2, 1, 0], "a"), "auto")
+    figures = {}
+    for how, extra in (("anchored", ["--config", cfg]), ("reference", [])):
+        js = str(d / f"{how}.json")
+        assert main(["latency", "measure", "--arch", arch, "--table", out, "--json", js,
+                     *extra, *FAST]) == 0
+        figures[how] = json.loads(open(js).read())["results"][0]
+    printed = capsys.readouterr().out
+    assert "anchored to the table's 6 probe networks" in printed
+    assert figures["anchored"]["units"].startswith("anchored")
+    assert figures["anchored"]["median_us"] == pytest.approx(pred, rel=0.02)
+    assert figures["reference"]["median_us"] == pytest.approx(pred / 1.1, rel=0.02)
+    assert figures["anchored"]["ref_median_us"] == pytest.approx(pred / 1.1, rel=0.02)
+    assert main(["latency", "measure", "--arch", arch, "--config", cfg, *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--config needs --table" in err

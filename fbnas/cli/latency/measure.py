@@ -1,15 +1,18 @@
 """`fbnas latency measure`: child networks (--arch) or model files (--model) timed end to end,
-beside a table's prediction (--table, whose setting the timer then takes)."""
+beside a table's prediction (--table, whose setting the timer then takes); with --config,
+among the table's probe networks and anchored to them, as the measured fit times."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from fbnas.arch import Architecture
-from fbnas.cli.latency.common import protocol, timer, timer_args
+from fbnas.cli.latency.common import log, protocol, timer, timer_args
+from fbnas.costs import Panel, panel, panel_modules, unit_scales
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
 from fbnas.latency import LatencyTable
+from fbnas.search_space import load_space
 from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
 
 
@@ -26,6 +29,23 @@ def _specs(args) -> list[ModelSpec]:
     return specs
 
 
+def _panel(args, table: LatencyTable | None) -> Panel:
+    """With --config, the table's probe networks of the config's space (the figures are then
+    anchored to them, as the measured fit's are); else none (through the reference op)."""
+    if not args.config:
+        return Panel([])
+    if table is None:
+        raise FbnasError("latency measure: --config needs --table (the table whose probe "
+                         "networks the figures are anchored to)")
+    pan = panel(load_space(args.config), table)
+    if not pan.anchors:
+        log(f"latency measure: {args.table} has no probe networks of {args.config}'s space "
+            "(a table built before 2026-11-25, or for another space): figures through the "
+            "reference op")
+        return Panel([])
+    return pan
+
+
 def run(args) -> int:
     table = LatencyTable.load(args.table) if args.table else None
     t = timer(args, table)
@@ -33,20 +53,22 @@ def run(args) -> int:
         table.check_run(batch=t.batch, dtype=t.dtype, backend=t.backend, allocator=t.allocator)
     specs = _specs(args)
     proto = protocol(args)
-    items, m = measure_specs(t, specs, proto)
-    ref_us = (table.reference or {}).get("scale_us") if table is not None else None
-    scale = (ref_us or m.ref_scale_s * 1e6) if proto.reference else 1e6
+    pan = _panel(args, table)
+    items, m = measure_specs(t, specs, proto, panel_modules(pan))
+    scale_of, ref_scale_us = unit_scales(m, table, pan, proto.reference)
     results = []
     for it in items:
         st = m.entries[it["label"]]
-        s = st.summary(scale / 1e6)
+        s = st.summary(scale_of(it["label"]) / 1e6)
         line = (f"{it['label'].split(':', 1)[1]} {it['path']}: median "
                 f"{s['median_us'] / 1e3:.3f} ms, min {s['min_us'] / 1e3:.3f} ms, IQR "
                 f"{100 * s['rel_iqr']:.1f}% ({s['n']} samples x {st.number} calls; "
                 f"{t.backend}, {t.threads} thread(s), batch {t.batch}, "
-                f"{t.allocator} allocator)")
+                f"{t.allocator} allocator{'; ' + pan.label if pan.anchors else ''})")
         res = {it["kind"]: it["path"], "hash": it["hash"], "input_shape": it["input_shape"],
-               **s}
+               **s, "units": pan.label if pan.anchors else "through the reference op"}
+        if pan.anchors:
+            res["ref_median_us"] = m.ratio(it["label"]) * ref_scale_us
         if table is not None and it["arch"] is not None:
             a = Architecture.from_dict(it["arch"], it["path"])
             try:
@@ -60,7 +82,8 @@ def run(args) -> int:
         results.append(res)
     if args.json:
         write_json_atomic(args.json, {"timer": t.describe(), "results": results,
-                                      "reference_scale_us": scale if proto.reference else None})
+                                      "reference_scale_us": ref_scale_us if proto.reference
+                                      else None})
     return 0
 
 
@@ -76,6 +99,10 @@ def add_parser(actions) -> None:
                    help="input shape of --model files that do not carry one (a plain "
                         "TorchScript file; a .pt2 with a dynamic shape)")
     m.add_argument("--table", help="also print this table's prediction (and take its setting)")
+    m.add_argument("--config", help="a config of the table's space (a run's config.yaml): the "
+                                    "networks are timed among the table's probe networks and "
+                                    "their figures anchored to them, as the measured fit's "
+                                    "(default: through the reference op)")
     m.add_argument("--json", help="write the results as JSON here")
     timer_args(m)
     m.set_defaults(func=run)
