@@ -8,8 +8,10 @@ reports them (anchored to the table's probe networks where its context model rec
 else through its reference op; the end run's count through the reference op is printed too).
 Per target it first prints how many architectures of the space the table predicts within ±3%
 and ±1%, and the nearest predicted below and above (a target in a gap of the space cannot be
-measured on, whatever the fit does). With `--keep DIR` the searches stay in DIR, and a run
-with the same DIR re-fits their θ instead of searching again (a search cut short resumes).
+measured on, whatever the fit does; a space of more than a million architectures, as the
+ImageNet one, is estimated from a million drawn at random). With `--keep DIR` the searches
+stay in DIR, and a run with the same DIR re-fits their θ instead of searching again (a search
+cut short resumes).
 
 Prints per search the target, the table's prediction of the found architecture, the measured
 fit's own measurement of it (`search.fit_measure`, issue 26; "-" when off) and the networks it
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import tempfile
 import time
@@ -59,6 +62,9 @@ from fbnas.loss import resolve_target
 from fbnas.sweep import random_archs
 from fbnas.target import cost_lists, cost_range, every_cost
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
+
+ENUMERATE = 1_000_000  # spaces up to this size are counted exactly; beyond, estimated
+DRAWN = 1_000_000  # from this many random architectures
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -201,14 +207,25 @@ def _space_near(rows: list[list[float]], fixed: float, target: float) -> str:
     """What the space offers near `target` by the table: how many architectures it predicts
     within ±3% and ±1%, and the nearest predicted below and above it (a target in a gap of
     the space cannot be measured on, whatever the fit does)."""
-    rel = every_cost(rows, fixed) / target - 1
+    n = math.prod(len(r) for r in rows)
+    if n <= ENUMERATE:
+        rel, scale, how = every_cost(rows, fixed) / target - 1, 1, ""
+    else:  # too many to enumerate (the ImageNet space: 9^22): estimated from random ones
+        rng = np.random.default_rng(0)
+        rel = sum(np.asarray(r, dtype=float)[rng.integers(len(r), size=DRAWN)]
+                  for r in rows) + fixed
+        rel, scale = rel / target - 1, n / DRAWN
+        how = f" (estimated from {DRAWN:,} drawn at random of {n:.2e})"
     below, above = rel[rel < 0], rel[rel >= 0]
     near = ", ".join(f"{w} {100 * v:+.1f}%" for w, v in (
         ("below", below.max() if len(below) else None),
         ("above", above.min() if len(above) else None)) if v is not None)
-    return (f"{int(np.sum(np.abs(rel) <= 0.03))} architectures of the space predicted within "
-            f"±3% of {target:.0f} us by the table, {int(np.sum(np.abs(rel) <= 0.01))} within "
-            f"±1%; nearest {near}")
+    def count(band: float) -> str:
+        k = int(np.sum(np.abs(rel) <= band))
+        return str(k) if scale == 1 else f"{scale * k:.3g}"
+
+    return (f"{count(0.03)} architectures of the space predicted within ±3% of {target:.0f} us "
+            f"by the table, {count(0.01)} within ±1%; nearest {near}{how}")
 
 
 def _yes(ok: bool) -> str:

@@ -279,3 +279,18 @@ def test_bench_export(tiny, formats, capsys):
     assert all(f"{f} " in out.split("\n\n")[-1] for f in formats.split(","))
     assert "all ok: True" in out
 
+
+
+def test_bench_target_counts_a_space_too_big_to_enumerate_from_random_ones(monkeypatch):
+    """What the space offers near a target: counted exactly where the space can be
+    enumerated, estimated from random architectures beyond (the ImageNet space, 9^22, once
+    asked for 26 GiB), and said so."""
+    bt = importlib.import_module("scripts.bench_target")
+    rows = [[1.0, 2.0, 3.0]] * 6  # 729 architectures; sum 12 has 141 of them
+    exact = bt._space_near(rows, 0.0, 12.0)
+    assert exact.startswith("141 architectures") and "estimated" not in exact
+    monkeypatch.setattr(bt, "ENUMERATE", 100)
+    monkeypatch.setattr(bt, "DRAWN", 20_000)
+    est = bt._space_near(rows, 0.0, 12.0)
+    assert "estimated from 20,000 drawn at random of 7.29e+02" in est
+    assert abs(float(est.split()[0]) / 141 - 1) < 0.1
