@@ -30,9 +30,10 @@ from torch.utils.tensorboard import SummaryWriter
 from fbnas.arch import Architecture, build_child, child_stats
 from fbnas.checkpoint import load_checkpoint, rng_state, seed_everything
 from fbnas.config import Config
-from fbnas.costs import find_latency_table, measure_child_ms, predict_ms
+from fbnas.costs import find_latency_table, predict_ms
 from fbnas.data import build_train_data
 from fbnas.distributed import PeriodicAverager, rank_seed, wrap_ddp
+from fbnas.end_to_end import measure_child_ms
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
 from fbnas.io import write_json_atomic

@@ -39,8 +39,9 @@ import torch
 
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, apply_overrides, config_from_dict
-from fbnas.costs import find_latency_table, panel, time_archs, timer_for_table, timer_label
+from fbnas.costs import find_latency_table
 from fbnas.data import build_eval_data
+from fbnas.end_to_end import panel, time_archs, timer_for_table, timer_label
 from fbnas.errors import FbnasError
 from fbnas.io import (
     atomic_write,

@@ -47,17 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from fbnas.arch import Architecture
-from fbnas.costs import (
-    FIT_ROUNDS,
-    fit_search_run,
-    load_search_run,
-    panel,
-    run_costs,
-    run_table,
-    run_target,
-    time_archs,
-    timer_for_table,
-)
+from fbnas.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
+from fbnas.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
 from fbnas.loss import resolve_target
 from fbnas.sweep import random_archs
 from fbnas.target import cost_lists, cost_range, every_cost
@@ -220,6 +211,7 @@ def _space_near(rows: list[list[float]], fixed: float, target: float) -> str:
     near = ", ".join(f"{w} {100 * v:+.1f}%" for w, v in (
         ("below", below.max() if len(below) else None),
         ("above", above.min() if len(above) else None)) if v is not None)
+
     def count(band: float) -> str:
         k = int(np.sum(np.abs(rel) <= band))
         return str(k) if scale == 1 else f"{scale * k:.3g}"

@@ -15,19 +15,13 @@ import torch
 import yaml
 from conftest import digits_run_config, run_bundle_standalone, slow_reference_op
 
-import fbnas.costs
+import fbnas.end_to_end
 from fbnas.arch import Architecture, ChildNet, arch_from_indices, build_child
 from fbnas.backends.fake import FakeTimer
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
-from fbnas.costs import (
-    COMPANIONS,
-    anchored_scale,
-    companions,
-    final_fit,
-    measure_child_ms,
-    panel,
-)
+from fbnas.costs import final_fit
+from fbnas.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale
@@ -323,13 +317,13 @@ def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, mon
     close_logger(t.log)
     _slow_networks(monkeypatch, 1.15)  # two or more rounds
     seen: list[list[str]] = []
-    measure = fbnas.costs.measure_modules
+    measure = fbnas.end_to_end.measure_modules
 
     def spy(timer, modules, protocol=None):
         seen.append(sorted(modules))
         return measure(timer, modules, protocol)
 
-    monkeypatch.setattr(fbnas.costs, "measure_modules", spy)
+    monkeypatch.setattr(fbnas.end_to_end, "measure_modules", spy)
     _, saved = _search(cfg, tmp_path)
     assert len(seen) == len(saved["meta"]["fit_rounds"]) >= 2
     table = LatencyTable.load(tmp_path / "run" / "cost_table.json")

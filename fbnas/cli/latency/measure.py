@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fbnas.arch import Architecture
 from fbnas.cli.latency.common import log, protocol, timer, timer_args
-from fbnas.costs import Panel, panel, panel_modules, unit_scales
+from fbnas.end_to_end import Panel, panel, panel_modules, unit_scales
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
 from fbnas.latency import LatencyTable
@@ -66,7 +66,7 @@ def run(args) -> int:
                 f"{t.backend}, {t.threads} thread(s), batch {t.batch}, "
                 f"{t.allocator} allocator{'; ' + pan.label if pan.anchors else ''})")
         res = {it["kind"]: it["path"], "hash": it["hash"], "input_shape": it["input_shape"],
-               **s, "units": pan.label if pan.anchors else "through the reference op"}
+               **s, "units": pan.label}
         if pan.anchors:
             res["ref_median_us"] = m.ratio(it["label"]) * ref_scale_us
         if table is not None and it["arch"] is not None:
