@@ -22,8 +22,9 @@ from fbnas.blocks import build_block, canonical_op, init_weights
 from fbnas.cost_kinds import count_flops as _count_flops
 from fbnas.cost_kinds import count_params
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, load_yaml, show, write_yaml_atomic
+from fbnas.io import load_yaml, show, write_yaml_atomic
 from fbnas.search_space import MacroSpec, SearchSpace, parse_macro
+from fbnas.settings import Fields
 
 ARCH_SCHEMA = 1
 

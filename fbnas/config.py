@@ -29,11 +29,12 @@ from fbnas.blocks.shared import WEIGHT_SHARING
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
-from fbnas.io import load_yaml, read_fields, setting
+from fbnas.io import load_yaml
 from fbnas.loss import LossConfig
-from fbnas.modes import MODES, get_mode
 from fbnas.precision import PRECISIONS
+from fbnas.search.modes import MODES, get_mode
 from fbnas.search_space import SearchSpace
+from fbnas.settings import read_fields, setting
 
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
@@ -148,7 +149,7 @@ class SearchConfig:
     storing them (less memory, more time; same gradients and BN statistics).
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
     NHWC memory layout for the training steps (fbnas.precision).
-    tau0 … tau_min: the temperature schedule's data (fbnas.schedules.TauSchedule): exp is
+    tau0 … tau_min: the temperature schedule's data (fbnas.search.schedules.TauSchedule): exp is
     τ = max(tau_min, τ0·exp(−tau_decay·(epoch − warmup))), linear goes τ0 → tau_min over the
     θ epochs.
     """
@@ -190,7 +191,7 @@ class SearchConfig:
     # favour keep training, so the supernet can still rank them. Needs single-path weight
     # sampling (single_path or reinforce)
     uniform_paths: int = setting(0, "int", min=0, max=8)
-    # with a loss.target: move the final argmax onto the target (fbnas.target), within ±tol
+    # with a loss.target: move the final argmax onto the target (fbnas.fit.onto_target), within ±tol
     fit_target: bool = setting(True, "bool")
     fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5)
     # then time the fitted network end to end on the table's device and re-fit until it

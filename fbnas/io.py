@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -210,122 +209,6 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
-class Fields:
-    """Strict reader of one mapping from a file: typed getters, and unknown keys are errors.
-
-    `where` names the file and the key path so that every message points at the bad value.
-    """
-
-    def __init__(self, data: Any, where: str):
-        if not isinstance(data, Mapping):
-            raise FbnasError(f"{where}: expected a mapping, got {type(data).__name__}")
-        self.data = dict(data)
-        self.where = where
-        self.used: set[str] = set()
-
-    def _get(self, key: str, default: Any, required: bool, nullable: bool = False) -> Any:
-        """The value; `key: null` counts as absent (the default) unless `nullable`."""
-        self.used.add(key)
-        if key not in self.data or (self.data[key] is None and not nullable):
-            if required:
-                raise FbnasError(f"{self.where}: missing key '{key}'")
-            return default
-        return self.data[key]
-
-    def at(self, key: str) -> str:
-        return f"{self.where}.{key}"
-
-    def int(self, key: str, default: Any = None, *, required: bool = False, min: int | None = None,
-            max: int = 2**63 - 1):
-        v = self._get(key, default, required)
-        if v is None:
-            return v
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise FbnasError(f"{self.at(key)}: expected an integer, got {show(v)}")
-        if min is not None and v < min:
-            raise FbnasError(f"{self.at(key)}: must be >= {min}, got {show(v)}")
-        if v > max:
-            raise FbnasError(f"{self.at(key)}: must be <= {max}, got {show(v)}")
-        return v
-
-    def float(self, key: str, default: Any = None, *, required: bool = False,
-              min: float | None = None, gt: float | None = None, max: float | None = None,
-              nullable: bool = False):
-        v = self._get(key, default, required, nullable)
-        if v is None:
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise FbnasError(f"{self.at(key)}: expected a number, got {show(v)}")
-        try:
-            v = float(v)
-        except OverflowError:  # an integer beyond float range
-            raise FbnasError(f"{self.at(key)}: must be finite, got {show(v)}") from None
-        if v != v or v in (float("inf"), float("-inf")):
-            raise FbnasError(f"{self.at(key)}: must be finite, got {v}")
-        if min is not None and v < min:
-            raise FbnasError(f"{self.at(key)}: must be >= {min}, got {v}")
-        if gt is not None and v <= gt:
-            raise FbnasError(f"{self.at(key)}: must be > {gt}, got {v}")
-        if max is not None and v > max:
-            raise FbnasError(f"{self.at(key)}: must be <= {max}, got {v}")
-        return v
-
-    def str(self, key: str, default: Any = None, *, required: bool = False,
-            choices: tuple[str, ...] | None = None):
-        v = self._get(key, default, required)
-        if v is None:
-            return v
-        if not isinstance(v, str):
-            raise FbnasError(f"{self.at(key)}: expected a string, got {show(v)}")
-        if choices is not None and v not in choices:
-            raise FbnasError(f"{self.at(key)}: must be one of {', '.join(choices)}; got {show(v)}")
-        return v
-
-    def bool(self, key: str, default: Any = None, *, required: bool = False):
-        v = self._get(key, default, required)
-        if v is None:
-            return v
-        if not isinstance(v, bool):
-            raise FbnasError(f"{self.at(key)}: expected true or false, got {show(v)}")
-        return v
-
-    def list(self, key: str, default: Any = None, *, required: bool = False, nonempty=False):
-        v = self._get(key, default, required)
-        if v is None:
-            return v
-        if not isinstance(v, list):
-            raise FbnasError(f"{self.at(key)}: expected a list, got {show(v)}")
-        if nonempty and not v:
-            raise FbnasError(f"{self.at(key)}: must not be empty")
-        return v
-
-    def sub(self, key: str, *, required: bool = False) -> Fields:
-        v = self._get(key, {}, required)
-        if v is None:
-            v = {}
-        return Fields(v, self.at(key))
-
-    def raw(self, key: str, default: Any = None, *, required: bool = False):
-        return self._get(key, default, required)
-
-    def schema(self, key: str, supported: int, remedy: str, older: str | None = None) -> int:
-        """Read a file's schema version; another one raises with an upgrade message: `remedy`
-        for a file newer than this fbnas reads, `older` (default `remedy`) for an older one."""
-        version = self.int(key, required=True)
-        check_schema(self.at(key), version, supported, remedy, older)
-        return version
-
-    def done(self) -> None:
-        """Raise if the mapping holds a key nobody asked for (a typo, usually)."""
-        # `key: null` means "unset" (so `--set loss.alpha=null` can clear a key)
-        unknown = [k for k in self.data if k not in self.used and self.data[k] is not None]
-        if unknown:
-            known = ", ".join(sorted(self.used)) or "none"
-            bad = unknown[0]
-            name = bad if isinstance(bad, str) and len(bad) <= 60 else show(bad)
-            raise FbnasError(f"{self.where}: unknown key '{name}' (known keys: {known})")
-
-
 def check_schema(where: str, version: Any, supported: int, newer: str,
                  older: str | None = None) -> None:
     """Raise unless `version` is `supported`: a file from a newer fbnas says to upgrade, one
@@ -340,30 +223,6 @@ def check_schema(where: str, version: Any, supported: int, newer: str,
                          f"{newer})")
     raise FbnasError(f"{where}: schema version {show(version)} is not supported: the file is "
                      f"older than this fbnas reads (version {supported}; {older or newer})")
-
-
-def setting(default: Any, kind: str, *, key: str | None = None, **check: Any) -> Any:
-    """A config dataclass field that `read_fields` reads: `kind` names the `Fields` getter
-    (int, float, str, bool, list, raw), `check` its bounds (min, gt, max, choices, nullable),
-    `key` the file's key when it differs from the attribute (`lambda` -> `lam`). The default
-    is written once, here."""
-    return dataclasses.field(default=default,
-                             metadata={"kind": kind, "key": key, "check": check})
-
-
-def read_fields(cls: type, data: Any, at: str, **given: Any) -> Any:
-    """Build the dataclass `cls` from the mapping `data` found at `at`, reading each `setting`
-    field with its getter, default and bounds (in field order); `given` fills fields that are
-    not settings. Unknown keys are errors naming the key (`Fields.done`)."""
-    f = Fields({} if data is None else data, at)
-    kwargs = dict(given)
-    for fd in dataclasses.fields(cls):
-        meta = fd.metadata
-        if "kind" in meta:
-            kwargs[fd.name] = getattr(f, meta["kind"])(meta["key"] or fd.name, fd.default,
-                                                       **meta["check"])
-    f.done()
-    return cls(**kwargs)
 
 
 def clock(seconds: float) -> str:

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, show
+from fbnas.io import show
 from fbnas.registry import Registry
+from fbnas.settings import Fields
 
 
 @dataclass

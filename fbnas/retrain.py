@@ -28,15 +28,16 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, build_child, child_stats
-from fbnas.checkpoint import load_checkpoint, rng_state, seed_everything
+from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config
-from fbnas.costs import find_latency_table, predict_ms
 from fbnas.data import build_train_data
 from fbnas.distributed import PeriodicAverager, rank_seed, wrap_ddp
-from fbnas.end_to_end import measure_child_ms
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
+from fbnas.fit.costs import find_latency_table, predict_ms
+from fbnas.fit.end_to_end import measure_child_ms
 from fbnas.io import write_json_atomic
+from fbnas.rng import rng_state, seed_everything
 from fbnas.run.guard import fused_optimizer, keep_fused
 from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy

@@ -30,7 +30,8 @@ from torch import nn
 
 from fbnas.blocks import ConvBN, canonical_op, make_divisible
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, load_yaml, show
+from fbnas.io import load_yaml, show
+from fbnas.settings import Fields
 
 POOLS = ("avg", "max")
 # Upper bounds on a macro-architecture's numbers: far above any real network (ImageNet models

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from fbnas.blocks import build_block, init_weights
 from fbnas.blocks.shared import WEIGHT_SHARING, build_shared
 from fbnas.errors import FbnasError
-from fbnas.modes import PathSample, SearchMode, get_mode, gumbel_weights
+from fbnas.search.modes import PathSample, SearchMode, get_mode, gumbel_weights
 from fbnas.search_space import SearchSpace
 
 CostRows = Sequence[Mapping[str, float]] | Sequence[Sequence[float]]
@@ -170,7 +170,7 @@ class Supernet(nn.Module):
 
     @property
     def search_mode(self) -> SearchMode:
-        """The registered mode object (fbnas.modes): how a step samples paths."""
+        """The registered mode object (fbnas.search.modes): how a step samples paths."""
         return self._mode
 
     @property
@@ -272,7 +272,7 @@ class Supernet(nn.Module):
 
     def sample_path(self, tau: float, hard: bool = False, mode: str | None = None) -> PathSample:
         """Sample the weights (and the candidates to compute) for one forward in `mode`
-        (default: this supernet's mode; the modes of fbnas.modes say how). Gradients reach θ
+        (default: this supernet's mode; the modes of fbnas.search.modes say how). Gradients reach θ
         unless called under no_grad."""
         m = self._mode if mode is None else get_mode(mode)
         return m.sample(self.theta, tau, hard)

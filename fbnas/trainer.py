@@ -2,7 +2,7 @@
 
 Per epoch: weight steps (SGD + momentum, cosine schedule) on the weight split, then — after
 `warmup_epochs` of weights only — θ steps (Adam) on the disjoint θ split. Weight steps use
-the cross-entropy of the paths the search mode samples (fbnas.modes; θ gets no gradient); θ
+the cross-entropy of the paths the search mode samples (fbnas.search.modes; θ gets no gradient); θ
 steps use the cost-aware loss (weights get no gradient). Both go through the one update step
 of fbnas.run.step. τ is annealed after warm-up (`TauSchedule`). Validation uses the argmax
 architecture, deterministically, on the held-out validation split (never the test split).
@@ -31,23 +31,23 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, arch_from_indices, sample_hard
-from fbnas.checkpoint import rng_state, seed_everything
 from fbnas.config import Config
-from fbnas.costs import CostSource, final_fit, shared_costs
 from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import validate_weights
+from fbnas.fit.costs import CostSource, final_fit, shared_costs
+from fbnas.fit.onto_target import range_warning
 from fbnas.io import write_json_atomic
-from fbnas.modes import get_mode
+from fbnas.rng import rng_state, seed_everything
 from fbnas.run.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
-from fbnas.schedules import TauSchedule
-from fbnas.search_figures import epoch_line, tb_scalars
-from fbnas.search_steps import SearchSteps
+from fbnas.search.figures import epoch_line, tb_scalars
+from fbnas.search.modes import get_mode
+from fbnas.search.schedules import TauSchedule
+from fbnas.search.steps import SearchSteps
 from fbnas.supernet import Supernet
-from fbnas.target import range_warning
 
 
 class SearchTrainer(SearchSteps, EpochRunner):
@@ -373,7 +373,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if fresh:  # each rank its own augmentation stream (the model is already built)
             seed_everything(rank_seed(self.cfg.search.seed, d.rank, 0))
 
-    # ---- logging (fbnas.search_figures) ---------------------------------------------------
+    # ---- logging (fbnas.search.figures) ---------------------------------------------------
     def epoch_line(self, rec: dict[str, Any]) -> str:
         return epoch_line(rec, self.cfg.search.epochs, self.costs.unit)
 

@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from fbnas.config import load_config
-from fbnas.costs import resolve_costs
+from fbnas.fit.costs import resolve_costs
 from scripts.common import ROOT, SPACES
 
 SAME = ("arch_hash", "predicted_ms", "top1", "top5", "val_top1")

@@ -36,6 +36,7 @@ from torch import nn
 from fbnas.arch import Architecture
 from fbnas.backends.worker import call_in_worker
 from fbnas.errors import FbnasError
+from fbnas.fit.timed_models import ModelSpec, measure_modules, measure_specs
 from fbnas.latency import (
     LatencyTable,
     Protocol,
@@ -46,7 +47,6 @@ from fbnas.latency import (
 )
 from fbnas.latency.build import refresh_values, sample_spanning
 from fbnas.search_space import load_space
-from fbnas.timed_models import ModelSpec, measure_modules, measure_specs
 from scripts.common import ROOT, SPACES, Spread, space_config
 
 

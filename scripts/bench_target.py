@@ -47,11 +47,11 @@ from pathlib import Path
 import numpy as np
 
 from fbnas.arch import Architecture
-from fbnas.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
-from fbnas.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
+from fbnas.fit.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
+from fbnas.fit.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
+from fbnas.fit.onto_target import cost_lists, cost_range, every_cost
 from fbnas.loss import resolve_target
-from fbnas.sweep import random_archs
-from fbnas.target import cost_lists, cost_range, every_cost
+from fbnas.sweep.driver import random_archs
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 ENUMERATE = 1_000_000  # spaces up to this size are counted exactly; beyond, estimated

@@ -2,7 +2,7 @@
 
 The θ gradient of a sampled mode approximates full's; where the approximation is blind the
 cost term alone moves θ and the search collapses to the cheapest op. This prints, for each
-mode whose θ gradient flows through the relaxation (fbnas.modes; not the scored ones) and
+mode whose θ gradient flows through the relaxation (fbnas.search.modes; not the scored ones) and
 searchable layer, the mean norm of ∂CE/∂θ_l (no cost term) over --draws path draws,
 on scikit-learn's digits in the config's space (pixels / 16, bilinearly upsampled to the
 input size; not normalised or padded as fbnas's digits loader does).
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
-from fbnas.modes import MODES, get_mode
+from fbnas.search.modes import MODES, get_mode
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
 from scripts.common import SPACES, run_config

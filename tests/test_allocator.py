@@ -17,10 +17,10 @@ from torch import nn
 from fbnas.backends import allocator as alloc
 from fbnas.backends.worker import call_in_worker
 from fbnas.errors import FbnasError
+from fbnas.fit.timed_models import ModelSpec, measure_specs, parse_input_shape
 from fbnas.latency import LatencyTable, Protocol, build_table, make_timer, measure_archs
 from fbnas.latency.build import sample_spanning
 from fbnas.search_space import SearchSpace
-from fbnas.timed_models import ModelSpec, measure_specs, parse_input_shape
 
 FAST = Protocol(rounds=4, extra_rounds=0)
 SPACE = SearchSpace.from_dict(latency_space())

@@ -45,11 +45,15 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def unit(module: str) -> str:
-    """The floor table's name for a module: its top-level module or package under fbnas."""
+def unit(module: str, floors: dict[str, int]) -> str:
+    """The floor table's name for a module: `pkg/mod` where the table places a package's module
+    on a floor of its own (the search/, fit/ packages span floors), else its top-level module or
+    package under fbnas (`pkg/` also places the package's `__init__`)."""
     parts = module.split(".")
     if len(parts) == 1:
         return "__init__"
+    if len(parts) >= 3 and f"{parts[1]}/{parts[2]}" in floors:
+        return f"{parts[1]}/{parts[2]}"
     top = PACKAGE / parts[1]
     return f"{parts[1]}/" if top.is_dir() else parts[1]
 
@@ -93,15 +97,17 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_module_is_on_one_floor_of_the_doc():
     floors = doc_floors()
-    units = {unit(m) for m in modules()}
+    units = {unit(m, floors) for m in modules()}
     assert sorted(units - set(floors)) == [], f"modules missing from {DOC}'s floor table"
     assert sorted(set(floors) - units) == [], f"names in {DOC}'s floor table with no module"
 
 
 def upward_imports(g: dict[str, set[str]], floors: dict[str, int]) -> list[str]:
-    return [f"{m} (floor {floors[unit(m)]}) imports {t} (floor {floors[unit(t)]})"
-            for m, targets in sorted(g.items()) for t in sorted(targets)
-            if floors[unit(t)] > floors[unit(m)]]
+    def floor(m: str) -> int:
+        return floors[unit(m, floors)]
+
+    return [f"{m} (floor {floor(m)}) imports {t} (floor {floor(t)})"
+            for m, targets in sorted(g.items()) for t in sorted(targets) if floor(t) > floor(m)]
 
 
 def cycles(g: dict[str, set[str]]) -> list[str]:

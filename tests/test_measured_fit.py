@@ -15,20 +15,26 @@ import torch
 import yaml
 from conftest import digits_run_config, run_bundle_standalone, slow_reference_op
 
-import fbnas.end_to_end
+import fbnas.fit.end_to_end
 from fbnas.arch import Architecture, ChildNet, arch_from_indices, build_child
 from fbnas.backends.fake import FakeTimer
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
-from fbnas.costs import final_fit
-from fbnas.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
 from fbnas.errors import FbnasError
+from fbnas.fit.costs import final_fit
+from fbnas.fit.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
+from fbnas.fit.onto_target import (
+    fit_to_target,
+    log_prob_of,
+    measured_fit,
+    near_target,
+    predicted_cost,
+)
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale
 from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
 from fbnas.search_space import SearchSpace
-from fbnas.target import fit_to_target, log_prob_of, measured_fit, near_target, predicted_cost
 from fbnas.trainer import SearchTrainer
 
 
@@ -317,13 +323,13 @@ def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, mon
     close_logger(t.log)
     _slow_networks(monkeypatch, 1.15)  # two or more rounds
     seen: list[list[str]] = []
-    measure = fbnas.end_to_end.measure_modules
+    measure = fbnas.fit.end_to_end.measure_modules
 
     def spy(timer, modules, protocol=None):
         seen.append(sorted(modules))
         return measure(timer, modules, protocol)
 
-    monkeypatch.setattr(fbnas.end_to_end, "measure_modules", spy)
+    monkeypatch.setattr(fbnas.fit.end_to_end, "measure_modules", spy)
     _, saved = _search(cfg, tmp_path)
     assert len(seen) == len(saved["meta"]["fit_rounds"]) >= 2
     table = LatencyTable.load(tmp_path / "run" / "cost_table.json")

@@ -7,8 +7,8 @@ from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.modes import MODES, PathSample, SearchMode
 from fbnas.registry import Registry
+from fbnas.search.modes import MODES, PathSample, SearchMode
 from fbnas.supernet import Supernet
 
 

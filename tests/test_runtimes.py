@@ -141,7 +141,7 @@ def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
 def test_runtimes_are_measured_side_by_side_with_eager(tmp_path):
     """measure_runtimes: each module in eager and each runtime, in one interleaved
     measurement (keys BACKEND:label); a runtime at another thread count is refused."""
-    from fbnas.timed_models import measure_runtimes
+    from fbnas.fit.timed_models import measure_runtimes
 
     torch.manual_seed(0)
     mods = {"a": (SIG.build(), SIG.input_shape),

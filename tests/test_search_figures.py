@@ -11,7 +11,7 @@ from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
 from fbnas.run import close_logger
-from fbnas.search_figures import FIGURES
+from fbnas.search.figures import FIGURES
 from fbnas.trainer import SearchTrainer
 
 

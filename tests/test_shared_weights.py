@@ -11,9 +11,9 @@ from fbnas.blocks.shared import SlicedIRF, child_state, sharable
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.evaluate import supernet_child_state
-from fbnas.modes import MODES
 from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
+from fbnas.search.modes import MODES
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import MixedOp, Supernet
 from fbnas.trainer import SearchTrainer

@@ -13,8 +13,8 @@ from scipy import stats
 from fbnas import supernet as supernet_mod
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.modes import MODES, get_mode
 from fbnas.run import close_logger
+from fbnas.search.modes import MODES, get_mode
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer

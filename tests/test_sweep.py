@@ -10,7 +10,7 @@ from conftest import digits_run_config
 
 from fbnas.cli import main
 from fbnas.errors import FbnasError
-from fbnas.sweep import SweepPoint, dominated, parse_values, point_config
+from fbnas.sweep.driver import SweepPoint, dominated, parse_values, point_config
 
 TINY = digits_run_config(
     space={"candidates": ["ir_k3_e1", "ir_k3_e6", "ir_k5_e6", "skip"]},
@@ -99,7 +99,7 @@ def test_sweep_cli_errors(tmp_path, capsys):
 
 def test_interrupted_sweep_exits_130_with_a_resume_hint(tmp_path, capsys, monkeypatch):
     from fbnas.run import Interrupted
-    from fbnas.sweep import Sweep
+    from fbnas.sweep.driver import Sweep
 
     def stop(self):
         raise Interrupted
@@ -120,7 +120,7 @@ def test_sweep_targets_as_times_and_range_positions(tmp_path):
 
 
 def test_sweep_seeds_are_points_of_their_own(tmp_path):
-    from fbnas.sweep import Sweep
+    from fbnas.sweep.driver import Sweep
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**TINY, "loss": {"kind": "target", "target": "0.5x"}}))
     sw = Sweep(cfg, "target", ["0.3x", "0.5x"], out=tmp_path / "s", seeds=[0, 7])

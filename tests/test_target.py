@@ -14,9 +14,9 @@ from conftest import digits_run_config
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
+from fbnas.fit.onto_target import fit_to_target, predicted_cost
 from fbnas.loss import FBNetLoss, HingeLoss, LossConfig, TargetLoss, parse_target, resolve_target
 from fbnas.run import close_logger
-from fbnas.target import fit_to_target, predicted_cost
 from fbnas.trainer import SearchTrainer
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fbnas.fidelity import Fidelity
+from fbnas.sweep.fidelity import Fidelity
 
 
 def add_parser(sub) -> None:

@@ -23,11 +23,11 @@ from fbnas.arch import (
     child_stats,
     sample_soft,
 )
-from fbnas.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
 from fbnas.errors import FbnasError
+from fbnas.fit.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
+from fbnas.fit.onto_target import Round, cost_lists, near_target, predicted_cost
 from fbnas.io import write_json_atomic
 from fbnas.latency.bundle import RUNTIMES, network_latencies_us, read_results, write_bundle
-from fbnas.target import Round, cost_lists, near_target, predicted_cost
 
 NEAR_TARGET = "near_target_bundle.json"  # which bundle `--near-target` wrote for the run
 

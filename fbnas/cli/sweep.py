@@ -6,8 +6,8 @@ import sys
 
 from fbnas.errors import FbnasError
 from fbnas.run import Interrupted
-from fbnas.sweep import Sweep, parse_values
-from fbnas.sweep_ray import RaySweep, import_ray
+from fbnas.sweep.driver import Sweep, parse_values
+from fbnas.sweep.ray_tasks import RaySweep, import_ray
 
 
 def add_parser(sub) -> None:

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fbnas.errors import FbnasError
-from fbnas.io import read_fields, setting, show
+from fbnas.io import show
+from fbnas.settings import read_fields, setting
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 NEEDS_ROOT = ("cifar10", "cifar100", "imagefolder")

@@ -18,8 +18,8 @@ from torch import nn
 
 from fbnas.blocks import ConvBN, build_block, canonical_op, init_weights
 from fbnas.errors import FbnasError
-from fbnas.io import Fields
 from fbnas.search_space import Head, MacroSpec, SearchSpace
+from fbnas.settings import Fields
 
 KINDS = ("block", "stem", "head")
 

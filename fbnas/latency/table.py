@@ -37,7 +37,7 @@ from typing import Any
 from fbnas import __version__
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
-from fbnas.io import Fields, load_json, show, write_json_atomic
+from fbnas.io import load_json, show, write_json_atomic
 from fbnas.latency.signature import (
     Signature,
     arch_signatures,
@@ -47,6 +47,7 @@ from fbnas.latency.signature import (
     stem_signature,
 )
 from fbnas.search_space import SearchSpace
+from fbnas.settings import Fields
 
 SCHEMA = 1
 MODELS = ("auto", "raw", "calibrated", "fitted")

@@ -1,6 +1,6 @@
 """One sweep point's work, a function of its config alone (any order, any process): its search
 (`search_point`, or resumed, or re-read when finished) and its retrain (`retrain_point`).
-`fbnas.sweep` runs the points one after another, `fbnas.sweep_ray` on a Ray cluster."""
+`fbnas.sweep.driver` runs the points one after another, `fbnas.sweep.ray_tasks` on a Ray cluster."""
 
 from __future__ import annotations
 

@@ -4,9 +4,9 @@
 space and timer settings, or measures one (the cache policy: `cached_table_path`); a resumed
 run keeps the table saved in its run directory. `shared_costs` does the same under torchrun
 (rank 0 resolves, the others receive). For a trained child, `find_latency_table` finds the
-table to predict with and `predict_ms` predicts (`fbnas.end_to_end.measure_child_ms` times it).
+table to predict with and `predict_ms` predicts (`fbnas.fit.end_to_end.measure_child_ms` times it).
 The final fit (`final_fit`) puts a search's θ on its target, by the table and then by timing
-the network (`fbnas.end_to_end`); `fit_search_run` does it again for a finished run.
+the network (`fbnas.fit.end_to_end`); `fit_search_run` does it again for a finished run.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, config_from_dict
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.distributed import DistContext
-from fbnas.end_to_end import panel, time_archs
 from fbnas.errors import FbnasError
+from fbnas.fit.end_to_end import panel, time_archs
+from fbnas.fit.onto_target import cost_lists, cost_range, fit_to_target, measured_fit
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
-from fbnas.target import cost_lists, cost_range, fit_to_target, measured_fit
 
 
 @dataclass

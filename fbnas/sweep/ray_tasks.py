@@ -45,13 +45,13 @@ import torch
 
 from fbnas.arch import Architecture
 from fbnas.config import Config
-from fbnas.costs import fit_search_run, resolve_costs
 from fbnas.errors import FbnasError
+from fbnas.fit.costs import fit_search_run, resolve_costs
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import RESULTS
 from fbnas.run import Interrupted
-from fbnas.sweep import SearchPlan, Sweep, SweepPoint
-from fbnas.sweep_point import retrain_point, search_done, search_point
+from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
+from fbnas.sweep.point import retrain_point, search_done, search_point
 
 KILL_ENV = "FBNAS_SWEEP_KILL"
 TASKS = ".tasks"  # OUT/.tasks/<phase>-<label>.json: the pid and host running that task

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from fbnas.modes import PathSample, path_log_prob
 from fbnas.run.step import StepFigures, Update, metric
-from fbnas.schedules import warmup_paths
+from fbnas.search.modes import PathSample, path_log_prob
+from fbnas.search.schedules import warmup_paths
 
 
 class SearchSteps:
@@ -34,7 +34,7 @@ class SearchSteps:
                       ddp=self._ddp, averager=self._averager)
 
     def _warmup_paths(self) -> list[list[list[int]]] | None:
-        """The single paths a warm-up weight step trains, or None (fbnas.schedules)."""
+        """The single paths a warm-up weight step trains, or None (fbnas.search.schedules)."""
         if self.theta_active():
             return None
         return warmup_paths(self.cfg.search.warmup_sampling, [len(t) for t in self.net.theta])
@@ -122,7 +122,7 @@ class SearchSteps:
                             "cost": metric(cost)}, skip=u.skip)
 
     def _score_theta_step(self, x: torch.Tensor, y: torch.Tensor, k: int) -> StepFigures:
-        """θ step of a scored mode (fbnas.modes.Reinforce): k single paths on this batch, the
+        """θ step of a scored mode (fbnas.search.modes.Reinforce): k single paths on this batch, the
         CE gradient by the score function with a leave-one-out baseline, the cost's exactly."""
         theta = self.net.arch_parameters()
         with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:

@@ -18,11 +18,11 @@ import torch
 from fbnas.arch import Architecture, build_child
 from fbnas.config import LatencyConfig
 from fbnas.errors import FbnasError
+from fbnas.fit.timed_models import measure_modules
 from fbnas.latency import LatencyTable, Timer, space_hash
 from fbnas.latency.build import probe_archs, sample_spanning
 from fbnas.latency.measure import Measurement, Protocol
 from fbnas.search_space import SearchSpace
-from fbnas.timed_models import measure_modules
 
 
 def timer_label(d: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import RESULTS, ChildTrainer
 from fbnas.run import CHECKPOINT, close_logger
 from fbnas.supernet import Supernet
-from fbnas.sweep import random_archs
+from fbnas.sweep.driver import random_archs
 
 
 @dataclass

@@ -14,9 +14,9 @@ Every step is a normal run directory: running the same command again skips what 
 resumes what was interrupted. With `seeds`, every value is searched once per search seed
 (`search.seed`; labels `<param><value>-seed<S>`).
 
-A point's work is a function of its config alone (`fbnas.sweep_point`: seeded
+A point's work is a function of its config alone (`fbnas.sweep.point`: seeded
 from the config, its own run directory), so the points can run in any order and in other
-processes: `fbnas.sweep_ray` runs them as Ray tasks (`fbnas sweep --workers N`) and then
+processes: `fbnas.sweep.ray_tasks` runs them as Ray tasks (`fbnas sweep --workers N`) and then
 hands back to `Sweep.finish` for the end-to-end timing in this process. Results are
 bit-identical to the serial sweep's at the same torch thread count (`threads`).
 
@@ -39,22 +39,16 @@ import torch
 
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, apply_overrides, config_from_dict
-from fbnas.costs import find_latency_table
 from fbnas.data import build_eval_data
-from fbnas.end_to_end import panel, time_archs, timer_for_table, timer_label
 from fbnas.errors import FbnasError
-from fbnas.io import (
-    atomic_write,
-    ensure_dir,
-    load_yaml,
-    write_json_atomic,
-    write_text_atomic,
-)
+from fbnas.fit.costs import find_latency_table
+from fbnas.fit.end_to_end import panel, time_archs, timer_for_table, timer_label
+from fbnas.io import atomic_write, ensure_dir, load_yaml, write_json_atomic, write_text_atomic
 from fbnas.latency.measure import Protocol
 from fbnas.loss import parse_target
 from fbnas.plots import _plt
 from fbnas.retrain import RESULTS, target_ms_of
-from fbnas.sweep_point import retrain_config, retrain_point, search_done, search_point
+from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
 
 WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
 PARAMS = WEIGHTS + ("target",)
@@ -277,7 +271,7 @@ class Sweep:
         t0 = time.perf_counter()
         ensure_dir(self.out)
         saved = torch.get_num_threads()
-        if self.threads is not None:  # as each Ray task does (fbnas.sweep_ray)
+        if self.threads is not None:  # as each Ray task does (fbnas.sweep.ray_tasks)
             torch.set_num_threads(self.threads)
         try:
             points: list[SweepPoint] = []

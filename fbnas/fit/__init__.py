@@ -1,0 +1,5 @@
+"""From θ to the returned network: the final fit onto a cost target, where a run's costs come
+from, whole networks timed end to end (the measured fit), and the near-target bundle picks.
+
+The package imports none of its modules: they sit on different floors (docs/architecture.md).
+"""
