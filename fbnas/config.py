@@ -16,7 +16,9 @@ in) is written next to the run's outputs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import typing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ import yaml
 from fbnas.backends import DTYPES, TIMERS, Timer, make_timer
 from fbnas.backends.allocator import resolve as resolve_allocator
 from fbnas.blocks.shared import WEIGHT_SHARING
-from fbnas.cost_kinds import COST_KINDS
+from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml
@@ -34,7 +36,7 @@ from fbnas.loss import LossConfig
 from fbnas.precision import PRECISIONS
 from fbnas.search.modes import MODES, get_mode
 from fbnas.search_space import SearchSpace
-from fbnas.settings import read_fields, setting
+from fbnas.settings import read_fields, setting, settings_of
 
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
@@ -170,42 +172,44 @@ class SearchConfig:
     hard: bool = setting(False, "bool")
     grad_clip: float | None = setting(5.0, "float", gt=0.0, nullable=True)  # null: no clipping
     seed: int = setting(0, "int", min=0)
-    device: str = setting("auto", "str", choices=DEVICES)
+    device: str = setting("auto", "str", choices=DEVICES, resumable=True)
     nan_policy: str = setting("stop", "str", choices=NAN_POLICIES)
     # re-estimate BN stats of the argmax path before validation
     bn_calib_samples: int = setting(1024, "int", min=0)
-    mode: str = setting("full", "str", choices=MODES)
-    checkpoint_activations: bool = setting(False, "bool")
-    precision: str = setting("float32", "str", choices=PRECISIONS)
-    channels_last: bool = setting(False, "bool")
+    mode: str = setting("full", "str", choices=MODES, added="full")
+    checkpoint_activations: bool = setting(False, "bool", resumable=True, added=False)
+    precision: str = setting("float32", "str", choices=PRECISIONS, added="float32")
+    channels_last: bool = setting(False, "bool", resumable=True, added=False)
     # which paths the weights train on during the warm-up epochs: as `mode` samples them,
     # `uniform` (one uniformly drawn path per step, SPOS) or `fair` (every candidate of every
     # layer once per step, in shuffled paths, gradients summed: FairNAS strict fairness)
-    warmup_sampling: str = setting("mode", "str", choices=WARMUP_SAMPLING)
+    warmup_sampling: str = setting("mode", "str", choices=WARMUP_SAMPLING, added="mode")
     # which paths the weight steps train on after the warm-up: as `mode` samples them, or as
     # another registered mode does (e.g. `single_path`: each weight step trains one path drawn
     # from softmax(θ) while the θ steps use `mode`'s relaxation; GDAS / TF-NAS)
-    weight_sampling: str = setting("mode", "str", choices=("mode", *MODES))
+    weight_sampling: str = setting("mode", "str", choices=("mode", *MODES), added="mode")
     # each weight step that trains the mode's sampled path also trains this many uniformly
     # drawn single paths (gradients summed; TF-NAS's bi-sampling is 1): the paths θ does not
     # favour keep training, so the supernet can still rank them. Needs single-path weight
     # sampling (single_path or reinforce)
-    uniform_paths: int = setting(0, "int", min=0, max=8)
-    # with a loss.target: move the final argmax onto the target (fbnas.fit.onto_target), within ±tol
-    fit_target: bool = setting(True, "bool")
-    fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5)
+    uniform_paths: int = setting(0, "int", min=0, max=8, added=0)
+    # with a loss.target: move the final argmax onto the target (fbnas.fit.onto_target), within
+    # ±tol. The fit settings are resumable: the fit is applied from θ after the last epoch
+    fit_target: bool = setting(True, "bool", resumable=True)
+    fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5, resumable=True)
     # then time the fitted network end to end on the table's device and re-fit until it
     # measures within ±fit_tolerance (`auto`: where this machine can time the table's device;
     # `on`: an error where it cannot), timing at most `fit_rounds` networks
-    fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"))
-    fit_rounds: int = setting(6, "int", min=1, max=20)
+    fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"), resumable=True)
+    fit_rounds: int = setting(6, "int", min=1, max=20, resumable=True)
     # torch.compile every block of the supernet (stem, each candidate, head) in place: one
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
-    compile: bool = setting(False, "bool")
-    compile_backend: str = setting("inductor", "str")  # any torch.compile backend
+    compile: bool = setting(False, "bool", resumable=True, added=False)
+    # any torch.compile backend
+    compile_backend: str = setting("inductor", "str", resumable=True, added="inductor")
     # `separate`: each candidate its own weights (FBNet); `shared`: a layer's plain IRF
     # candidates are slices of one superkernel (fbnas.blocks.shared, docs/search_modes.md)
-    weights: str = setting("separate", "str", choices=WEIGHT_SHARING)
+    weights: str = setting("separate", "str", choices=WEIGHT_SHARING, added="separate")
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
@@ -243,13 +247,15 @@ class RetrainConfig:
     label_smoothing: float = setting(0.1, "float", min=0.0, max=1.0)
     grad_clip: float | None = setting(None, "float", gt=0.0, nullable=True)
     seed: int = setting(0, "int", min=0)
-    device: str = setting("auto", "str", choices=DEVICES)
-    compile: bool = setting(False, "bool")  # torch.compile the child for training
+    device: str = setting("auto", "str", choices=DEVICES, resumable=True)
+    # torch.compile the child for training
+    compile: bool = setting(False, "bool", resumable=True)
     # time the trained child end to end on latency.device
-    measure_latency: bool = setting(True, "bool")
+    measure_latency: bool = setting(True, "bool", resumable=True)
     # float32 | bf16 | fp16 (CUDA): autocast (fbnas.precision)
-    precision: str = setting("float32", "str", choices=PRECISIONS)
-    channels_last: bool = setting(False, "bool")  # NHWC weights and inputs
+    precision: str = setting("float32", "str", choices=PRECISIONS, added="float32")
+    # NHWC weights and inputs
+    channels_last: bool = setting(False, "bool", resumable=True, added=False)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:
@@ -272,19 +278,20 @@ class RetrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    dir: str = setting("runs/search", "str")
-    checkpoint_every_steps: int = setting(0, "int", min=0)  # 0: only at the end of each epoch
-    tensorboard: bool = setting(True, "bool")
-    progress: bool = setting(True, "bool")
+    dir: str = setting("runs/search", "str", resumable=True)
+    # 0: only at the end of each epoch
+    checkpoint_every_steps: int = setting(0, "int", min=0, resumable=True)
+    tensorboard: bool = setting(True, "bool", resumable=True)
+    progress: bool = setting(True, "bool", resumable=True)
     # multi-process runs under torchrun (docs/distributed.md): average the weights' gradients
     # every step (1), or take K local steps between averages of weights and optimizer state
-    ddp_sync_every: int = setting(1, "int", min=1)
+    ddp_sync_every: int = setting(1, "int", min=1, added=1)
     # auto: nccl on CUDA, gloo on CPU
-    ddp_backend: str = setting("auto", "str", choices=("auto", "gloo", "nccl"))
+    ddp_backend: str = setting("auto", "str", choices=("auto", "gloo", "nccl"), resumable=True)
     # how a NaN/inf loss is caught (fbnas.run.guard): `step` reads a flag every step; `deferred`
     # skips the update on the device and reads the flags at most twice a second; auto:
     # deferred on CUDA, step elsewhere
-    nan_check: str = setting("auto", "str", choices=NAN_CHECKS)
+    nan_check: str = setting("auto", "str", choices=NAN_CHECKS, resumable=True, added="auto")
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "run") -> RunConfig:
@@ -301,6 +308,9 @@ class Config:
     run: RunConfig
     source: str = "<dict>"
     retrain: RetrainConfig = RetrainConfig()
+    # the (section, key) pairs the file (and --set) gave, not defaults
+    given: frozenset[tuple[str, str]] = dataclasses.field(default=frozenset(), compare=False,
+                                                          repr=False)
 
     def resolved(self) -> dict[str, Any]:
         """Every field with its default filled in; loading this gives the same Config."""
@@ -313,6 +323,14 @@ class Config:
             "retrain": asdict(self.retrain),
             "run": asdict(self.run),
         }
+
+
+def section_types() -> dict[str, type]:
+    """Each section of `Config` read as `setting` fields (data, latency, loss, search, retrain,
+    run), with its dataclass."""
+    hints = typing.get_type_hints(Config)
+    return {s: hints[s] for s in SECTIONS if dataclasses.is_dataclass(hints[s])
+            and settings_of(hints[s])}
 
 
 def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> dict:
@@ -374,7 +392,7 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
         raise FbnasError(f"{source}: loss: expected a mapping")
     loss_cfg = LossConfig.from_dict(loss, f"{source}: loss")  # validated first, as before
     latency = LatencyConfig.from_dict(data.get("latency"), f"{source}: latency")
-    if loss_cfg.time_target and latency.cost != "latency":
+    if loss_cfg.time_target and not is_measured(latency.cost):
         raise FbnasError(f"{source}: loss.target: {loss_cfg.target!r} is a time, but "
                          f"latency.cost is {latency.cost}; give the target in {latency.cost} "
                          "or as a position in the space's range (e.g. 0.6x)")
@@ -394,6 +412,8 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
         run=RunConfig.from_dict(data.get("run"), f"{source}: run"),
         source=source,
         retrain=RetrainConfig.from_dict(data.get("retrain"), f"{source}: retrain"),
+        given=frozenset((s, k) for s in SECTIONS if s != "space" and isinstance(data.get(s), dict)
+                        for k, v in data[s].items() if v is not None),
     )
 
 

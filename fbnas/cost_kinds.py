@@ -6,8 +6,9 @@ its units, and the one way fbnas counts FLOPs.
     COST_KINDS.get("flops").count(module, (3, 32, 32))   # counted kinds need no device
 
 A kind with a `count` is tabulated by counting each block (`fbnas latency build --cost`);
-one without (latency) is measured on a device. `latency.cost` and `--cost` take their choices
-from COST_KINDS, so a new kind is one registration here.
+one registered `measured=True` (latency) is measured on a device, and every place that treats
+measured and counted costs apart asks `is_measured`. `latency.cost` and `--cost` take their
+choices from COST_KINDS, so a new kind is one registration here.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ class CostKind:
 
     unit: str  # in logs, reports and plots
     table_unit: str  # the table file's `unit` field (as written since schema 1)
-    # counted kinds: the cost of one block at batch 1, no device needed; None: measured
+    # counted kinds: the cost of one block at batch 1, no device needed
     count: Callable[[nn.Module, tuple[int, int, int]], float] | None = None
+    measured: bool = False  # timed on a device (latency): tables with statistics, a timer
+
+    def __post_init__(self) -> None:
+        if self.measured == (self.count is not None):
+            raise ValueError("a cost kind is either measured or counted (has a `count`)")
 
     @property
     def counted(self) -> bool:
@@ -52,7 +58,7 @@ class CostKind:
 
 
 COST_KINDS: Registry[CostKind] = Registry("cost kind", "latency.cost")
-COST_KINDS.register("latency", CostKind("us", "us"))
+COST_KINDS.register("latency", CostKind("us", "us", measured=True))
 COST_KINDS.register("flops", CostKind("FLOPs", "flops",
                                       lambda m, chw: float(count_flops(m, chw))))
 COST_KINDS.register("params", CostKind("params", "params", lambda m, chw: float(count_params(m))))
@@ -61,3 +67,8 @@ COST_KINDS.register("params", CostKind("params", "params", lambda m, chw: float(
 def counted_kinds() -> tuple[str, ...]:
     """The kinds tabulated by counting (flops, params)."""
     return tuple(n for n, k in COST_KINDS.items() if k.counted)
+
+
+def is_measured(cost: str) -> bool:
+    """Whether the registered kind `cost` is measured on a device (latency), not counted."""
+    return COST_KINDS.get(cost).measured

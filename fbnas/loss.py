@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,7 @@ from torch import nn
 from fbnas.errors import FbnasError
 from fbnas.io import show
 from fbnas.registry import Registry
-from fbnas.settings import Fields
+from fbnas.settings import NOT_ADDED, Fields, read_setting, setting, settings_of
 
 
 @dataclass
@@ -40,12 +40,13 @@ class CostLoss(nn.Module):
     """Base class: cross-entropy (with optional label smoothing) combined with a cost term.
 
     A loss is one subclass registered in LOSSES under its `loss.kind`: `keys` are the `loss:`
-    keys it reads (in the order the resolved config lists them; readers in `_KEY_READERS`),
-    `from_config` builds it from a LossConfig and the space's cost bounds."""
+    keys it reads (in the order the resolved config lists them; each a `setting` of
+    LossConfig), `defaults` the kind's own defaults for some of them, `from_config` builds it
+    from a LossConfig and the space's cost bounds."""
 
     on_expected = False  # the cost term takes Σ softmax(θ)·LAT instead of the sampled Σ m·LAT
     keys: tuple[str, ...] = ("label_smoothing",)
-    default_lambda = 0.1  # `lambda`'s default, for the kinds that read it
+    defaults: ClassVar[dict[str, Any]] = {}  # key -> this kind's default, where not LossConfig's
 
     @classmethod
     def from_config(cls, c: LossConfig, bounds: tuple[float, float] | None) -> CostLoss:
@@ -231,7 +232,7 @@ class TargetLoss(_TargetLoss):
     the unit nor the range: a 10% miss costs 0.1·λ, either side."""
 
     on_expected = True
-    default_lambda = 1.0  # scripts/bench_target.py
+    defaults: ClassVar[dict[str, Any]] = {"lambda": 1.0}  # scripts/bench_target.py
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return self.lam * torch.abs(cost / self.target - 1.0)
@@ -243,7 +244,7 @@ class HingeLoss(_TargetLoss):
     TargetLoss: no penalty at or under T."""
 
     on_expected = True
-    default_lambda = 1.0
+    defaults: ClassVar[dict[str, Any]] = {"lambda": 1.0}
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return self.lam * torch.relu(cost / self.target - 1.0)
@@ -290,47 +291,37 @@ def resolve_target(raw: Any, bounds: tuple[float, float] | None, where: str = "l
     return value
 
 
-def _target_key(f: Fields, cls: type[CostLoss]) -> float | str:
+def _as_target(raw: Any, where: str) -> float | str:
     """`loss.target` as written (checked now; resolved against the table by `build`)."""
-    raw = f.raw("target", required=True)
-    parse_target(raw, f.at("target"))
+    parse_target(raw, where)
     return float(raw) if isinstance(raw, int) else raw
-
-
-# How each `loss:` key is read: (LossConfig attribute, reader of the kind's value)
-_KEY_READERS: dict[str, tuple[str, Any]] = {
-    "alpha": ("alpha", lambda f, cls: f.float("alpha", 0.2, gt=0.0)),
-    "beta": ("beta", lambda f, cls: f.float("beta", 0.6, gt=0.0)),
-    "target": ("target", _target_key),
-    "lambda": ("lam", lambda f, cls: f.float("lambda", cls.default_lambda, min=0.0)),
-    "label_smoothing": ("label_smoothing",
-                        lambda f, cls: f.float("label_smoothing", 0.0, min=0.0, max=0.99)),
-}
 
 
 @dataclass(frozen=True)
 class LossConfig:
     """The `loss:` section, typed: `kind` picks the formula (a class registered in LOSSES) and
-    the keys it reads (its `keys`); keys of other kinds are errors. Built once into a CostLoss
-    by `build`."""
+    the keys it reads (its `keys`, each a `setting` here); keys of other kinds are errors.
+    Built once into a CostLoss by `build`."""
 
-    kind: str = "fbnet"
-    alpha: float = 0.2
-    beta: float = 0.6
-    target: float | str | None = None  # as written: a number, `1.2ms`, `900us`, `0.6x`
-    lam: float = 0.1  # the file's key `lambda`
-    label_smoothing: float = 0.0
+    kind: str = setting("fbnet", "str", choices=LOSSES)
+    alpha: float = setting(0.2, "float", gt=0.0)
+    beta: float = setting(0.6, "float", gt=0.0)
+    # as written: a number, `1.2ms`, `900us`, `0.6x`
+    target: float | str | None = setting(None, "raw", required=True, convert=_as_target)
+    lam: float = setting(0.1, "float", key="lambda", min=0.0)
+    label_smoothing: float = setting(0.0, "float", min=0.0, max=0.99)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "loss") -> LossConfig:
         f = Fields({} if d is None else d, where)
-        kind = f.str("kind", "fbnet", choices=LOSSES)
+        declared = settings_of(cls)
+        kind = read_setting(f, declared["kind"])
         loss_cls = LOSSES.get(kind)
         kw: dict[str, Any] = {"kind": kind}
         # label_smoothing first, then the kind's own keys
         for key in sorted(loss_cls.keys, key=lambda k: k != "label_smoothing"):
-            attr, read = _KEY_READERS[key]
-            kw[attr] = read(f, loss_cls)
+            fd = declared[key]
+            kw[fd.name] = read_setting(f, fd, loss_cls.defaults.get(key, NOT_ADDED))
         c = cls(**kw)
         loss_cls.check_config(c, f)
         f.done()
@@ -344,7 +335,8 @@ class LossConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved section: `kind` and the keys it reads, defaults filled in."""
-        return {"kind": self.kind, **{k: getattr(self, _KEY_READERS[k][0])
+        declared = settings_of(type(self))
+        return {"kind": self.kind, **{k: getattr(self, declared[k].name)
                                       for k in LOSSES.get(self.kind).keys}}
 
     def build(self, bounds: tuple[float, float] | None = None) -> CostLoss:

@@ -30,6 +30,7 @@ from torch.utils.tensorboard import SummaryWriter
 from fbnas.arch import Architecture, build_child, child_stats
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config
+from fbnas.cost_kinds import is_measured
 from fbnas.data import build_train_data
 from fbnas.distributed import PeriodicAverager, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
@@ -53,18 +54,11 @@ class ChildTrainer(EpochRunner):
 
     KIND, SECTION, NEW_RUN_HINT = "child", "retrain", "--out"
     RESUME_CMD = "fbnas retrain --resume"
+    # what a resumed run may change, or old checkpoints lack: the settings' declarations
     POLICY = ResumePolicy(
         compared=("data", "retrain"),
         # and from other sections: the data split's seed, and how the ranks keep in step
-        also_kept=(("search", "seed"), ("run", "ddp_sync_every")),
-        # where and how it runs, not what it computes
-        resumable=frozenset({
-            ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
-            ("run", "checkpoint_every_steps"), ("retrain", "device"),
-            ("retrain", "measure_latency"), ("retrain", "compile"), ("retrain", "channels_last"),
-            ("data", "workers"), ("data", "root"), ("data", "eval_batch_size")}),
-        added={("retrain", "precision"): "float32", ("retrain", "channels_last"): False,
-               ("run", "ddp_sync_every"): 1, ("data", "placement"): "auto"})
+        also_kept=(("search", "seed"), ("run", "ddp_sync_every")))
 
     def __init__(self, cfg: Config, arch: Architecture | None, run_dir: str | Path,
                  resume: bool = False, init_from: str | Path | None = None,
@@ -260,7 +254,7 @@ class ChildTrainer(EpochRunner):
             except FbnasError as e:
                 self.log.warning(f"no predicted latency: {e}")
         measured = None
-        if self.cfg.retrain.measure_latency and self.cfg.latency.cost == "latency":
+        if self.cfg.retrain.measure_latency and is_measured(self.cfg.latency.cost):
             measured = measure_child_ms(self.model, self.arch, self.cfg.latency, table,
                                         space=self.cfg.space)
         last = self.history[-1] if self.history else {}

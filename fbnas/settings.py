@@ -5,7 +5,7 @@ dataclass fields declared once (`setting`) and read with their getter, default a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fbnas.errors import FbnasError
@@ -128,13 +128,48 @@ class Fields:
             raise FbnasError(f"{self.where}: unknown key '{name}' (known keys: {known})")
 
 
-def setting(default: Any, kind: str, *, key: str | None = None, **check: Any) -> Any:
+NOT_ADDED = object()  # `setting(added=...)` not given: old checkpoints have the key
+
+
+def setting(default: Any, kind: str, *, key: str | None = None, resumable: bool = False,
+            added: Any = NOT_ADDED, convert: Callable[[Any, str], Any] | None = None,
+            **check: Any) -> Any:
     """A config dataclass field that `read_fields` reads: `kind` names the `Fields` getter
-    (int, float, str, bool, list, raw), `check` its bounds (min, gt, max, choices, nullable),
-    `key` the file's key when it differs from the attribute (`lambda` -> `lam`). The default
-    is written once, here."""
-    return dataclasses.field(default=default,
-                             metadata={"kind": kind, "key": key, "check": check})
+    (int, float, str, bool, list, raw), `check` its bounds (min, gt, max, choices, nullable,
+    required), `key` the file's key when it differs from the attribute (`lambda` -> `lam`).
+    `resumable`: a resumed run may change it (where or how a run runs, not what it computes);
+    `added`: the value runs had before the key existed (old checkpoints lack it); `convert(value,
+    where)`: checks and normalises a value read. The default is written once, here."""
+    meta = {"kind": kind, "key": key, "check": check, "resumable": resumable, "convert": convert}
+    if added is not NOT_ADDED:
+        meta["added"] = added
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def settings_of(cls: type) -> dict[str, dataclasses.Field]:
+    """The `setting` fields of the dataclass `cls`, by the file's key."""
+    return {fd.metadata["key"] or fd.name: fd for fd in dataclasses.fields(cls)
+            if "kind" in fd.metadata}
+
+
+def resumable_keys(cls: type) -> frozenset[str]:
+    """The keys of `cls` a resumed run may change (declared `resumable=True`)."""
+    return frozenset(k for k, fd in settings_of(cls).items() if fd.metadata["resumable"])
+
+
+def added_values(cls: type) -> dict[str, Any]:
+    """Keys of `cls` that old checkpoints lack, with the value those runs had."""
+    return {k: fd.metadata["added"] for k, fd in settings_of(cls).items()
+            if "added" in fd.metadata}
+
+
+def read_setting(f: Fields, fd: dataclasses.Field, default: Any = NOT_ADDED) -> Any:
+    """The setting field `fd` read from `f`, with its default (or `default` where given)."""
+    meta, key = fd.metadata, fd.metadata["key"] or fd.name
+    value = getattr(f, meta["kind"])(key, fd.default if default is NOT_ADDED else default,
+                                     **meta["check"])
+    convert = meta["convert"]
+    return value if convert is None or value is None else convert(value, f.at(key))
 
 
 def read_fields(cls: type, data: Any, at: str, **given: Any) -> Any:
@@ -143,10 +178,13 @@ def read_fields(cls: type, data: Any, at: str, **given: Any) -> Any:
     not settings. Unknown keys are errors naming the key (`Fields.done`)."""
     f = Fields({} if data is None else data, at)
     kwargs = dict(given)
-    for fd in dataclasses.fields(cls):
-        meta = fd.metadata
-        if "kind" in meta:
-            kwargs[fd.name] = getattr(f, meta["kind"])(meta["key"] or fd.name, fd.default,
-                                                       **meta["check"])
+    for fd in settings_of(cls).values():
+        kwargs[fd.name] = read_setting(f, fd)
     f.done()
     return cls(**kwargs)
+
+
+def setting_choices(cls: type, name: str) -> tuple[str, ...]:
+    """The `choices` a `setting` field of the dataclass `cls` declares (a CLI flag's choices)."""
+    fd = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return tuple(fd.metadata["check"]["choices"])

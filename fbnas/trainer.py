@@ -44,7 +44,7 @@ from fbnas.run.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
 from fbnas.search.figures import epoch_line, tb_scalars
-from fbnas.search.modes import get_mode
+from fbnas.search.modes import get_mode, ignored_note
 from fbnas.search.schedules import TauSchedule
 from fbnas.search.steps import SearchSteps
 from fbnas.supernet import Supernet
@@ -53,26 +53,8 @@ from fbnas.supernet import Supernet
 class SearchTrainer(SearchSteps, EpochRunner):
     KIND, SECTION, NEW_RUN_HINT = "search", "search", "run.dir"
     RESUME_CMD = "fbnas train --resume"
-    POLICY = ResumePolicy(
-        compared=("data", "latency", "loss", "search", "run"),
-        # where and how it runs, not what it computes
-        resumable=frozenset({
-            ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
-            ("run", "checkpoint_every_steps"), ("search", "device"), ("data", "workers"),
-            ("data", "root"), ("data", "eval_batch_size"), ("run", "ddp_backend"),
-            ("search", "checkpoint_activations"), ("search", "channels_last"),
-            # the final fit to a target is applied from θ and the table after the last epoch
-            ("search", "fit_target"), ("search", "fit_tolerance"), ("search", "fit_measure"),
-            ("search", "fit_rounds"),
-            ("search", "compile"), ("search", "compile_backend"), ("run", "nan_check")}),
-        added={("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
-               ("search", "warmup_sampling"): "mode",
-               ("search", "checkpoint_activations"): False,
-               ("search", "precision"): "float32", ("search", "channels_last"): False,
-               ("data", "placement"): "auto", ("search", "compile"): False,
-               ("search", "compile_backend"): "inductor", ("run", "nan_check"): "auto",
-               ("search", "weights"): "separate", ("search", "weight_sampling"): "mode",
-               ("search", "uniform_paths"): 0})
+    # what a resumed run may change, or old checkpoints lack: the settings' declarations
+    POLICY = ResumePolicy(compared=("data", "latency", "loss", "search", "run"))
 
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
                  log=None, resume: bool = False, dist=None):
@@ -140,6 +122,9 @@ class SearchTrainer(SearchSteps, EpochRunner):
             self._restore(state)
         else:
             self._write_config()
+            if (note := ignored_note(s.mode, s.weight_sampling, {
+                    k for sec, k in cfg.given if sec == "search"})) is not None:
+                self.log.info(note)
         if self.dist.distributed:
             if s.warmup_sampling != "mode":
                 raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "

@@ -26,8 +26,9 @@ from fbnas.backends.base import (
     Format,
     Runnable,
     Timer,
+    clock_choices,
     make_timer,
 )
 
-__all__ = ["DTYPES", "FORMATS", "TIMERS", "Format", "Runnable", "Timer", "cpu", "cuda",
-           "executorch", "fake", "make_timer", "onnx", "pt2", "torchscript", "xla"]
+__all__ = ["DTYPES", "FORMATS", "TIMERS", "Format", "Runnable", "Timer", "clock_choices", "cpu",
+           "cuda", "executorch", "fake", "make_timer", "onnx", "pt2", "torchscript", "xla"]

@@ -205,6 +205,11 @@ def make_timer(device: str = "cpu", threads: int | None = None, batch: int = 1,
                channels_last=channels_last, allocator=allocator, **kw)
 
 
+def clock_choices() -> tuple[str, ...]:
+    """Every clock a registered timer reads (`--clock`), in registration order."""
+    return tuple(dict.fromkeys(c for _, t in TIMERS.items() for c in t.clocks))
+
+
 # ---- export formats ----------------------------------------------------------------------------
 class Format:
     """An export format (`fbnas export --format NAME`): subclasses set `name` (their

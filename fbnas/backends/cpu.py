@@ -37,7 +37,7 @@ class CpuTimer(Timer):
         super().__init__(*args, **kw)
         clock = clock or ("thread" if self.threads == 1 else "wall")
         if clock not in self.clocks:
-            raise FbnasError(f"timer: clock must be thread or wall, got {clock!r}")
+            raise FbnasError(f"timer: clock must be {' or '.join(self.clocks)}, got {clock!r}")
         if clock == "thread" and self.threads != 1:
             raise FbnasError("timer: clock 'thread' measures one thread; with "
                              f"{self.threads} threads use clock 'wall'")

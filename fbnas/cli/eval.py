@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbnas.config import apply_overrides, config_from_dict, load_config
+from fbnas.config import RetrainConfig, apply_overrides, config_from_dict, load_config
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, load_child
 from fbnas.io import write_json_atomic
 from fbnas.run import resolve_device
+from fbnas.settings import setting_choices
 
 
 def add_parser(sub) -> None:
@@ -24,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="take the data section from this config instead")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set data.root=/data (repeatable)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--device", default=RetrainConfig.device,
+                   choices=setting_choices(RetrainConfig, "device"))
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     p.set_defaults(func=run)
 

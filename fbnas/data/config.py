@@ -29,11 +29,11 @@ class DataConfig:
 
     dataset: str = setting("digits", "str", choices=DATASETS)
     # cifar*: torchvision root; imagefolder: holds train/ and val/
-    root: str | None = setting(None, "str")
+    root: str | None = setting(None, "str", resumable=True)
     download: bool = setting(False, "bool")  # cifar only
     batch_size: int = setting(64, "int", min=1)
-    eval_batch_size: int = setting(256, "int", min=1)
-    workers: int = setting(0, "int", min=0)
+    eval_batch_size: int = setting(256, "int", min=1, resumable=True)
+    workers: int = setting(0, "int", min=0, resumable=True)
     # share of the non-val training part used for weights; rest is θ
     w_fraction: float = setting(0.8, "float")
     # share of the training set held out for model selection
@@ -56,7 +56,7 @@ class DataConfig:
     # where a split lives while training: auto (on the device for digits / synthetic / CIFAR
     # data on a GPU, else a DataLoader), device (the whole split as one device tensor, batched
     # on-device augmentation; those datasets only), loader (a DataLoader)
-    placement: str = setting("auto", "str", choices=PLACEMENTS)
+    placement: str = setting("auto", "str", choices=PLACEMENTS, added="auto")
     where: str = field(default="data", compare=False, repr=False)  # for error messages
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ import torch
 from fbnas.arch import Architecture, arch_from_indices, sample_hard
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, config_from_dict
-from fbnas.cost_kinds import COST_KINDS
+from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.fit.end_to_end import panel, time_archs
@@ -108,7 +108,7 @@ def shared_costs(cfg: Config, dist: DistContext, log: Callable[[str], None], run
 
     def resolve() -> CostSource:
         return resolve_costs(cfg, log, run_dir, prefer_saved=resume and (
-            cfg.latency.cost == "latency") and not cfg.latency.table, save=False)
+            is_measured(cfg.latency.cost)) and not cfg.latency.table, save=False)
 
     if not dist.distributed:
         return resolve()
@@ -136,7 +136,7 @@ def find_latency_table(cfg: Config, arch: Architecture, log: Any = None
     """(table, source) for predicting `arch`'s latency: `latency.table`, else the search run's
     cost_table.json (the arch file's meta.run), else this machine's cached table for the
     config's space; (None, None) when there is none (nothing is measured here)."""
-    if cfg.latency.cost != "latency":
+    if not is_measured(cfg.latency.cost):
         return None, None
     candidates: list[Path] = []
     if cfg.latency.table:
@@ -156,7 +156,7 @@ def find_latency_table(cfg: Config, arch: Architecture, log: Any = None
                 if log is not None:
                     log.warning(f"skipping latency table: {e}")
                 continue
-            if t.cost == "latency":
+            if is_measured(t.cost):
                 return t, str(p)
     return None, None
 
@@ -179,7 +179,7 @@ BUNDLE_HINT = ("to close the loop there: fbnas sample {run} --near-target 5 --bu
 
 def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
     """Why this machine cannot time networks as `table` was measured (None: it can)."""
-    if table is None or table.cost != "latency":
+    if table is None or not is_measured(table.cost):
         return "the run has no measured latency table"
     meta = table.meta
     if meta.get("imported_from") or meta.get("bundle"):
@@ -225,7 +225,7 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
                             "cost_unit": costs.unit, "fitted_layers": fit.changes}
     mode = fit_measure or s.fit_measure
-    if mode == "off" or cfg.latency.cost != "latency":
+    if mode == "off" or not is_measured(cfg.latency.cost):
         return fit.indices, meta
     why = cannot_time_here(cfg, costs.table)
     if why is not None:

@@ -17,6 +17,7 @@ import torch
 
 from fbnas.arch import Architecture, build_child
 from fbnas.config import LatencyConfig
+from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.timed_models import measure_modules
 from fbnas.latency import LatencyTable, Timer, space_hash
@@ -104,7 +105,7 @@ def timer_for_table(lat: LatencyConfig, table: LatencyTable | None) -> Timer:
     section names one: end-to-end figures then follow the table's protocol, so that they
     compare with its predictions (a child's measured latency, a sweep's, bench_target's)."""
     timer = lat.make_timer()
-    if lat.allocator is None and table is not None and table.cost == "latency" and \
+    if lat.allocator is None and table is not None and is_measured(table.cost) and \
             table.meta.get("backend") == timer.backend:
         timer = dataclasses.replace(lat, allocator=table.meta.get("allocator", "system")
                                     ).make_timer()

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from fbnas.arch import Architecture, arch_from_indices, build_child
 from fbnas.backends import Runnable, Timer
 from fbnas.backends.worker import under_allocator
-from fbnas.cost_kinds import COST_KINDS, count_flops, counted_kinds
+from fbnas.cost_kinds import COST_KINDS, count_flops, counted_kinds, is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import clock
 from fbnas.latency.measure import (
@@ -181,7 +181,7 @@ def refresh_values(table: LatencyTable) -> None:
 
 
 def check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
-    if table.cost != "latency":
+    if not is_measured(table.cost):
         raise FbnasError(f"{where}: is a {table.cost} table, not a latency table")
     want = timer.describe()
     for key in ("backend", "threads", "batch", "dtype", "memory_format", "device_name",

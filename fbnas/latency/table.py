@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fbnas import __version__
-from fbnas.cost_kinds import COST_KINDS
+from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, show, write_json_atomic
 from fbnas.latency.signature import (
@@ -132,7 +132,7 @@ class LatencyTable:
         """The command that measures this table's missing entries (extending it in place)."""
         out = shlex.quote(self.path) if self.path else "TABLE.json"
         cfg = shlex.quote(config) if config else "CONFIG.yaml"
-        if self.cost != "latency":
+        if not is_measured(self.cost):
             return f"fbnas latency build --config {cfg} --cost {self.cost} --out {out}"
         m = self.meta
         cmd = (f"fbnas latency build --config {cfg} --device {m.get('backend', 'cpu')} "
@@ -157,7 +157,7 @@ class LatencyTable:
         """Refuse a latency table measured for another batch size, dtype, memory format,
         backend or memory allocator than the run asks for (FLOPs and params tables fit every
         run; a table older than the allocator setting was measured under `system`)."""
-        if self.cost != "latency":
+        if not is_measured(self.cost):
             return
         asked = {"batch": batch, "dtype": dtype, "memory_format": memory_format,
                  "backend": backend, "allocator": allocator}
@@ -355,7 +355,7 @@ def _check_meta(meta: dict[str, Any], cost: str, where: str) -> None:
     """The meta keys fbnas reads must have their types (a latency table needs batch, dtype,
     backend: they say what the numbers were measured for)."""
     mf = Fields(meta, where)
-    required = cost == "latency"
+    required = is_measured(cost)
     mf.int("batch", required=required, min=1)
     mf.str("dtype", required=required)
     mf.str("backend", required=required)

@@ -28,6 +28,7 @@ from scipy import stats as sps
 from fbnas.arch import Architecture
 from fbnas.backends import Timer
 from fbnas.backends.worker import under_allocator
+from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write
 from fbnas.latency.build import (
@@ -156,7 +157,7 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
     line every 30 s; made where the measuring runs, an allocator's worker included).
     """
     log = log or (lambda s: None)
-    if table.cost != "latency":
+    if not is_measured(table.cost):
         raise FbnasError(f"{table.path or 'table'}: validate needs a latency table, this one "
                          f"holds {table.cost}")
     table.check_run(batch=timer.batch, dtype=timer.dtype, backend=timer.backend,

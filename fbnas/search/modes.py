@@ -8,12 +8,13 @@ which DistributedDataParallel needs to know). Every layer is sampled in one batc
 θ stacked into one [L, K_max] tensor; the sampled modes read their chosen indices back to the
 host once per step (they decide which blocks run), `full` not at all.
 
-To add a mode: a `SearchMode` subclass with `sample`, registered with `@MODES.register(name)`.
+To add a mode: a `SearchMode` subclass with `sample`, registered with `@MODES.register(name)`;
+`ignores` names the `search:` settings it never reads (a run that sets one says so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -86,6 +87,9 @@ def gumbel_weights(theta: Sequence[torch.Tensor], tau: float, hard: bool = False
 
 
 # ---- the modes -----------------------------------------------------------------------------------
+TAU = ("tau0", "tau_schedule", "tau_decay", "tau_min")  # the temperature schedule's settings
+
+
 class SearchMode:
     """How a step samples paths (see the module docstring)."""
 
@@ -95,6 +99,12 @@ class SearchMode:
     # 0: θ's CE gradient flows through the relaxation (m); k > 0: a θ step draws k single
     # paths and estimates the CE gradient by the score function (no backward through the net)
     score_paths = 0
+    # `search:` settings it never reads, and why (a clause after its name); `weight_ignores`:
+    # those it never reads as the weight steps' sampler (search.weight_sampling, or its own
+    # weight steps), where only the values of m count: a superset of `ignores`
+    ignores: tuple[str, ...] = ()
+    weight_ignores: tuple[str, ...] = ()
+    why = weight_why = ""
 
     def sample(self, theta: Sequence[torch.Tensor], tau: float, hard: bool) -> PathSample:
         raise NotImplementedError
@@ -113,7 +123,7 @@ class Full(SearchMode):
     """FBNet: m = GumbelSoftmax(θ, τ) (one-hot straight-through if `hard`); all candidates
     computed; cost weights = m."""
 
-    name, all_paths = "full", True
+    name, all_paths = "full", True  # reads τ and `hard` in every role
 
     def sample(self, theta, tau, hard):
         m = gumbel_weights(theta, tau, hard)
@@ -127,6 +137,9 @@ class SinglePath(SearchMode):
     = m, so the cost's gradient reaches every θ_l. `hard` is implied."""
 
     name, single = "single_path", True
+    ignores, weight_ignores = ("hard",), (*TAU, "hard")
+    why = "samples one-hot paths already"
+    weight_why = "weight steps train only the argmax path, the same at every τ"
 
     def sample(self, theta, tau, hard):
         soft = gumbel_soft(stacked(theta), tau)
@@ -143,6 +156,8 @@ class TwoPath(SearchMode):
     and `hard` are not used."""
 
     name = "two_path"
+    ignores = weight_ignores = (*TAU, "hard")
+    why = weight_why = "draws two paths from softmax(θ) at temperature 1, unrelaxed"
 
     def sample(self, theta, tau, hard):
         logits = stacked(theta)
@@ -169,6 +184,8 @@ class Reinforce(SearchMode):
     that outputs zeros only rescales the mixture). `tau` and `hard` are not used."""
 
     name, score_paths, single = "reinforce", 4, True
+    ignores = weight_ignores = (*TAU, "hard")
+    why = weight_why = "draws single paths by Gumbel-max at temperature 1"
 
     def sample(self, theta, tau, hard):
         logits = stacked(theta)
@@ -176,6 +193,26 @@ class Reinforce(SearchMode):
         m = unstack(torch.zeros_like(logits).scatter_(-1, idx, 1.0), theta)
         probs = unstack(torch.softmax(logits, -1), theta)
         return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], probs)
+
+
+def ignored_settings(mode: str, weight_sampling: str = "mode") -> tuple[str, ...]:
+    """The `search:` settings a search in `mode`, its weight steps sampled by `weight_sampling`
+    (`mode`: by the mode itself), never reads."""
+    m = get_mode(mode)
+    w = m if weight_sampling == "mode" else get_mode(weight_sampling)
+    return tuple(k for k in m.ignores if k in w.weight_ignores)
+
+
+def ignored_note(mode: str, weight_sampling: str, given: Collection[str]) -> str | None:
+    """One line naming the settings in `given` (those a config sets) the search ignores."""
+    keys = [k for k in ignored_settings(mode, weight_sampling) if k in given]
+    if not keys:
+        return None
+    by, why = f"search.mode {mode}", f"{mode} {get_mode(mode).why}"
+    if weight_sampling not in ("mode", mode):
+        by += f" with weight_sampling {weight_sampling}"
+        why += f"; {weight_sampling} {get_mode(weight_sampling).weight_why}"
+    return f"note: {by} ignores {', '.join(f'search.{k}' for k in keys)} ({why})"
 
 
 def path_log_prob(theta: Sequence[torch.Tensor], active: Sequence[Sequence[int]]

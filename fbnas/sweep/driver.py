@@ -39,6 +39,7 @@ import torch
 
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.cost_kinds import is_measured
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import find_latency_table
@@ -302,7 +303,7 @@ class Sweep:
         """All children in one interleaved measurement (comparable with each other); each
         run's results.json gets the figure."""
         lat = self.cfg.latency
-        if lat.cost != "latency" or not self.cfg.retrain.measure_latency:
+        if not is_measured(lat.cost) or not self.cfg.retrain.measure_latency:
             return
         uniq: dict[str, Architecture] = {}
         for p in points:

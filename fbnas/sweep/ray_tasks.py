@@ -45,6 +45,7 @@ import torch
 
 from fbnas.arch import Architecture
 from fbnas.config import Config
+from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import fit_search_run, resolve_costs
 from fbnas.io import ensure_dir, load_json, write_json_atomic
@@ -171,7 +172,7 @@ class RaySweep:
             resolve_costs(sw.plan[0].cfg, self.log, save=False)
         sw._n_test()
         c = sw.plan[0].cfg
-        self.driver_fit = (c.latency.cost == "latency" and c.loss.target is not None
+        self.driver_fit = (is_measured(c.latency.cost) and c.loss.target is not None
                            and c.search.fit_target and c.search.fit_measure != "off")
         if self.driver_fit:
             self.log("sweep: the searched networks are timed and fitted to their targets here "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from fbnas.backends import DTYPES, TIMERS, Timer
+from fbnas.backends import DTYPES, TIMERS, Timer, clock_choices
 from fbnas.backends.allocator import ALLOCATORS
 from fbnas.config import LatencyConfig
 from fbnas.cost_kinds import COST_KINDS
@@ -31,7 +31,7 @@ def timer_args(p) -> None:
                    help=f"cpu: memory allocator to time under ({', '.join(ALLOCATORS)}, or "
                         "a jemalloc/tcmalloc library path; default retain, or the table's; "
                         "see docs/latency.md)")
-    g.add_argument("--clock", choices=("thread", "wall"), default=None,
+    g.add_argument("--clock", choices=clock_choices(), default=None,
                    help="cpu: thread CPU time (default with 1 thread; leaves out time other "
                         "processes took) or wall time (default with several threads)")
     g.add_argument("--rounds", type=int, default=None,
