@@ -20,7 +20,7 @@ from fbnas.backends import TIMERS, clock_choices
 from fbnas.backends.cpu import CpuTimer
 from fbnas.cli import eval as cli_eval
 from fbnas.cli.latency.common import timer_args
-from fbnas.config import DEVICES, RetrainConfig, SearchConfig, config_from_dict
+from fbnas.config import DEVICES, RetrainConfig, SearchConfig, config_from_dict, load_config
 from fbnas.cost_kinds import COST_KINDS, CostKind, is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import cannot_time_here
@@ -332,3 +332,11 @@ def test_settings_the_run_ignores_leave_theta_and_history_as_they_were(tmp_path)
         out.append(([{k: v for k, v in r.items() if k not in ("tau", "seconds")}
                      for r in hist], theta))
     assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs")
+                                        .glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_set_nothing_their_mode_ignores(path):
+    cfg = load_config(path)
+    given = {k for sec, k in cfg.given if sec == "search"}
+    assert ignored_note(cfg.search.mode, cfg.search.weight_sampling, given) is None
