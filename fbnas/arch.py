@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,12 +173,39 @@ def sample_soft(space: SearchSpace, theta: Sequence[torch.Tensor], generator=Non
     return arch_from_indices(space, idx, name)
 
 
-def arch_log_prob(space: SearchSpace, theta: Sequence[torch.Tensor], arch: Architecture):
-    """log P_θ(a) = Σ_l log softmax(θ_l)[a_l]."""
-    total = 0.0
-    for t, cands, op in zip(theta, space.layer_candidates(), arch.ops, strict=True):
-        total += float(torch.log_softmax(t.detach().float().cpu(), -1)[cands.index(op)])
-    return total
+def random_archs(space: SearchSpace, n: int, seed: int, exclude: set[str] = frozenset()
+                 ) -> list[Architecture]:
+    """`n` distinct uniformly random architectures of the space (hashes not in `exclude`)."""
+    g = torch.Generator().manual_seed(seed)
+    cands = space.layer_candidates()
+    out: dict[str, Architecture] = {}
+    tries = 0
+    total = math.prod(len(c) for c in cands)
+    while len(out) < min(n, total - len(exclude)) and tries < 100 * max(n, 1):
+        idx = [int(torch.randint(len(c), (1,), generator=g)) for c in cands]
+        a = arch_from_indices(space, idx, f"random{len(out) + 1}")
+        tries += 1
+        if a.hash() not in exclude:
+            out.setdefault(a.hash(), a)
+    return list(out.values())
+
+
+def arch_indices(space: SearchSpace, arch: Architecture) -> list[int]:
+    """The candidate index of each searchable layer's op."""
+    return [c.index(op) for c, op in zip(space.layer_candidates(), arch.ops, strict=True)]
+
+
+def log_prob(theta: Sequence[torch.Tensor], indices: Sequence[int]) -> float:
+    """log P_θ(a) = Σ_l log softmax(θ_l)[a_l], in double precision, for the architecture with
+    candidate `indices` (the one place it is computed; `search.modes.path_log_prob` is its
+    differentiable twin for the score-function θ step)."""
+    return float(sum(torch.log_softmax(t.detach().double().cpu(), -1)[i]
+                     for t, i in zip(theta, indices, strict=True)))
+
+
+def arch_log_prob(space: SearchSpace, theta: Sequence[torch.Tensor], arch: Architecture) -> float:
+    """log P_θ(arch): `log_prob` of its indices in `space`."""
+    return log_prob(theta, arch_indices(space, arch))
 
 
 # ---- the standalone child network -----------------------------------------------------------

@@ -98,9 +98,6 @@ class DistContext:
         """Replace each tensor by its mean over the ranks, in place (one collective)."""
         _flat_all_reduce(self, tensors, mean=True)
 
-    def all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> None:
-        _flat_all_reduce(self, tensors, mean=False)
-
     def sum_floats(self, values: Sequence[float]) -> list[float]:
         """Each value summed over the ranks (float64, one collective)."""
         if not self.distributed or not values:

@@ -84,13 +84,6 @@ def validate_weights(net: torch.nn.Module, data: Any, device: torch.device, m, a
     return {"acc": correct / max(n, 1), "ce": ce_sum / max(n, 1)}
 
 
-def validate_path(net: torch.nn.Module, data: Any, device: torch.device, indices: list[int],
-                  calib_samples: int, dist: Any) -> dict[str, float]:
-    """{"val_acc", "val_ce"} of the supernet's single path `indices` (validate_weights)."""
-    r = validate_weights(net, data, device, *net.path(indices), calib_samples, dist)
-    return {"val_acc": r["acc"], "val_ce": r["ce"]}
-
-
 # ---- child checkpoints -------------------------------------------------------------------------
 def load_child(path: str | Path, device: str | torch.device = "cpu"
                ) -> tuple[Architecture, ChildNet, dict[str, Any]]:

@@ -74,10 +74,6 @@ class Precision:
                     "bf16 steps will be slower than float32 here (scripts/bench_precision.py)")
         return None
 
-    @property
-    def enabled(self) -> bool:
-        return self.dtype is not None
-
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for a training forward pass (a no-op in float32)."""
         if self.dtype is None:

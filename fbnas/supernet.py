@@ -277,10 +277,6 @@ class Supernet(nn.Module):
         m = self._mode if mode is None else get_mode(mode)
         return m.sample(self.theta, tau, hard)
 
-    def argmax_weights(self) -> list[torch.Tensor]:
-        """One-hot at argmax θ per layer: the deterministic architecture used for validation."""
-        return [F.one_hot(t.detach().argmax(), len(t)).to(t.dtype) for t in self.theta]
-
     def path(self, indices: Sequence[int]) -> tuple[list[torch.Tensor], list[list[int]]]:
         """(m, active) of the single path choosing candidate `indices[l]` in layer l: one-hot
         weights on θ's device and dtype, and that candidate alone computed."""

@@ -46,12 +46,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fbnas.arch import Architecture
+from fbnas.arch import Architecture, random_archs
 from fbnas.fit.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
 from fbnas.fit.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
 from fbnas.fit.onto_target import cost_lists, cost_range, every_cost
 from fbnas.loss import resolve_target
-from fbnas.sweep.driver import random_archs
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 ENUMERATE = 1_000_000  # spaces up to this size are counted exactly; beyond, estimated
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         # under the table's protocol (its allocator), as the measured fit and the sweep time
         table = costs.table
         timer = timer_for_table(cfg.latency, table)
-        rand = random_archs(cfg, args.random, 12345, {f[3].hash() for f in found})
+        rand = random_archs(cfg.space, args.random, 12345, {f[3].hash() for f in found})
         named = {}
         for _, _, _, a, _, _ in found:
             named.setdefault(a.hash()[:16], a)
@@ -178,8 +177,8 @@ def _right_after(cfg, table, arch: Architecture, args) -> float:
     """`arch` timed again right after its search, interleaved with `--random` random ones (a
     measurement separate from the fit's own), in the table's units."""
     timer = timer_for_table(cfg.latency, table)
-    nets = {"found": arch, **{f"random {i}": a for i, a in
-                              enumerate(random_archs(cfg, args.random, 12345, {arch.hash()}))}}
+    rand = random_archs(cfg.space, args.random, 12345, {arch.hash()})
+    nets = {"found": arch, **{f"random {i}": a for i, a in enumerate(rand)}}
     return time_archs(timer, nets, table, panel(cfg.space, table), args.rounds)["found"][
         "median_us"]
 

@@ -31,7 +31,6 @@ from fbnas.latency import (
 )
 from fbnas.latency.build import (
     EXPONENT_BOUNDS,
-    fit_context,
     fit_context_model,
     refresh_values,
 )
@@ -238,10 +237,10 @@ def test_context_factor_is_folded_into_values():
     plain = build_table(space, fake(), FAST, context_probes=0)
     assert plain.context is None
     before = {k: e.value for k, e in plain.entries.items()}
-    fit_context(plain, space, fake(), probes=3, protocol=FAST)
-    s = plain.context["scale"]
-    assert plain.context["probes"] == 3 and 0.8 < s < 1.25  # the fake network = its blocks
-    assert all(e.value == pytest.approx(before[k] * s) for k, e in plain.entries.items())
+    fitted = build_table(space, fake(), FAST, context_probes=3)
+    s = fitted.context["scale"]
+    assert fitted.context["probes"] == 3 and 0.8 < s < 1.25  # the fake network = its blocks
+    assert all(e.value == pytest.approx(before[k] * s) for k, e in fitted.entries.items())
 
 
 class ContextFake(CountingFake):

@@ -16,7 +16,7 @@ import yaml
 from conftest import digits_run_config, run_bundle_standalone, slow_reference_op
 
 import fbnas.fit.end_to_end
-from fbnas.arch import Architecture, ChildNet, arch_from_indices, build_child
+from fbnas.arch import Architecture, ChildNet, arch_from_indices, build_child, log_prob
 from fbnas.backends.fake import FakeTimer
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
@@ -25,7 +25,6 @@ from fbnas.fit.costs import final_fit
 from fbnas.fit.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
 from fbnas.fit.onto_target import (
     fit_to_target,
-    log_prob_of,
     measured_fit,
     near_target,
     predicted_cost,
@@ -78,7 +77,7 @@ def test_a_table_that_under_predicts_large_networks_is_corrected_by_measuring(se
         assert timed.count(mf.fit.indices) == 2
     if inner:  # the fit stops at the first network measured in the inner third of the band
         assert timed[-1] == mf.fit.indices and len(inner) == 2
-    assert mf.chosen.log_prob == pytest.approx(log_prob_of(theta, mf.fit.indices))
+    assert mf.chosen.log_prob == pytest.approx(log_prob(theta, mf.fit.indices))
     assert mf.fit.cost == pytest.approx(predicted_cost(rows, 0.0, mf.fit.indices))
 
 
@@ -216,7 +215,7 @@ def test_near_target_spreads_the_most_probable_over_the_band():
     costs = [predicted_cost(rows, 0.0, p) for p in picks]
     assert all(abs(c / target - 1) <= 0.1 + 1e-9 for c in costs)
     assert max(costs) / min(costs) > 1.05  # spread over the band, not bunched at the target
-    lps = [log_prob_of(theta, p) for p in picks]
+    lps = [log_prob(theta, p) for p in picks]
     assert lps == sorted(lps, reverse=True)
 
 
@@ -311,6 +310,40 @@ def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     assert saved["ops"] == best["ops"] and meta["predicted"] == best["predicted"]
     log = (tmp_path / "run" / "train.log").read_text()
     assert "measured fit round 1" in log and f"{meta['measured']:.1f} us measured" in log
+
+
+def test_sample_hard_gives_the_runs_architecture_and_refit_says_what_changed(
+        tmp_path, monkeypatch, capsys):
+    """`fbnas sample RUN --hard` writes what `fbnas train` returned (arch_hard.yaml) without
+    timing anything; `--refit` fits again, timing networks, and names the layers that differ."""
+    cfg = _fake_run(tmp_path)
+    _slow_networks(monkeypatch, 1.15)
+    _search(cfg, tmp_path)
+    run, out = tmp_path / "run", tmp_path / "s"
+    timed = []
+    prepare = FakeTimer.prepare
+    monkeypatch.setattr(FakeTimer, "prepare",
+                        lambda self, *a, **k: timed.append(1) or prepare(self, *a, **k))
+    # the run's record, changed in layer 0: --hard must give it as it is
+    recorded = Architecture.load(run / "arch_hard.yaml")
+    cands = cfg.space.layer_candidates()
+    other = next(op for op in cands[0] if op != recorded.ops[0])
+    changed = Architecture(recorded.macro, [other, *recorded.ops[1:]], recorded.name,
+                           recorded.space, dict(recorded.meta))
+    changed.save(run / "arch_hard.yaml")
+    capsys.readouterr()
+    assert main(["sample", str(run), "--hard", "--out", str(out)]) == 0
+    sampled = Architecture.load(out / "arch_hard.yaml")
+    assert list(sampled.ops) == list(changed.ops) and timed == []
+    assert sampled.meta["measured"] == recorded.meta["measured"]
+    assert "the run's architecture" in capsys.readouterr().out
+    assert main(["sample", str(run), "--hard", "--refit", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    refit = Architecture.load(out / "arch_hard.yaml")
+    assert timed and list(refit.ops) == list(recorded.ops) and "measured" in refit.meta
+    assert f"differs from the run's arch_hard.yaml (layer 0: {other} -> {recorded.ops[0]}" in said
+    assert main(["sample", str(run), "--fit-measure", "on", "--out", str(out)]) == 2
+    assert "--fit-measure goes with --refit" in capsys.readouterr().err
 
 
 def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, monkeypatch):

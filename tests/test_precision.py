@@ -74,7 +74,7 @@ def test_float32_is_a_no_op():
     x = torch.randn(2, 3, 4, 4)
     with p.autocast():
         assert (x @ x.transpose(-1, -2)).dtype == torch.float32
-    assert p.input(x) is x and p.state_dict() == [] and not p.enabled
+    assert p.input(x) is x and p.state_dict() == [] and p.dtype is None
 
 
 # ---- bf16 ---------------------------------------------------------------------------------------

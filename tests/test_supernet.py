@@ -79,16 +79,6 @@ def test_uniform_theta_has_maximal_entropy(tiny_space):
     assert float(net.entropy()[0]) < math.log(3) - 0.1
 
 
-def test_argmax_weights_are_deterministic(tiny_space):
-    net = Supernet(tiny_space)
-    with torch.no_grad():
-        net.theta[1].copy_(torch.tensor([0.0, 2.0, 1.0]))
-    m = net.argmax_weights()
-    assert m[1].tolist() == [0.0, 1.0, 0.0]
-    x = torch.randn(2, 3, 16, 16)
-    net.eval()
-    torch.testing.assert_close(net(x, m=m)[0], net(x, m=net.argmax_weights())[0])
-
 
 def test_zero_temperature_is_refused(tiny_space):
     with pytest.raises(FbnasError, match="temperature"):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fbnas.arch import log_prob
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -179,11 +181,6 @@ class MeasuredFit:
                 + ("" if c.inside else f" (outside ±{self.fit.tol:.0%}: the closest measured)"))
 
 
-def log_prob_of(theta: Sequence[torch.Tensor], indices: Sequence[int]) -> float:
-    return float(sum(torch.log_softmax(t.detach().double().cpu(), -1)[i]
-                     for t, i in zip(theta, indices, strict=True)))
-
-
 def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
                  target: float, measure, tol: float = 0.03, max_rounds: int = 6,
                  confirm: bool = True) -> MeasuredFit:
@@ -212,7 +209,7 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     while True:
         med, spread = measure(list(key))
         rounds.append(Round(key, predicted_cost(rows, fixed, key), float(med), float(spread),
-                            log_prob_of(theta, key), lo <= med <= hi))
+                            log_prob(theta, key), lo <= med <= hi))
         mine = [r.measured for r in rounds if r.indices == key]
         est = _pooled(rounds, lo, hi)
         this = next(r for r in est if r.indices == key)
@@ -230,13 +227,13 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         if nxt is None:
             break
         key, networks = nxt, networks + 1
-    chosen = _choose(_pooled(rounds, lo, hi), target, (inner, middle))
+    chosen = choose(_pooled(rounds, lo, hi), target, (inner, middle))
     idx = list(chosen.indices)
     changes = sum(a != b for a, b in zip(idx, _argmax(theta), strict=True))
     return MeasuredFit(Fit(idx, chosen.predicted, changes, chosen.inside, tol), rounds, chosen)
 
 
-def _choose(est: Sequence[Round], target: float, bands: Sequence[float]) -> Round:
+def choose(est: Sequence[Round], target: float, bands: Sequence[float]) -> Round:
     """The most probable network measured within the narrowest of `bands` (relative distances
     to `target`) that holds one, else the one measured nearest to the target."""
     for band in sorted(bands):
@@ -320,7 +317,7 @@ def _nearest_untried(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[floa
             dist_of = {c: abs(predicted_cost(rows, fixed, c) / goal - 1) for c in cands}
             dmin = min(dist_of.values())
             return max((c for c in cands if dist_of[c] <= dmin + slack),
-                       key=lambda c: log_prob_of(theta, c))
+                       key=lambda c: log_prob(theta, c))
     return None
 
 
@@ -356,7 +353,7 @@ def near_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], 
         for d in sorted(points, key=abs):  # the target itself first
             f = fit_to_target(theta, rows, fixed, target * (1 + d), spread / max(n, 1))
             if abs(f.cost / target - 1) <= spread * 1.0001:
-                found.setdefault(tuple(f.indices), log_prob_of(theta, f.indices))
+                found.setdefault(tuple(f.indices), log_prob(theta, f.indices))
             if len(found) >= k:
                 break
         n *= 2

@@ -438,19 +438,6 @@ def _record_noise(table: LatencyTable, ref_times: list[float], remeasured: int,
     table.noise = noise
 
 
-def fit_context(table: LatencyTable, space: SearchSpace, timer: Timer, probes: int = 12,
-                protocol: Protocol | None = None, reference: Runnable | None = None,
-                log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Fit the context model of a complete table on its own (build_table does it while
-    building): time `probes` child networks and fold the model fitted to them into the
-    values."""
-    table.require(space)
-    _time_probes(table, space, probe_archs(space, probes), timer, protocol, reference, None,
-                 log)
-    refresh_values(table)
-    return table.context
-
-
 def _time_probes(table: LatencyTable, space: SearchSpace, probes: Sequence[Architecture],
                  timer: Timer, protocol: Protocol | None, reference: Runnable | None, progress,
                  log: Callable[[str], None] | None) -> dict[str, Any]:

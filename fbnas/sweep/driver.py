@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from fbnas.arch import Architecture, arch_from_indices
+from fbnas.arch import Architecture, arch_from_indices, random_archs
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_eval_data
@@ -164,22 +164,6 @@ def reference_archs(cfg: Config, config_path: str | Path | None,
     return list(out.values())
 
 
-def random_archs(cfg: Config, n: int, seed: int, exclude: set[str]) -> list[Architecture]:
-    """`n` distinct uniformly random architectures of the space (not in `exclude`)."""
-    g = torch.Generator().manual_seed(seed)
-    cands = cfg.space.layer_candidates()
-    out: dict[str, Architecture] = {}
-    tries = 0
-    total = math.prod(len(c) for c in cands)
-    while len(out) < min(n, total - len(exclude)) and tries < 100 * max(n, 1):
-        idx = [int(torch.randint(len(c), (1,), generator=g)) for c in cands]
-        a = arch_from_indices(cfg.space, idx, f"random{len(out) + 1}")
-        tries += 1
-        if a.hash() not in exclude:
-            out.setdefault(a.hash(), a)
-    return list(out.values())
-
-
 def dominated(points: list[SweepPoint], by: list[SweepPoint], lat_tol: float,
               acc_tol: float) -> list[bool]:
     """For each point: is some point of `by` at least as fast and at least as accurate, within
@@ -254,7 +238,7 @@ class Sweep:
         searched or a reference architecture)."""
         taken = {p.arch.hash() for p in searched} | {a.hash() for a in self.reference_list}
         return [SweepPoint(a.name, "random", a)
-                for a in random_archs(self.cfg, self.n_random, self.seed, taken)]
+                for a in random_archs(self.cfg.space, self.n_random, self.seed, taken)]
 
     def retrain_job(self, p: SweepPoint) -> tuple[Config, dict[str, Any]]:
         """(config, results.json's `sweep` record) of point `p`'s retrain; sets its run_dir."""

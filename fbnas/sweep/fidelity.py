@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from scipy import stats
 
-from fbnas.arch import Architecture
+from fbnas.arch import Architecture, random_archs
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.data import build_search_data
@@ -44,7 +44,6 @@ from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import RESULTS, ChildTrainer
 from fbnas.run import CHECKPOINT, close_logger
 from fbnas.supernet import Supernet
-from fbnas.sweep.driver import random_archs
 
 
 @dataclass
@@ -101,7 +100,7 @@ class Fidelity:
         if hard.is_file():
             first.append(Architecture.load(hard))
         taken = {a.hash() for a in first}
-        return first + random_archs(self.cfg, self.n - len(first), self.seed, taken)
+        return first + random_archs(self.cfg.space, self.n - len(first), self.seed, taken)
 
     def run(self) -> dict[str, Any]:
         ensure_dir(self.out)
