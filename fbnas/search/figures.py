@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-# history / TensorBoard name -> what it measures (docs/search_modes.md, "What the log says")
+# history / TensorBoard name -> what it measures (docs/search.md, "What a run writes")
 FIGURES = {
     "w_ce": "weight steps' cross-entropy on the paths they trained (weight split)",
     "w_acc": "weight steps' training accuracy on the paths they trained (weight split)",
