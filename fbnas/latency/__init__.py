@@ -5,7 +5,7 @@
     rows, fixed = table.costs_for(space)      # -> Supernet.set_costs(rows, fixed)
 
 Submodules: `signature` (keys), `measure` (interleaved, reference-normalised rounds), `table`
-(the file format), `build` (measure missing entries, FLOPs / params tables), `validate`
+(the file format), `build` (measure missing entries), `counted` (FLOPs / params tables), `validate`
 (end-to-end agreement, calibration, fitted cost model), `bundle` (tables measured on a device
 that cannot run fbnas). The timers are `fbnas.backends`' (`Timer` and `make_timer` are
 re-exported here). The package depends only on blocks, search_space, arch, cost_kinds and
@@ -13,12 +13,8 @@ backends; see docs/latency.md.
 """
 
 from fbnas.backends import Timer, make_timer
-from fbnas.latency.build import (
-    build_cost_table,
-    build_table,
-    measure_archs,
-    sample_spanning,
-)
+from fbnas.latency.build import build_table, measure_archs, sample_spanning
+from fbnas.latency.counted import build_cost_table
 from fbnas.latency.measure import REFERENCE, Protocol, measure
 from fbnas.latency.signature import (
     Signature,

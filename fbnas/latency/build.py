@@ -1,4 +1,4 @@
-"""Building tables: latency (timed, drift-compensated, resumable) and FLOPs / params (counted).
+"""Building latency tables: timed, drift-compensated, resumable (FLOPs / params: `counted`).
 
 `build_table(space, timer, table=None)` measures only the signatures `table` lacks, in chunks;
 after each chunk the table can be written (`out=`), so an interrupted build resumes where it
@@ -33,9 +33,10 @@ from tqdm import tqdm
 from fbnas.arch import Architecture, arch_from_indices, build_child
 from fbnas.backends import Runnable, Timer
 from fbnas.backends.worker import under_allocator
-from fbnas.cost_kinds import COST_KINDS, count_flops, counted_kinds, is_measured
+from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import clock
+from fbnas.latency.counted import counted_rows
 from fbnas.latency.measure import (
     REFERENCE,
     EntryStats,
@@ -44,7 +45,7 @@ from fbnas.latency.measure import (
     measure,
     reference_scale,
 )
-from fbnas.latency.signature import Signature, arch_signatures, layer_signatures, space_signatures
+from fbnas.latency.signature import Signature, arch_signatures, space_signatures
 from fbnas.latency.table import LatencyTable, space_hash
 from fbnas.search_space import SearchSpace
 
@@ -356,12 +357,6 @@ def probe_archs(space: SearchSpace, n: int) -> list[Architecture]:
     return sample_spanning(space, n, counted_rows(space), seed=12345, name="probe")
 
 
-def counted_rows(space: SearchSpace) -> list[dict[str, float]]:
-    """FLOPs per (layer, op), counted on the meta device (instant; for ordering ops)."""
-    return [{op: float(count_flops(sig.build().eval().to("meta"), sig.input_shape, "meta"))
-             for op, sig in row.items()} for row in layer_signatures(space)]
-
-
 def fit_context_model(parts: Sequence[Sequence[float]], nets: Sequence[float],
                       exponent_bounds: tuple[float, float] = EXPONENT_BOUNDS
                       ) -> tuple[float, float]:
@@ -448,27 +443,3 @@ def _time_probes(table: LatencyTable, space: SearchSpace, probes: Sequence[Archi
     ctx = _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes}, log)
     ctx["probe_space"] = space_hash(space)
     return ctx
-
-
-# ---- FLOPs and params tables -----------------------------------------------------------------
-def count_signature(sig: Signature, cost: str) -> float:
-    """The counted cost (a kind with a `count` in COST_KINDS: FLOPs, params) of one entry."""
-    return COST_KINDS.get(cost).count(sig.build().eval(), sig.input_shape)
-
-
-def build_cost_table(space: SearchSpace, cost: str = "flops",
-                     table: LatencyTable | None = None) -> LatencyTable:
-    """A FLOPs or params table in the latency-table format, keyed by the same signatures;
-    needs no device. Extends `table` with the missing signatures when given."""
-    if cost not in counted_kinds():
-        raise FbnasError(f"cost must be {' or '.join(counted_kinds())} for a counted table, "
-                         f"got {cost!r}")
-    if table is None:
-        table = LatencyTable(cost, {"backend": "none", "batch": 1,
-                                    "note": "counted per sample, device independent"})
-    elif table.cost != cost:
-        raise FbnasError(f"{table.path or 'table'}: is a {table.cost} table, not {cost}")
-    for sig in space_signatures(space):
-        if sig not in table:
-            table.add(sig, count_signature(sig, cost))
-    return table
