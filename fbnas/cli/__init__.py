@@ -15,7 +15,7 @@ from fbnas import __version__
 from fbnas.errors import FbnasError
 
 COMMANDS = ["space", "arch", "latency", "train", "sample", "plot", "retrain", "eval", "export",
-            "sweep", "runs", "fidelity"]
+            "sweep", "runs", "fidelity", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

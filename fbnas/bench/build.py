@@ -1,0 +1,206 @@
+"""`fbnas bench build`: train every network of a small space under several seeds with the child
+recipe, time each one end to end, and write the benchmark file (fbnas.bench.table).
+
+Each (network, seed) is `fbnas retrain`'s training (`ChildTrainer`, the config's `retrain` and
+`data` sections, `retrain.seed` = the seed), recording train / validation / test figures at
+every budget (an epoch count of that one schedule: the smaller budgets are the same run's
+earlier epochs, NAS-Bench-201's convention, not shorter schedules); so `fbnas retrain --config
+BENCH.yaml --arch A.yaml --set retrain.seed=S` reproduces the entry at the full budget (the
+test evaluations at the smaller budgets leave every random number generator as it was).
+Latency: the table's prediction, and the measured fit's end-to-end protocol (networks timed
+among the table's probe networks, anchored to them), in chunks.
+
+The file is written after every network, atomically: a killed build resumes where it stopped
+(the networks done are kept); a build against another space or training config is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fbnas import __version__
+from fbnas.arch import Architecture, arch_from_indices, child_stats
+from fbnas.bench.table import Bench
+from fbnas.config import Config
+from fbnas.cost_kinds import is_measured
+from fbnas.errors import FbnasError
+from fbnas.fit.costs import resolve_costs
+from fbnas.fit.end_to_end import panel, time_archs, timer_for_table
+from fbnas.io import clock
+from fbnas.latency import space_hash
+from fbnas.retrain import ChildTrainer
+from fbnas.rng import rng_state, set_rng_state
+from fbnas.run import close_logger
+
+MAX_NETWORKS = 5000  # a benchmark trains every network: a larger space is a mistake
+TIME_CHUNK = 32  # networks timed together among the probes
+
+
+def all_archs(space) -> list[Architecture]:
+    """Every architecture of `space`, in index order."""
+    cands = space.layer_candidates()
+    n = math.prod(len(c) for c in cands)
+    if n > MAX_NETWORKS:
+        raise FbnasError(f"space '{space.name}': {n} networks; a benchmark trains every one, "
+                         f"at most {MAX_NETWORKS}")
+    return [arch_from_indices(space, list(idx), f"{space.name}_{i}")
+            for i, idx in enumerate(itertools.product(*(range(len(c)) for c in cands)))]
+
+
+def default_budgets(epochs: int) -> list[int]:
+    """A third of the epochs and all of them."""
+    return sorted({max(1, epochs // 3), epochs})
+
+
+class BudgetTrainer(ChildTrainer):
+    """`ChildTrainer` that also evaluates the test split at each budget epoch (RNG untouched)."""
+
+    def __init__(self, *a, budgets: Sequence[int] = (), **kw):
+        self.budgets = set(budgets)
+        super().__init__(*a, **kw)
+
+    def train_epoch(self) -> dict[str, Any]:
+        rec = super().train_epoch()
+        if rec["epoch"] in self.budgets:
+            state = rng_state()  # a test pass draws a loader seed: the run must not notice
+            t = self._evaluate(self.data.test_loader)
+            set_rng_state(state)
+            rec.update({"test_top1": t["top1"], "test_ce": t["ce"]})
+        return rec
+
+
+def train_one(cfg: Config, arch: Architecture, seed: int, budgets: Sequence[int], work: Path
+              ) -> dict[str, dict[str, float]]:
+    """Train `arch` with retrain.seed = `seed` in a scratch folder; budget -> record."""
+    c = replace(cfg, retrain=replace(cfg.retrain, seed=seed, epochs=max(budgets),
+                                     measure_latency=False),
+                run=replace(cfg.run, progress=False, tensorboard=False))
+    run = work / f"{arch.short_hash}-{seed}"
+    shutil.rmtree(run, ignore_errors=True)
+    quiet = logging.getLogger("fbnas.bench.train")
+    quiet.setLevel(logging.WARNING)
+    try:
+        t = BudgetTrainer(c, arch, run, log=quiet, budgets=budgets)
+        try:
+            t.fit()
+        finally:
+            close_logger(t.log)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+    out, seconds = {}, 0.0
+    for rec in t.history:
+        seconds += rec["seconds"]
+        if rec["epoch"] in budgets:
+            out[str(rec["epoch"])] = {
+                "train_acc": rec["train_acc"], "train_loss": rec["train_loss"],
+                "val_acc": rec.get("val_top1"), "val_ce": rec.get("val_ce"),
+                "test_acc": rec["test_top1"], "test_ce": rec["test_ce"],
+                "seconds": round(seconds, 3)}
+    return out
+
+
+def training_record(cfg: Config) -> dict[str, Any]:
+    """What fixes an entry's training: the data and retrain sections (but the seed) and the
+    split's seed."""
+    r = cfg.resolved()
+    retrain = {k: v for k, v in r["retrain"].items() if k not in ("seed", "measure_latency")}
+    return {"data": r["data"], "retrain": retrain, "split_seed": cfg.search.seed}
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "processor": platform.processor(),
+            "cpus": torch.get_num_threads(), "python": sys.version.split()[0]}
+
+
+def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
+                budgets: Sequence[int] | None = None, rounds: int = 30,
+                limit: int | None = None, log: Callable[[str], None] = print) -> Bench:
+    """Train (or resume) and time every network of `cfg.space` into the benchmark `out`.
+    `limit`: stop after that many networks trained in this call (a partial build resumes)."""
+    space = cfg.space
+    budgets = sorted(set(budgets or default_budgets(cfg.retrain.epochs)))
+    if budgets[-1] != cfg.retrain.epochs:
+        raise FbnasError(f"bench budgets {budgets}: the largest must be retrain.epochs "
+                         f"({cfg.retrain.epochs}), so that `fbnas retrain` reproduces it")
+    seeds = sorted(set(int(s) for s in seeds))
+    archs = all_archs(space)
+    costs = resolve_costs(cfg, log)
+    table = costs.table
+    meta = {"space": space.to_dict(), "space_hash": space_hash(space),
+            "training": training_record(cfg), "budgets": budgets, "seeds": seeds,
+            "latency": {"cost": table.cost, "unit": costs.unit, "fingerprint": costs.fingerprint,
+                        "device": table.meta.get("device"), "backend": table.meta.get("backend")},
+            "versions": {"fbnas": __version__, "torch": torch.__version__},
+            "machine": machine(), "build_seconds": 0.0, "config": cfg.source}
+    path = Path(out)
+    bench = Bench.load(path) if path.is_file() else Bench(meta, {}, path)
+    for k in ("space_hash", "training", "budgets", "seeds"):
+        if bench.meta[k] != meta[k]:
+            raise FbnasError(f"{path}: was built with another {k} than {cfg.source} gives; "
+                             "build into a new file")
+    t_start, trained = time.perf_counter(), 0
+    with tempfile.TemporaryDirectory(prefix="fbnas-bench-") as tmp:
+        for i, a in enumerate(archs):
+            h = a.hash()
+            if bench.complete(h):
+                continue
+            if limit is not None and trained >= limit:
+                break
+            if h not in bench.networks:
+                stats = child_stats(a)
+                bench.networks[h] = {"ops": list(a.ops), "params": stats["params"],
+                                     "flops": stats["flops"],
+                                     "predicted": round(table.predict(a, "auto", space), 3),
+                                     "runs": {}}
+            net = bench.networks[h]
+            t0 = time.perf_counter()
+            for s in seeds:
+                if all(str(b) in net["runs"].get(str(s), {}) for b in budgets):
+                    continue
+                net["runs"][str(s)] = train_one(cfg, a, s, budgets, Path(tmp))
+            trained += 1
+            bench.meta["build_seconds"] = round(bench.meta["build_seconds"]
+                                                + time.perf_counter() - t0, 1)
+            bench.save()
+            full = [net["runs"][str(s)][str(budgets[-1])] for s in seeds]
+            val = " ".join(f"{r['val_acc']:.3f}" for r in full if r["val_acc"] is not None)
+            test = " ".join(f"{r['test_acc']:.3f}" for r in full)
+            log(f"[{i + 1}/{len(archs)}] {' '.join(a.ops)}: val {val}, test {test}  "
+                f"({time.perf_counter() - t0:.1f} s, {clock(time.perf_counter() - t_start)})")
+        if is_measured(table.cost):
+            _time_all(cfg, bench, table, rounds, log)
+    return bench
+
+
+def _time_all(cfg: Config, bench: Bench, table, rounds: int, log: Callable[[str], None]
+              ) -> None:
+    """Each trained network not yet timed, end to end among the table's probe networks."""
+    todo = [k for k in bench if bench.networks[k].get("measured") is None]
+    if not todo:
+        return
+    timer = timer_for_table(cfg.latency, table)
+    pan = panel(cfg.space, table)
+    for j in range(0, len(todo), TIME_CHUNK):
+        chunk = todo[j:j + TIME_CHUNK]
+        t0 = time.perf_counter()
+        got = time_archs(timer, {k: bench.arch(k) for k in chunk}, table, pan, rounds)
+        for k in chunk:
+            bench.networks[k]["measured"] = round(got[k]["median_us"], 3)
+            bench.networks[k]["measured_rel_iqr"] = round(got[k]["rel_iqr"], 4)
+        bench.meta["build_seconds"] = round(bench.meta["build_seconds"]
+                                            + time.perf_counter() - t0, 1)
+        bench.save()
+        log(f"timed {min(j + TIME_CHUNK, len(todo))}/{len(todo)} networks end to end")

@@ -1,0 +1,177 @@
+"""The ground-truth benchmark file and its query API (NAS-Bench-101's, for an fbnas space).
+
+A benchmark holds every network of a small space trained with the child recipe (`fbnas
+retrain`'s) under several seeds, with records at several budgets (epochs of that one schedule),
+and each network's latency: predicted by the space's table and measured end to end.
+
+    bench = Bench.load("configs/bench_digits.json.gz")
+    rec = bench.query(arch)                  # one seed's record at the full budget; counts it
+    bench.spent_seconds, bench.spent_epochs  # what the queries would have cost to train
+    bench.records(arch)                      # every seed and budget (analysis: not counted)
+    for key in bench: bench.mean(key, "val_acc")
+    bench.front("val_acc")                   # the accuracy-latency Pareto front
+
+The file is gzip'd JSON (`BENCH_SCHEMA`), written atomically; `networks` maps an architecture's
+hash to {"ops", "params", "flops", "predicted", "measured", "runs": {seed: {budget: record}}}.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fbnas.arch import Architecture, arch_from_indices
+from fbnas.errors import FbnasError
+from fbnas.io import atomic_write, check_schema
+from fbnas.search_space import SearchSpace
+
+BENCH_SCHEMA = 1
+METRICS = ("train_acc", "train_loss", "val_acc", "val_ce", "test_acc", "test_ce", "seconds")
+
+
+class Bench:
+    """Every network of one space, trained and timed (see the module docstring)."""
+
+    def __init__(self, meta: dict[str, Any], networks: dict[str, dict[str, Any]],
+                 path: Path | None = None):
+        self.meta = meta
+        self.networks = networks
+        self.path = path
+        self.space = SearchSpace.from_dict(meta["space"])
+        self.budgets: list[int] = [int(b) for b in meta["budgets"]]
+        self.seeds: list[int] = [int(s) for s in meta["seeds"]]
+        self.spent_seconds = 0.0
+        self.spent_epochs = 0
+        self._rng = random.Random(0)
+
+    # ---- the file ----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> Bench:
+        p = Path(path)
+        try:
+            with gzip.open(p, "rt", encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise FbnasError(f"{p}: no such benchmark file") from None
+        except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise FbnasError(f"{p}: not a benchmark file (gzip'd JSON): {e}") from None
+        if not isinstance(data, dict) or "fbnas_bench" not in data:
+            raise FbnasError(f"{p}: not a benchmark file (no 'fbnas_bench' schema key)")
+        check_schema(f"{p}: fbnas_bench", data["fbnas_bench"], BENCH_SCHEMA,
+                     "upgrade fbnas to read it", "rebuild it with `fbnas bench build`")
+        networks = data.pop("networks", {})
+        return cls(data, networks, p)
+
+    def save(self, path: str | Path | None = None) -> Path:
+        p = Path(path or self.path)
+        data = {"fbnas_bench": BENCH_SCHEMA, **{k: v for k, v in self.meta.items()
+                                                if k != "fbnas_bench"}, "networks": self.networks}
+        blob = gzip.compress(json.dumps(data, separators=(",", ":")).encode(), mtime=0)
+        atomic_write(p, lambda f: f.write(blob), mode="wb")
+        self.path = p
+        return p
+
+    # ---- networks ----------------------------------------------------------------------------
+    def key(self, arch: Architecture | str, where: str = "architecture") -> str:
+        """The hash of `arch` in this benchmark; one outside the space is a one-line error
+        naming the layer and op."""
+        if isinstance(arch, str):
+            if arch not in self.networks:
+                raise FbnasError(f"{where}: no network {arch!r} in the benchmark")
+            return arch
+        arch.check_fits(self.space, where)
+        h = arch.hash()
+        if h not in self.networks:
+            raise FbnasError(f"{where}: {arch.short_hash} is in the space but not in the "
+                             f"benchmark {self.path or ''} (an unfinished build?)")
+        return h
+
+    def arch(self, key: str) -> Architecture:
+        ops = self.networks[key]["ops"]
+        idx = [c.index(op) for c, op in zip(self.space.layer_candidates(), ops, strict=True)]
+        return arch_from_indices(self.space, idx, f"{self.space.name}_{key[:12]}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.networks)
+
+    def __len__(self) -> int:
+        return len(self.networks)
+
+    def complete(self, key: str) -> bool:
+        """Trained under every seed to every budget."""
+        runs = self.networks.get(key, {}).get("runs", {})
+        return all(str(b) in runs.get(str(s), {}) for s in self.seeds for b in self.budgets)
+
+    # ---- queries -----------------------------------------------------------------------------
+    def _budget(self, budget: int | None) -> int:
+        b = self.budgets[-1] if budget is None else int(budget)
+        if b not in self.budgets:
+            raise FbnasError(f"budget {budget}: the benchmark records "
+                             f"{', '.join(map(str, self.budgets))} epochs")
+        return b
+
+    def query(self, arch: Architecture | str, budget: int | None = None,
+              seed: int | None = None) -> dict[str, Any]:
+        """One seed's record (a random seed unless given) at `budget` epochs (default the
+        largest), with the network's fixed figures; adds what training it would have cost to
+        `spent_seconds` / `spent_epochs`, as a search that trained it would have spent."""
+        k = self.key(arch)
+        b = self._budget(budget)
+        s = self._rng.choice(self.seeds) if seed is None else int(seed)
+        if s not in self.seeds:
+            raise FbnasError(f"seed {seed}: the benchmark holds seeds "
+                             f"{', '.join(map(str, self.seeds))}")
+        net = self.networks[k]
+        rec = net["runs"][str(s)][str(b)]
+        self.spent_seconds += float(rec["seconds"])
+        self.spent_epochs += b
+        return {**self._fixed(k), "seed": s, "budget": b, **rec}
+
+    def records(self, arch: Architecture | str) -> list[dict[str, Any]]:
+        """Every (seed, budget) record of the network, for analysis: not counted."""
+        k = self.key(arch)
+        return [{**self._fixed(k), "seed": int(s), "budget": int(b), **rec}
+                for s, by in sorted(self.networks[k]["runs"].items(), key=lambda x: int(x[0]))
+                for b, rec in sorted(by.items(), key=lambda x: int(x[0]))]
+
+    def _fixed(self, k: str) -> dict[str, Any]:
+        n = self.networks[k]
+        return {"hash": k, "ops": list(n["ops"]), "params": n["params"], "flops": n["flops"],
+                "predicted": n.get("predicted"), "measured": n.get("measured")}
+
+    def mean(self, arch: Architecture | str, metric: str = "val_acc",
+             budget: int | None = None) -> float:
+        """The metric's mean over the seeds at `budget` (not counted)."""
+        k, b = self.key(arch), self._budget(budget)
+        if metric not in METRICS:
+            raise FbnasError(f"metric {metric!r}: one of {', '.join(METRICS)}")
+        return statistics.fmean(float(by[str(b)][metric])
+                                for by in self.networks[k]["runs"].values() if str(b) in by)
+
+    def latency(self, arch: Architecture | str, which: str = "predicted") -> float:
+        """The network's latency in the table's unit: `predicted` by the table or `measured`
+        end to end at the build."""
+        v = self.networks[self.key(arch)].get(which)
+        if v is None:
+            raise FbnasError(f"the benchmark has no {which} latency for {arch}")
+        return float(v)
+
+    def front(self, metric: str = "val_acc", budget: int | None = None,
+              latency: str = "predicted") -> list[str]:
+        """The networks no other is both faster and better at (mean `metric`; a `_ce` metric
+        counts lower as better), fastest first."""
+        lower = metric.endswith("_ce") or metric.endswith("_loss")
+        pts = sorted(((self.latency(k, latency), self.mean(k, metric, budget), k)
+                      for k in self if self.complete(k)),
+                     key=lambda t: (t[0], t[1] if lower else -t[1]))
+        out, best = [], None
+        for _, v, k in pts:
+            if best is None or (v < best if lower else v > best):
+                out.append(k)
+                best = v
+        return out

@@ -1,0 +1,151 @@
+"""The ground-truth benchmark: build (every network, every seed, every budget; resumable;
+timed), the query API, the CLI, and that `fbnas retrain` reproduces an entry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import digits_run_config
+
+import fbnas.bench.build as bench_build
+from fbnas.arch import Architecture
+from fbnas.bench.build import all_archs, build_bench
+from fbnas.bench.table import Bench
+from fbnas.cli import main
+from fbnas.config import config_from_dict
+from fbnas.errors import FbnasError
+
+# 2 searchable layers x 2 ops: 4 networks
+SPACE = {
+    "name": "bench_tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
+    "stem": {"channels": 8, "stride": 1},
+    "candidates": ["ir_k3_e1", "ir_k3_e3"],
+    "stages": [{"channels": 8, "repeats": 1, "stride": 1},
+               {"channels": 16, "repeats": 1, "stride": 2}],
+    "head": {"channels": 16},
+}
+
+
+def _cfg(tmp_path, **retrain):
+    d = digits_run_config(
+        retrain={"epochs": 2, "lr": 0.05, "warmup_epochs": 0, **retrain}, space=SPACE,
+        data={"limit": 120},
+        latency={"cost": "latency", "device": "fake", "cache_dir": str(tmp_path / "cache")})
+    d["run"]["dir"] = str(tmp_path / "run")
+    return d
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    cfg = config_from_dict(_cfg(tmp), "bench.yaml")
+    out = tmp / "b.json.gz"
+    lines = []
+    build_bench(cfg, out, seeds=(0, 1), rounds=3, log=lines.append)
+    return tmp, cfg, out, lines
+
+
+def test_every_network_is_trained_at_every_budget_and_timed(built):
+    _, cfg, out, lines = built
+    b = Bench.load(out)
+    assert len(b) == len(all_archs(cfg.space)) == 4 and all(b.complete(k) for k in b)
+    assert b.budgets == [1, 2] and b.seeds == [0, 1]
+    for k in b:
+        n = b.networks[k]
+        assert n["predicted"] > 0 and n["measured"] > 0 and n["params"] > 0
+        for s in ("0", "1"):
+            one, two = n["runs"][s]["1"], n["runs"][s]["2"]
+            assert 0 <= one["test_acc"] <= 1 and 0 <= two["val_acc"] <= 1
+            assert two["seconds"] > one["seconds"] > 0  # cumulative training time
+    assert sum(ln.startswith("[") for ln in lines) == 4  # one progress line per network
+    meta = b.meta
+    assert meta["space_hash"] and meta["training"]["retrain"]["epochs"] == 2
+    assert meta["versions"]["torch"] and meta["machine"]["platform"]
+
+
+def test_query_counts_the_budget_and_records_do_not(built):
+    _, cfg, out, _ = built
+    b = Bench.load(out)
+    a = all_archs(cfg.space)[3]
+    rec = b.query(a, budget=1, seed=1)
+    assert rec["seed"] == 1 and rec["budget"] == 1 and rec["ops"] == list(a.ops)
+    assert b.spent_epochs == 1 and b.spent_seconds == pytest.approx(rec["seconds"])
+    assert len(b.records(a)) == 4 and b.spent_epochs == 1
+    assert b.query(a)["budget"] == 2 and b.spent_epochs == 3  # default: the full budget
+    means = {k: b.mean(k) for k in b}
+    front = b.front()
+    lats = [b.latency(k) for k in front]
+    assert lats == sorted(lats) and [means[k] for k in front] == sorted(means[k] for k in front)
+    assert max(means, key=means.get) in front
+    with pytest.raises(FbnasError, match="budget 5: the benchmark records 1, 2"):
+        b.query(a, budget=5)
+
+
+def test_an_architecture_outside_the_space_is_one_line_naming_layer_and_op(built, tmp_path,
+                                                                           capsys):
+    _, cfg, out, _ = built
+    a = all_archs(cfg.space)[0]
+    bad = Architecture(a.macro, [a.ops[0], "ir_k5_e6"], "bad", a.space)
+    path = tmp_path / "bad.yaml"
+    bad.save(path)
+    assert main(["bench", "query", str(path), "--bench", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "layer 1 op 'ir_k5_e6'" in err and str(path) in err
+
+
+def test_cli_query_and_show(built, tmp_path, capsys):
+    _, cfg, out, _ = built
+    b = Bench.load(out)
+    best = max(b, key=b.mean)
+    path = tmp_path / "best.yaml"
+    b.arch(best).save(path)
+    assert main(["bench", "query", str(path), "--bench", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "seed 1 budget   2" in said and "rank 1 of 4" in said
+    assert main(["bench", "show", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "4 networks, 4 complete" in said and "spread / seed sd" in said
+
+
+@pytest.mark.slow
+def test_a_killed_build_resumes_keeping_the_networks_done(tmp_path, monkeypatch):
+    cfg = config_from_dict(_cfg(tmp_path, epochs=1), "bench.yaml")
+    out = tmp_path / "b.json.gz"
+    build_bench(cfg, out, seeds=(0,), rounds=3, limit=2, log=lambda s: None)
+    first = Bench.load(out)
+    assert sum(first.complete(k) for k in first) == 2
+    trained = []
+    real = bench_build.train_one
+    monkeypatch.setattr(bench_build, "train_one",
+                        lambda c, a, s, bud, w: trained.append(a.hash()) or real(c, a, s, bud, w))
+    build_bench(cfg, out, seeds=(0,), rounds=3, log=lambda s: None)
+    again = Bench.load(out)
+    assert all(again.complete(k) for k in again) and len(again) == 4
+    assert len(trained) == 2 and not set(trained) & {k for k in first if first.complete(k)}
+    for k in first:  # the networks done before are kept as they were
+        assert again.networks[k]["runs"] == first.networks[k]["runs"]
+    other = config_from_dict(_cfg(tmp_path, epochs=1, lr=0.1), "other.yaml")
+    with pytest.raises(FbnasError, match="another training than other.yaml gives"):
+        build_bench(other, out, seeds=(0,), rounds=3, log=lambda s: None)
+
+
+@pytest.mark.slow
+def test_fbnas_retrain_reproduces_an_entry(built, tmp_path):
+    """The entry at the full budget is `fbnas retrain`'s result for that seed, exactly: the
+    test evaluations at the smaller budgets leave the random number generators alone."""
+    tmp, cfg, out, _ = built
+    b = Bench.load(out)
+    k = sorted(b)[1]
+    arch = tmp_path / "a.yaml"
+    b.arch(k).save(arch)
+    conf = tmp_path / "c.yaml"
+    d = _cfg(tmp)
+    conf.write_text(json.dumps(d))
+    assert main(["retrain", "--arch", str(arch), "--config", str(conf), "--out",
+                 str(tmp_path / "r"), "--set", "retrain.seed=1",
+                 "--set", "retrain.measure_latency=false"]) == 0
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert res["top1"] == b.networks[k]["runs"]["1"]["2"]["test_acc"]
+    assert res["test_ce"] == pytest.approx(b.networks[k]["runs"]["1"]["2"]["test_ce"],
+                                           rel=1e-6)
