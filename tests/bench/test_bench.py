@@ -4,6 +4,7 @@ timed), the query API, the CLI, and that `fbnas retrain` reproduces an entry."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from conftest import digits_run_config
@@ -149,3 +150,52 @@ def test_fbnas_retrain_reproduces_an_entry(built, tmp_path):
     assert res["top1"] == b.networks[k]["runs"]["1"]["2"]["test_acc"]
     assert res["test_ce"] == pytest.approx(b.networks[k]["runs"]["1"]["2"]["test_ce"],
                                            rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def searched(built):
+    """A 2-epoch search on the benchmark's space (the fake device's table)."""
+    tmp, cfg, out, _ = built
+    d = _cfg(tmp)
+    d["search"].update({"epochs": 2, "warmup_epochs": 1})
+    d["loss"] = {"kind": "target", "target": "0.5x", "lambda": 1.0}
+    d["run"]["dir"] = str(tmp / "search")
+    conf = tmp / "search.yaml"
+    conf.write_text(json.dumps(d))
+    assert main(["train", "--config", str(conf)]) == 0
+    return tmp / "search"
+
+
+def _truth_by_hand(b: Bench):
+    t = {}
+    for k in b:
+        accs = [b.networks[k]["runs"][str(s)]["2"]["test_acc"] for s in b.seeds]
+        t[k] = (b.networks[k]["measured"], sum(accs) / len(accs))
+    return t
+
+
+@pytest.mark.slow
+def test_score_reads_regret_and_percentile_off_the_truth(built, searched, tmp_path, capsys):
+    from fbnas.bench.score import score_run
+    _, cfg, out, _ = built
+    b = Bench.load(out)
+    t = _truth_by_hand(b)
+    s = score_run(b, searched, near=10.0, trials=20)  # near=10: every network is matched
+    k = Architecture.load(searched / "arch_hard.yaml").hash()
+    lat, acc = t[k]
+    assert s.true_acc == pytest.approx(acc) and s.latency == lat
+    assert s.regret == pytest.approx(max(a for la, a in t.values() if la <= lat) - acc)
+    assert s.matched == 4 and s.percentile == pytest.approx(
+        100 * sum(a <= acc for _, a in t.values()) / 4)
+    assert -1 <= s.kendall_tau <= 1 and -1 <= s.spearman_rho <= 1
+    assert s.search_seconds > 0 and s.random_search_networks >= 1
+    assert s.random_regret >= 0 and s.random_search_regret >= 0
+    # the best network of the space has no regret and tops its latency band
+    best = max(t, key=lambda j: t[j][1])
+    b.arch(best).save(searched / "arch_hard.yaml")
+    s = score_run(b, searched, near=10.0, trials=5, rank=False)
+    assert s.regret == 0 and s.percentile == 100 and math.isnan(s.kendall_tau)
+    assert main(["bench", "score", str(searched), "--bench", str(out), "--no-rank",
+                 "--trials", "5", "--json", str(tmp_path / "s.json")]) == 0
+    assert "regret 0.00 pt, percentile 100" in capsys.readouterr().out
+    assert json.loads((tmp_path / "s.json").read_text())[0]["regret"] == 0

@@ -3,18 +3,19 @@
     fbnas bench build --config configs/bench_digits.yaml --out bench.json.gz   (resumable)
     fbnas bench query ARCH.yaml --bench bench.json.gz   (its entry and its rank)
     fbnas bench show bench.json.gz                      (what it holds, the spread, the front)
+    fbnas bench score RUN... --bench bench.json.gz      (search runs judged by the truth)
 """
 
 from __future__ import annotations
 
-from fbnas.cli.bench import build, query, show
+from fbnas.cli.bench import build, query, score, show
 
-ACTIONS = (build, query, show)
+ACTIONS = (build, query, show, score)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="the ground-truth benchmark of a small space: build, "
-                                     "query, show")
+                                     "query, show, score")
     actions = p.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
     for action in ACTIONS:
         action.add_parser(actions)

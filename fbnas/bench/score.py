@@ -1,0 +1,161 @@
+"""`fbnas bench score RUN…`: a search run on the benchmark's space, judged by the truth.
+
+For the run's returned network (its arch_hard.yaml):
+- true accuracy: its mean test top-1 over the benchmark's seeds at the full budget;
+- regret: the best true accuracy among networks measured no slower than it, minus its own;
+- percentile: the share of networks within ±`near` of its measured latency that it is at least
+  as accurate as (100: the best of them);
+- the supernet's ranking of every network of the space: Kendall τ and Spearman ρ between the
+  path accuracy on the supernet's weights (BN re-estimated, as `fbnas fidelity` computes it) and
+  the networks' mean validation accuracy, and Kendall τ between the two validation CEs.
+
+Baselines beside it: a random network of matched latency (within ±`near`: the mean regret of
+those networks and its standard deviation), and random search given the search's wall time
+(networks of matched latency drawn and "trained" by `Bench.query` until their recorded training
+seconds add up to the search's; the one with the best queried validation accuracy kept; mean
+regret over `trials` such searches).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from scipy import stats
+
+from fbnas.arch import Architecture
+from fbnas.bench.table import Bench
+from fbnas.checkpoint import load_checkpoint
+from fbnas.config import config_from_dict
+from fbnas.data import build_search_data
+from fbnas.errors import FbnasError
+from fbnas.io import load_json
+from fbnas.run import CHECKPOINT
+from fbnas.supernet import Supernet
+from fbnas.sweep.fidelity import supernet_accuracy
+
+TRUTH = "test_acc"  # what regret and percentile judge by (mean over seeds, full budget)
+
+
+@dataclass
+class Score:
+    run: str
+    ops: list[str]
+    latency: float
+    true_acc: float
+    regret: float
+    percentile: float
+    matched: int  # networks within ±near of its latency
+    kendall_tau: float
+    spearman_rho: float
+    kendall_tau_ce: float
+    search_seconds: float
+    random_regret: float
+    random_regret_sd: float
+    random_search_regret: float
+    random_search_networks: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def truth(bench: Bench) -> dict[str, dict[str, float]]:
+    """Per network: latency (measured end to end, else predicted), mean test top-1, mean
+    validation top-1 and CE, at the full budget."""
+    out = {}
+    for k in bench:
+        if not bench.complete(k):
+            continue
+        n = bench.networks[k]
+        lat = n.get("measured") if n.get("measured") is not None else n["predicted"]
+        out[k] = {"latency": float(lat), "acc": bench.mean(k, TRUTH),
+                  "val_acc": bench.mean(k, "val_acc"), "val_ce": bench.mean(k, "val_ce")}
+    return out
+
+
+def regret(t: dict[str, dict[str, float]], k: str) -> float:
+    """The best true accuracy among networks no slower than `k`, minus `k`'s."""
+    lat = t[k]["latency"]
+    return max(v["acc"] for v in t.values() if v["latency"] <= lat) - t[k]["acc"]
+
+
+def matched(t: dict[str, dict[str, float]], lat: float, near: float) -> list[str]:
+    return [j for j, v in t.items() if abs(v["latency"] / lat - 1) <= near]
+
+
+def random_search(bench: Bench, t: dict[str, dict[str, float]], pool: list[str],
+                  seconds: float, rng: random.Random) -> tuple[str, int]:
+    """Random search over `pool` until the queried training seconds reach `seconds` (at least
+    one network): the network with the best queried validation accuracy, and how many."""
+    best, best_val, n, spent = None, -math.inf, 0, 0.0
+    while best is None or spent < seconds:
+        k = rng.choice(pool)
+        rec = bench.query(k, seed=rng.choice(bench.seeds))
+        spent += rec["seconds"]
+        n += 1
+        if rec["val_acc"] > best_val:
+            best, best_val = k, rec["val_acc"]
+    return best, n
+
+
+def supernet_ranking(run_dir: Path, bench: Bench, keys: list[str]) -> dict[str, tuple]:
+    """Per network: (supernet path accuracy, CE) on the run's validation split."""
+    state = load_checkpoint(run_dir / CHECKPOINT, kind="search")
+    cfg = config_from_dict(state["config"], f"{run_dir / CHECKPOINT}: config")
+    if cfg.space.macro != bench.space.macro:
+        raise FbnasError(f"{run_dir}: searched space '{cfg.space.name}', not the benchmark's "
+                         f"'{bench.space.name}'")
+    net = Supernet(cfg.space, mode=cfg.search.mode, weights=cfg.search.weights)
+    net.load_state_dict(state["model"])
+    data = build_search_data(cfg.data, cfg.space.macro.input_size, cfg.space.macro.in_channels,
+                             cfg.space.macro.num_classes, seed=cfg.search.seed)
+    device = torch.device("cpu")
+    return {k: supernet_accuracy(net, bench.arch(k), cfg, data, device) for k in keys}
+
+
+def search_seconds(run_dir: Path) -> float:
+    """The search's wall time: its epochs' seconds (history.json)."""
+    hist = load_json(run_dir / "history.json", expect=list)
+    return float(sum(h.get("seconds", 0.0) for h in hist))
+
+
+def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int = 200,
+              seed: int = 0, rank: bool = True) -> Score:
+    run_dir = Path(run_dir)
+    arch = Architecture.load(run_dir / "arch_hard.yaml")
+    k = bench.key(arch, str(run_dir / "arch_hard.yaml"))
+    t = truth(bench)
+    if k not in t:
+        raise FbnasError(f"{run_dir}: its network {arch.short_hash} is not complete in the "
+                         "benchmark")
+    lat = t[k]["latency"]
+    pool = matched(t, lat, near)
+    mine = t[k]["acc"]
+    pct = 100.0 * sum(t[j]["acc"] <= mine for j in pool) / len(pool)
+    regrets = [regret(t, j) for j in pool]
+    secs = search_seconds(run_dir)
+    rng = random.Random(seed)
+    found = [random_search(bench, t, pool, secs, rng) for _ in range(trials)]
+    tau = rho = tau_ce = math.nan
+    if rank:
+        keys = sorted(t)
+        est = supernet_ranking(run_dir, bench, keys)
+        tau = float(stats.kendalltau([est[j][0] for j in keys],
+                                     [t[j]["val_acc"] for j in keys]).statistic)
+        rho = float(stats.spearmanr([est[j][0] for j in keys],
+                                    [t[j]["val_acc"] for j in keys]).statistic)
+        tau_ce = float(stats.kendalltau([est[j][1] for j in keys],
+                                        [t[j]["val_ce"] for j in keys]).statistic)
+    return Score(
+        run=str(run_dir), ops=list(arch.ops), latency=lat, true_acc=mine,
+        regret=regret(t, k), percentile=pct, matched=len(pool), kendall_tau=tau,
+        spearman_rho=rho, kendall_tau_ce=tau_ce, search_seconds=secs,
+        random_regret=statistics.fmean(regrets),
+        random_regret_sd=statistics.pstdev(regrets),
+        random_search_regret=statistics.fmean(regret(t, j) for j, _ in found),
+        random_search_networks=statistics.fmean(n for _, n in found))

@@ -1,0 +1,55 @@
+"""`fbnas bench score RUN… --bench FILE`: each search run's returned network judged by the
+benchmark (true accuracy, regret, percentile among networks of its latency, the supernet's
+ranking of every network), beside a latency-matched random network and random search with
+the same wall time."""
+
+from __future__ import annotations
+
+import math
+
+from fbnas.bench.score import score_run
+from fbnas.bench.table import Bench
+from fbnas.io import write_json_atomic
+
+
+def add_parser(actions) -> None:
+    p = actions.add_parser("score", help="judge search runs on the benchmark's space by "
+                                         "regret, percentile and ranking")
+    p.add_argument("runs", nargs="+", help="search run directories")
+    p.add_argument("--bench", required=True, help="the benchmark file")
+    p.add_argument("--near", type=float, default=0.03,
+                   help="latency-matched: within ± this share (default 0.03)")
+    p.add_argument("--trials", type=int, default=200, help="random searches to average")
+    p.add_argument("--no-rank", action="store_true",
+                   help="skip the supernet's ranking of every network (faster)")
+    p.add_argument("--json", help="also write the scores to this file")
+    p.set_defaults(func=run)
+
+
+def _f(x: float, fmt: str) -> str:
+    return "-" if isinstance(x, float) and math.isnan(x) else format(x, fmt)
+
+
+def run(args) -> int:
+    bench = Bench.load(args.bench)
+    scores = []
+    for r in args.runs:
+        s = score_run(bench, r, args.near, args.trials, rank=not args.no_rank)
+        scores.append(s)
+        print(f"{r}: {' '.join(s.ops)}  {s.latency:.1f} {bench.meta['latency']['unit']}, true "
+              f"acc {s.true_acc:.4f}, regret {100 * s.regret:.2f} pt, percentile "
+              f"{s.percentile:.0f} of {s.matched} matched; supernet tau "
+              f"{_f(s.kendall_tau, '.3f')} rho {_f(s.spearman_rho, '.3f')} tau_ce "
+              f"{_f(s.kendall_tau_ce, '.3f')}; search {s.search_seconds:.0f} s")
+        print(f"  random matched network: regret {100 * s.random_regret:.2f} ± "
+              f"{100 * s.random_regret_sd:.2f} pt; random search ({s.random_search_networks:.1f}"
+              f" networks in the same time): regret {100 * s.random_search_regret:.2f} pt")
+    if args.json:
+        write_json_atomic(args.json, [s.to_dict() for s in scores])
+    if len(scores) > 1:
+        med = sorted(s.regret for s in scores)[len(scores) // 2]
+        print(f"{len(scores)} runs: median regret {100 * med:.2f} pt, in the top 10% of their "
+              f"latency {sum(s.percentile >= 90 for s in scores)}/{len(scores)}, better than "
+              f"a random matched network {sum(s.regret < s.random_regret for s in scores)}/"
+              f"{len(scores)}")
+    return 0
