@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
                     "scratch; print Kendall tau and Spearman between the two and write "
                     "RUN_DIR/fidelity/fidelity.json. Re-running resumes.")
     p.add_argument("run_dir", help="a search run directory")
-    p.add_argument("-n", type=int, default=10, help="architectures (default 10)")
+    p.add_argument("-n", type=int, help="architectures (default 10; with --bench, all)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random architectures")
     p.add_argument("--retrain-epochs", type=int, help="epochs of each retrain")
     p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
@@ -23,10 +23,15 @@ def add_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the run's config (e.g. retrain.lr=0.1)")
     p.add_argument("--out", help="output folder (default RUN_DIR/fidelity)")
+    p.add_argument("--bench", metavar="FILE",
+                   help="a ground-truth benchmark of the run's space: its records replace "
+                        "retraining (and -n defaults to every network)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    Fidelity(args.run_dir, n=args.n, seed=args.seed, retrain_epochs=args.retrain_epochs,
-             out=args.out, overrides=args.set, retrain_seeds=args.retrain_seeds).run()
+    n = args.n if args.n is not None or args.bench else 10
+    Fidelity(args.run_dir, n=n, seed=args.seed, retrain_epochs=args.retrain_epochs,
+             out=args.out, overrides=args.set, retrain_seeds=args.retrain_seeds,
+             bench=args.bench).run()
     return 0

@@ -20,6 +20,10 @@ expected to rank them better than that; on digits, where every network of the qu
 space retrains to 95–99%, it is low (docs/search_modes.md).
 
 Re-running the same command resumes: finished retrains are read back, not redone.
+
+With `bench` (a ground-truth benchmark of the run's space, fbnas.bench) nothing is retrained:
+the stand-alone figures are the benchmark's records at its full budget, one per seed (so the
+noise ceiling comes with them), and `n=None` ranks every network of the space.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 from scipy import stats
 
 from fbnas.arch import Architecture, random_archs
+from fbnas.bench.table import Bench
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.data import build_search_data
@@ -73,9 +78,10 @@ def supernet_accuracy(net: Supernet, arch: Architecture, cfg: Config, data,
 
 
 class Fidelity:
-    def __init__(self, run_dir: str | Path, n: int = 10, seed: int = 0,
+    def __init__(self, run_dir: str | Path, n: int | None = 10, seed: int = 0,
                  retrain_epochs: int | None = None, out: str | Path | None = None,
-                 overrides: list[str] | None = None, log=print, retrain_seeds: int = 1):
+                 overrides: list[str] | None = None, log=print, retrain_seeds: int = 1,
+                 bench: str | Path | None = None):
         self.run_dir = Path(run_dir)
         self.state = load_checkpoint(self.run_dir / CHECKPOINT, kind="search")
         sets = list(overrides or [])
@@ -87,7 +93,14 @@ class Fidelity:
         if self.cfg.data.val_fraction == 0:
             raise FbnasError(f"{self.run_dir}: data.val_fraction is 0, so there is no "
                              "validation split to estimate accuracy on")
-        if n < 3:
+        self.bench = Bench.load(bench) if bench else None
+        if self.bench is not None:
+            if self.bench.space.macro != self.cfg.space.macro:
+                raise FbnasError(f"{bench}: a benchmark of space '{self.bench.space.name}', "
+                                 f"but {self.run_dir} searched '{self.cfg.space.name}'")
+            retrain_seeds = len(self.bench.seeds)
+            n = len(self.bench) if n is None else n
+        if n is None or n < 3:
             raise FbnasError(f"fidelity: -n must be >= 3 for a rank correlation, got {n}")
         if retrain_seeds < 1:
             raise FbnasError(f"fidelity: --retrain-seeds must be >= 1, got {retrain_seeds}")
@@ -118,7 +131,13 @@ class Fidelity:
             self.log(f"[{i + 1}/{len(points)}] {p.arch.short_hash} supernet val acc "
                      f"{p.supernet_acc:.4f}, CE {p.supernet_ce:.4f}")
         for i, p in enumerate(points):
-            results = [self._retrain(p.arch, k) for k in range(self.retrain_seeds)]
+            if self.bench is not None:
+                full = [r for r in self.bench.records(p.arch)
+                        if r["budget"] == self.bench.budgets[-1]]
+                results = [{"val_top1": r["val_acc"], "val_ce": r["val_ce"],
+                            "top1": r["test_acc"], "flops": r["flops"]} for r in full]
+            else:
+                results = [self._retrain(p.arch, k) for k in range(self.retrain_seeds)]
             p.seeds = [(float(r["val_top1"]), float(r.get("val_ce") or float("nan")))
                        for r in results]
             p.standalone_acc = statistics.fmean(a for a, _ in p.seeds)

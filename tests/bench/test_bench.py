@@ -199,3 +199,16 @@ def test_score_reads_regret_and_percentile_off_the_truth(built, searched, tmp_pa
                  "--trials", "5", "--json", str(tmp_path / "s.json")]) == 0
     assert "regret 0.00 pt, percentile 100" in capsys.readouterr().out
     assert json.loads((tmp_path / "s.json").read_text())[0]["regret"] == 0
+
+
+@pytest.mark.slow
+def test_fidelity_reads_the_benchmark_instead_of_retraining(built, searched, tmp_path):
+    _, _, out, _ = built
+    b = Bench.load(out)
+    assert main(["fidelity", str(searched), "--bench", str(out), "--out",
+                 str(tmp_path / "f")]) == 0
+    rep = json.loads((tmp_path / "f" / "fidelity.json").read_text())
+    assert rep["n"] == 4 and rep["retrain_seeds"] == 2  # every network, both seeds
+    for p in rep["points"]:
+        assert p["standalone_val_top1"] == pytest.approx(b.mean(p["hash"], "val_acc"))
+    assert not list((tmp_path / "f").glob("retrain-*"))  # nothing was retrained
