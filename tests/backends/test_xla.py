@@ -1,4 +1,5 @@
-"""The XLA timer on a real torch-xla (PJRT's CPU client): `pytest -m xla tests/test_xla.py`.
+"""The XLA timer on a real torch-xla (PJRT's CPU client):
+`pytest -m xla tests/backends/test_xla.py`.
 
 These run in the second, separate venv that `.ci/run` builds with the matching torch /
 torch-xla pair (torch-xla pins the torch it was built for, so it cannot share the main venv);

@@ -19,7 +19,7 @@ import torch
 import yaml
 from conftest import digits_run_config, latency_space
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.stem for p in (ROOT / "scripts").glob("*.py")
                  if p.stem not in ("__init__", "common"))
 

@@ -4,7 +4,7 @@ import pytest
 
 from fbnas.cli import main
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def test_space_command(capsys):

@@ -17,13 +17,14 @@ import pytest
 import ray
 import torch
 import yaml
-from test_sweep import TINY
 
 from fbnas.arch import Architecture
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.fit.costs import resolve_costs
 from fbnas.sweep.ray_tasks import KILL_ENV
+
+from .test_driver import TINY
 
 ARGS = ["--beta", "0,4", "--random", "1", "--threads", "1"]
 SEARCHES = ("search-beta0", "search-beta4")

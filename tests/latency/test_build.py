@@ -408,7 +408,7 @@ def test_xla_without_torch_xla_names_the_extra(monkeypatch):
 
 def test_xla_built_for_another_torch_is_refused(monkeypatch):
     """torch-xla pins the torch it was built for: a mismatched pair is one line naming both
-    versions and the extra (the real timer runs in `pytest -m xla`, tests/test_xla.py)."""
+    versions and the extra (the real timer runs in `pytest -m xla`, tests/backends/test_xla.py)."""
     pkg, core, debug = (types.ModuleType(n) for n in ("torch_xla", "torch_xla.core",
                                                        "torch_xla.debug"))
     xm, met = types.ModuleType("torch_xla.core.xla_model"), types.ModuleType("m")
