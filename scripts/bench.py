@@ -123,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
                        ["--config", args.config, "--device", args.device,
                         *(["--repeats", "2", *small] if q else [])]),
              "loader": ("2. data loader vs step consumption", None, []),
+             # quick: sync every 4 rounds the warm-up and timed steps up to 4 each, 8 weight
+             # batches of 32 per process (512 images gave 5: refused)
              "ddp": ("3. distributed data parallel, gloo on CPU", "bench_ddp",
-                     ["--steps", "4", "--warmup", "1", "--repeats", "1", "--samples", "512"]
+                     ["--steps", "4", "--warmup", "1", "--repeats", "1", "--samples", "1024"]
                      if q else []),
              "precision": ("4. mixed precision and channels_last", "bench_precision",
                            ["--config", args.config, "--device", args.device,

@@ -18,12 +18,19 @@ the issue's table) on one synthetic batch held on the device, for every variant 
   x first      the first variant's step time / this one's (speed-up)
 
     python -m scripts.bench_gpu --device cuda                       # ImageNet space, batch 96
+    python -m scripts.bench_gpu --device cpu --batch 2 --modes single_path --steps 1 \\
+        --rounds 1 --copy-gib 0.01                   # the same config on a CPU (~1 minute)
     python -m scripts.bench_gpu --config configs/quickstart.yaml --batch 32 --steps 2 \\
         --rounds 3 --device cpu                                 # a quick check on a CPU
     python -m scripts.bench_gpu --compile both                     # search.compile off / on
     python -m scripts.bench_gpu --nan-check both   # the per-step NaN read against the deferred
     python -m scripts.bench_gpu --code /tmp/base   # the same table for a baseline checkout
     python -m scripts.bench_gpu --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
+
+The default config is configs/fbnet_imagenet.yaml, whose runs keep 100 of ImageNet's classes
+(`data.classes: 100`): synthetic data refuses `data.classes`, so the table is made with the head
+those runs have, 100 outputs (`space.num_classes=100`, `data.classes=null`), and says so. The
+loader only gives the batch that is timed (`data.workers=0`).
 
 With --compile, inductor caches generated code under /tmp/torchinductor_$USER (remove it
 after). With --code DIR the table is made in a child process that imports DIR's fbnas
@@ -43,6 +50,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import yaml
 
 from fbnas.trainer import SearchTrainer
 from scripts.common import (
@@ -98,6 +106,22 @@ def profile_step(t: SearchTrainer, x: torch.Tensor, y: torch.Tensor, device: tor
     return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=40)
 
 
+def run_classes(config: str) -> int | None:
+    """The config's `data.classes` (the classes its runs keep, e.g. the FBNet paper's 100 of
+    ImageNet's 1000), or None."""
+    with open(config) as fh:
+        return ((yaml.safe_load(fh) or {}).get("data") or {}).get("classes")
+
+
+def classes_sets(config: str) -> list[str]:
+    """Synthetic data has the space's num_classes classes and refuses `data.classes`: a config
+    that keeps N classes (configs/fbnet_imagenet.yaml: 100) is timed with the head its runs
+    have, N outputs (space.num_classes=N, data.classes=null). Nothing for a config without it
+    (an older checkout's, which may not know the key)."""
+    n = run_classes(config)
+    return [] if n is None else [f"space.num_classes={n}", "data.classes=null"]
+
+
 def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: Path
             ) -> SearchTrainer:
     # keys at their defaults are left out, so that a baseline checkout without them runs too
@@ -107,8 +131,10 @@ def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: P
                                      else []),
             *([f"run.nan_check={check}"] if check != "auto" else []),
             *(["search.compile=true"] if compiled else []),
+            *classes_sets(args.config),
             "latency.cost=flops", "data.dataset=synthetic", f"data.batch_size={args.batch}",
             f"data.synthetic_size={4 * args.batch}", "data.val_fraction=0",
+            "data.workers=0",  # the loader gives the one batch that is timed, nothing more
             f"search.device={args.device}",
             f"run.dir={work / f'{mode}-{precision}-{int(compiled)}-{check}'}",
             "run.progress=false", "run.tensorboard=false", *args.set]
@@ -167,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s; fbnas from "
           f"{code}", flush=True)
+    if (n := run_classes(args.config)) is not None:
+        print(f"data.classes {n}: the {n}-output head of the config's runs, on synthetic data "
+              f"of {n} classes (space.num_classes={n}, data.classes=null)", flush=True)
     batch, saved, peak = {}, {}, {}
 
     def reset_peak(v) -> None:

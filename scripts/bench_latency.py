@@ -1,5 +1,6 @@
 """Benchmark of fbnas latency tables against end-to-end latency, with the reference protocol
-run side by side in the same process. Prints every figure issue 3 asks for; writes JSON.
+run side by side in the same process. Prints every figure issue 3 asks for; writes JSON
+(--out-dir, default runs/bench_latency: bench.json and the two tables).
 
     python -m scripts.bench_latency                         # CIFAR space, CPU, batch 1, 50 archs
     python -m scripts.bench_latency --quick                 # smaller, ~1.5 minutes
@@ -8,7 +9,8 @@ run side by side in the same process. Prints every figure issue 3 asks for; writ
 Steps (all in one run, on the same machine state):
 1. build the table (timed)                                        -> build time
 2. the reference protocol, as the seed implementation did it: per layer and op, a fresh block
-   in train mode, one `timeit` pass of 50 runs, no warm-up, 2 threads, `globals()`
+   in train mode, one `timeit` pass of 50 runs (--reference-runs), no warm-up, 2 threads,
+   `globals()`
 3. validate: >= 50 spanning architectures, each timed end to end twice (drift-compensated)
                                                                   -> repeat r, Spearman/Kendall,
    ratio, MAPE, within 10%, FLOPs proxy, calibration and fitted model held out
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probes", type=int, default=12, help="context probes in the build")
     ap.add_argument("--no-rebuild", action="store_true", help="skip the rebuild step")
     ap.add_argument("--no-reference-protocol", action="store_true")
+    ap.add_argument("--reference-runs", type=int, default=50,
+                    help="runs of the reference protocol's timeit pass (the seed's: 50)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer rounds and 30 architectures (a smoke run, not for reporting)")
     ap.add_argument("--seed", type=int, default=0)
@@ -177,10 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     # 2. the reference protocol, side by side
     ref_rows = None
     if not args.no_reference_protocol and args.device == "cpu":
-        log("[2/4] the reference protocol (timeit x50, no warm-up, train mode, 2 threads) ...")
+        log(f"[2/4] the reference protocol (timeit x{args.reference_runs}, no warm-up, train "
+            "mode, 2 threads) ...")
         t0 = time.perf_counter()
-        ref_rows, ref_fixed = reference_protocol_table(space)
+        ref_rows, ref_fixed = reference_protocol_table(space, args.reference_runs)
         res["reference_protocol"] = {"seconds": time.perf_counter() - t0,
+                                     "runs": args.reference_runs,
                                      "inversion_rate": inversions(ref_rows, space)}
 
     # 3. validation
@@ -247,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
           f"got {v['table']['spearman']:.3f}")
     if "reference_protocol" in res:
         rp = res["reference_protocol"]
-        print(f"reference protocol (timeit x50, no warm-up, train, 2 threads): Spearman "
+        print(f"reference protocol (timeit x{rp['runs']}, no warm-up, train, 2 threads): "
+              f"Spearman "
               f"{rp['spearman']:.3f} Kendall {rp['kendall']:.3f}, median pred/meas "
               f"{rp['median_ratio']:.2f}; ordered pairs inverted {100 * rp['inversion_rate']:.0f}%"
               f" (ours {100 * res['build']['inversion_rate']:.0f}%)")

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rt}: {len(archs)} networks validated in {time.perf_counter() - t0:.0f} s",
                   flush=True)
         print(f"\n{'runtime':<11}{'build s':>8}{'net ms':>14}{'S':>7}{'K':>7}{'MAPE':>7}"
-              f"{'±10%':>6}{'eager S':>9}{'FLOPs S':>9}{'x eager':>9}{'deleg.':>8}{'flips':>12}")
+              f"{'±10%':>6}{'eager S':>9}{'FLOPs S':>9}{'x eager':>9}{'deleg.':>8}{'flips':>16}")
         eager_ms = (np.array([a["measured_us"] for a in reports["cpu"]["archs"]])
                     if "cpu" in reports else None)
         for rt, rep in reports.items():
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rt:<11}{built[rt]:8.0f}{meas.min() / 1e3:7.2f}-{meas.max() / 1e3:<6.2f}"
                   f"{t['spearman']:7.3f}{t['kendall']:7.3f}{100 * t['mape']:6.1f}%"
                   f"{100 * t['within_10pct']:5.0f}%{es:9.3f}{rep['flops_proxy']['spearman']:9.3f}"
-                  f"{speed:9.2f}{dtxt:>8}{ftxt:>12}")
+                  f"{speed:9.2f}{dtxt:>8}{ftxt:>16}")
         print("\nS/K/MAPE/±10%: the runtime's table against its own end-to-end measurement; "
               "eager S: the eager table's prediction against it; x eager: median network time "
               "relative to eager; deleg.: entries fully delegated to XNNPACK; flips: ordered op "

@@ -8,6 +8,14 @@ alike) on the same config; printed
 per checkout: each θ-active epoch's seconds and images/s (weight + θ steps x batch / epoch
 seconds), the median, and its ratio to the first checkout's.
 
+The same config for every checkout, one that each can read: by default only the `space:` of
+this checkout's configs/quickstart.yaml, with the sizes below (28x28 grey synthetic images,
+--size, --batch, --epochs, one warm-up epoch, the FLOPs cost); every other setting is the
+checkout's own default (search.mode full, separate weights), since the quickstart's search
+section (search.mode: reinforce, weights: shared, ...) is refused by a checkout older than
+those keys. `--config FILE` gives every checkout FILE instead (the sizes still applied), and
+`--set` adds overrides: a checkout that cannot read them fails with its own error.
+
     git worktree add /tmp/base e4987fe         # fbnas before issue 14's changes
     python -m scripts.bench_search_epochs --code /tmp/base --code .     # on a GPU
     python -m scripts.bench_search_epochs --code . --device cpu --size 2000 --epochs 2
@@ -24,6 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
+from fbnas.io import load_yaml
 from scripts.common import QUIET, ROOT, SPACES, Spread, alternate, with_code
 
 DRIVER = """
@@ -44,14 +55,14 @@ json.dump({"seconds": [h["seconds"] for h in t.history],
 """
 
 
-def run(code: Path, args, work: Path, tag: str) -> dict:
+def run(code: Path, config: Path, args, work: Path, tag: str) -> dict:
     out = work / f"{tag}.json"
     sets = [f"space.input_size={args.input_size}", "space.in_channels=1",
             "data.dataset=synthetic", f"data.synthetic_size={args.size}",
             f"data.batch_size={args.batch}", f"search.epochs={args.epochs}",
             "search.warmup_epochs=1", f"search.device={args.device}", "latency.cost=flops",
             *QUIET, f"run.dir={work / tag}", *args.set]
-    r = subprocess.run([sys.executable, "-c", DRIVER, str(args.config), str(out), *sets],
+    r = subprocess.run([sys.executable, "-c", DRIVER, str(config), str(out), *sets],
                        env=with_code(code), cwd=code, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"{code}: the search failed:\n{r.stderr[-3000:]}")
@@ -62,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--code", action="append", default=[], metavar="DIR",
                     help="an fbnas checkout (repeat; the first is the reference)")
-    ap.add_argument("--config", default=str(SPACES["quickstart"]))
+    ap.add_argument("--config", help="one config file for every checkout (default: only the "
+                    "space of configs/quickstart.yaml, every other setting the checkout's default)")
     ap.add_argument("--input-size", type=int, default=28)
     ap.add_argument("--size", type=int, default=60000, help="synthetic images in all")
     ap.add_argument("--batch", type=int, default=64)
@@ -71,13 +83,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides")
     args = ap.parse_args(argv)
-    args.config = Path(args.config).resolve()  # each checkout runs in its own folder
     codes = [Path(c).resolve() for c in (args.code or [str(ROOT)])]
     per: dict[Path, list[float]] = {c: [] for c in codes}
     with tempfile.TemporaryDirectory(prefix="fbnas_bench_epochs_") as tmp:
+        if args.config:
+            config = Path(args.config).resolve()  # each checkout runs in its own folder
+            print(f"config {config} for every checkout", flush=True)
+        else:
+            config = Path(tmp) / "space.yaml"
+            config.write_text(yaml.safe_dump({"space": load_yaml(SPACES["quickstart"])["space"]},
+                                             sort_keys=False))
+            print(f"config: the space of {SPACES['quickstart']}, every other setting each "
+                  "checkout's default (search.mode full in every checkout so far)", flush=True)
+        print(f"{args.input_size}x{args.input_size} grey synthetic images, {args.size} in all, "
+              f"batch {args.batch}, {args.epochs} epochs (the first weights only), FLOPs cost"
+              + (f"; --set {' '.join(args.set)}" if args.set else ""), flush=True)
         for rep in range(args.repeats):
             for c in alternate(codes, rep):
-                res = run(c, args, Path(tmp), f"r{rep}_{codes.index(c)}")
+                res = run(c, config, args, Path(tmp), f"r{rep}_{codes.index(c)}")
                 rates = [res["images"] / s for s, th in zip(res["seconds"], res["theta"],
                                                             strict=True) if th]
                 per[c] += rates

@@ -20,12 +20,12 @@ Sweeps on Ray (`fbnas sweep --workers N`), against the serial sweep and after ki
 
     # 6 points (3 targets x 2 search seeds in one sweep), serially and on 2 Ray workers, one
     # torch thread per point in both: wall time each, and is every point identical?
-    python -m scripts.bench_sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \
+    python -m scripts.bench_sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \\
         --threads 1 --workers 2 --against-serial --out /tmp/bench_sweep
     # then SIGKILL the driver, and (another sweep) one worker, mid-search; re-run the same
     # command: are the finished points kept, does the killed one resume, and do the results
     # equal OUT/serial's?
-    python -m scripts.bench_sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \
+    python -m scripts.bench_sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \\
         --threads 1 --workers 2 --kill driver,worker --out /tmp/bench_sweep
 
 In these modes every sweep in OUT shares one latency table, measured first (outside the wall

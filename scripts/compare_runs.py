@@ -2,9 +2,16 @@
 checkouts (each imported from its own folder), then θ and every epoch's figures compared
 exactly (wall-clock seconds aside).
 
-    git worktree add /tmp/base 114c361
-    python -m scripts.compare_runs --code /tmp/base --code . --config configs/quickstart.yaml \
+    git worktree add /tmp/base af3d295    # the commit before fbnas/ was regrouped by concern
+    python -m scripts.compare_runs --code /tmp/base --code . --config configs/quickstart.yaml \\
         --modes full,single_path,two_path --set latency.cost=flops
+
+Every checkout runs the same config file (--config, read from here), so a checkout older than a
+key that file sets refuses it and the comparison stops with that checkout's error (the shipped
+quickstart sets `search.weights`, `search.mode: reinforce` and `search.uniform_paths`, which
+checkouts before a167aba and a1b5f2d do not know). Compare such a checkout on a config it
+reads, e.g. its own: `--config /tmp/base/configs/quickstart.yaml` (a newer checkout reads an
+older config unless a key it sets was removed since: this one reads 114c361's quickstart).
 
 Prints, per mode, `identical` or the first field that differs, and exits 1 when any differs.
 """
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.code) < 2:
         ap.error("give --code at least twice")
     config = str(Path(args.config).resolve())
+    print(f"{config} for every checkout; --set {' '.join(args.set) or '(none)'}", flush=True)
     differ = 0
     with tempfile.TemporaryDirectory(prefix="fbnas-compare-") as tmp:
         for mode in args.modes.split(","):
