@@ -100,9 +100,34 @@ def digits_run_config(retrain: dict | None = None, **sections: dict) -> dict:
     return d
 
 
+def one_line_error(fn, *needles: str) -> str:
+    """The message of the FbnasError `fn()` raises: one line, holding every one of `needles`."""
+    from fbnas.errors import FbnasError
+
+    with pytest.raises(FbnasError) as ei:
+        fn()
+    msg = str(ei.value)
+    assert "\n" not in msg
+    for n in needles:
+        assert n in msg, (n, msg)
+    return msg
+
+
+def order(loader) -> list[int]:
+    """The dataset indices the loader's next pass visits (advances its sampler's epoch)."""
+    return list(iter(loader.sampler))
+
+
 def latency_space(**over) -> dict:
     """A fresh copy of LATENCY_SPACE with top-level keys replaced by `over`."""
     return copy.deepcopy({**LATENCY_SPACE, **over})
+
+
+def pytest_configure(config):
+    """One intra-op thread for the whole run: the tests' networks are tiny, and on a small
+    shared machine a second thread only spins (the fast tier ran ~1.7x faster on the 2-core
+    VM). Tests about threads (the timers', DataLoader workers) set their own."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

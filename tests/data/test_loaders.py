@@ -1,8 +1,13 @@
+"""Search, train and eval data built from the data section: loaders, their order and
+shards, digits, synthetic, CIFAR and image folders, data.classes (fbnas/data/loaders.py,
+sources.py)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from conftest import one_line_error, order
 
 from fbnas.data import (
     DataConfig,
@@ -11,127 +16,9 @@ from fbnas.data import (
     build_search_data,
     build_train_data,
     digits_split,
-    split_indices,
 )
-from fbnas.errors import FbnasError
 
 N_DIGITS_TRAIN = 1797 - 360
-
-
-def one_line_error(fn, *needles: str) -> str:
-    with pytest.raises(FbnasError) as ei:
-        fn()
-    msg = str(ei.value)
-    assert "\n" not in msg
-    for n in needles:
-        assert n in msg, (n, msg)
-    return msg
-
-
-def order(loader) -> list[int]:
-    """The dataset indices the loader's next pass visits (advances its sampler's epoch)."""
-    return list(iter(loader.sampler))
-
-
-# ---- config ---------------------------------------------------------------------------------
-
-
-def test_config_defaults_and_round_trip():
-    cfg = DataConfig.from_dict({})
-    assert cfg == DataConfig()
-    assert (cfg.dataset, cfg.batch_size, cfg.eval_batch_size, cfg.workers) == ("digits", 64, 256, 0)
-    assert (cfg.w_fraction, cfg.val_fraction, cfg.augment, cfg.limit) == (0.8, 0.1, True, None)
-    d = DataConfig.from_dict({"dataset": "cifar10", "root": "/x", "download": True, "limit": 9})
-    assert DataConfig.from_dict(d.to_dict()) == d
-    assert "where" not in d.to_dict()
-    assert DataConfig.from_dict(None) == DataConfig()
-
-
-@pytest.mark.parametrize("d, needles", [
-    ({"batchsize": 3}, ["data: unknown key 'batchsize'"]),
-    ({"w_fraction": 1.0}, ["data.w_fraction", "(0, 1)"]),
-    ({"w_fraction": 0}, ["data.w_fraction"]),
-    ({"val_fraction": 1.0}, ["data.val_fraction", "[0, 1)"]),
-    ({"val_fraction": -0.1}, ["data.val_fraction"]),
-    ({"val_fraction": "0.1"}, ["data.val_fraction", "expected a number"]),
-    ({"batch_size": 0}, ["data.batch_size", ">= 1"]),
-    ({"augment": "yes"}, ["data.augment", "light", "'yes'"]),
-    ({"augment": "imagenet"}, ["data.augment", "digits"]),
-    ({"crop_scale": [0.5, 1.0]}, ["data.crop_scale", "digits"]),
-    ({"dataset": "synthetic", "crop_scale": [0.9, 0.5]}, ["data.crop_scale", "lo <= hi"]),
-    ({"dataset": "synthetic", "crop_scale": 0.5}, ["data.crop_scale", "expected a list"]),
-    ({"flip": "sometimes"}, ["data.flip", "true or false"]),
-    ({"limit": 0}, ["data.limit"]),
-    ({"dataset": "mnist"}, ["data.dataset", "digits", "'mnist'"]),
-    ({"dataset": "cifar10"}, ["data.root", "required", "cifar10"]),
-    ({"dataset": "imagefolder"}, ["data.root", "train/ and val/"]),
-    ({"placement": "gpu"}, ["data.placement", "device", "'gpu'"]),
-    ({"dataset": "imagefolder", "root": "/x", "placement": "device"},
-     ["data.placement", "digits, synthetic, cifar10, cifar100", "imagefolder"]),
-    ({"dataset": "cifar10", "root": "/x", "placement": "device", "augment": "light"},
-     ["data.placement", "padded crop", "placement: loader"]),
-])
-def test_config_errors_name_the_key(d, needles):
-    one_line_error(lambda: DataConfig.from_dict(d), *needles)
-
-
-def test_config_where_prefixes_messages():
-    one_line_error(lambda: DataConfig.from_dict({"w_fraction": 2}, "run.yaml: data"),
-                   "run.yaml: data.w_fraction")
-    one_line_error(lambda: DataConfig(val_fraction=1.5), "data.val_fraction")
-
-
-# ---- splits ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n, w_frac, val_frac", [(100, 0.8, 0.1), (7, 0.5, 0.0), (3, 0.99, 0.5),
-                                                 (1437, 0.8, 0.1)])
-def test_split_is_disjoint_and_covers(n, w_frac, val_frac):
-    cfg = DataConfig(w_fraction=w_frac, val_fraction=val_frac)
-    w, theta, val = split_indices(n, cfg, seed=3)
-    assert w and theta and (val or val_frac == 0)
-    assert not (set(w) & set(theta) or set(w) & set(val) or set(theta) & set(val))
-    assert sorted(w + theta + val) == list(range(n))
-    assert split_indices(n, cfg, seed=3) == (w, theta, val)
-    assert split_indices(n, cfg, seed=4) != (w, theta, val) or n < 4
-
-
-def test_split_fractions_and_limit():
-    w, theta, val = split_indices(1000, DataConfig(), seed=0)
-    assert (len(val), len(w), len(theta)) == (100, 720, 180)
-    w, theta, val = split_indices(1000, DataConfig(limit=50), seed=0)
-    assert len(w) + len(theta) + len(val) == 50 and len(val) == 5
-    one_line_error(lambda: split_indices(9, DataConfig(limit=2), seed=0),
-                   "data: 2 training samples", "raise data.limit")
-    w, theta, val = split_indices(2, DataConfig(val_fraction=0.0), seed=0)
-    assert (len(w), len(theta), len(val)) == (1, 1, 0)
-
-
-def test_digits_test_split_is_fixed_stratified_and_disjoint():
-    tr, te = digits_split()
-    assert len(te) == 360 and len(tr) == N_DIGITS_TRAIN
-    assert not set(tr) & set(te) and sorted(np.concatenate([tr, te])) == list(range(1797))
-    from sklearn.datasets import load_digits
-
-    y = load_digits().target
-    counts = np.bincount(y[te], minlength=10)
-    assert counts.min() >= 34 and counts.max() <= 38  # 20% of 174..183 per class
-
-
-def test_search_data_index_sets():
-    d = build_search_data(DataConfig(), 16, 1, 10, seed=0)
-    w, theta, val = set(d.w_indices), set(d.theta_indices), set(d.val_indices)
-    assert not (w & theta or w & val or theta & val)
-    assert w | theta | val == set(range(N_DIGITS_TRAIN))
-    assert len(d.w_loader.dataset) == N_DIGITS_TRAIN and len(d.test_loader.dataset) == 360
-    # loaders really draw from their own part (θ does not reuse the weight sampler)
-    assert set(order(d.w_loader)) == w and set(order(d.theta_loader)) == theta
-    assert order(d.val_loader) == list(d.val_indices)  # sequential, no shuffle
-    assert d.theta_loader.sampler is not d.w_loader.sampler
-    # val is read with eval transforms from the training set, never the augmenting view
-    assert d.w_loader.dataset.augment and not d.val_loader.dataset.augment
-    assert d.val_loader.dataset.images is d.w_loader.dataset.images
-    assert not d.test_loader.dataset.augment
 
 
 # ---- loaders --------------------------------------------------------------------------------
@@ -457,158 +344,6 @@ def test_cifar_default_is_padded_crop_and_flip_and_digits_can_flip():
     torch.manual_seed(0)
     views = {tuple(ds[0][0].flatten().tolist()) for _ in range(20)}
     assert len(views) == 2  # the image and its mirror
-
-
-# ---- data.placement: device --------------------------------------------------------------------
-
-
-def _placed(placement: str, **over):
-    cfg = DataConfig.from_dict({"placement": placement, "batch_size": 32, "limit": 300, **over})
-    return build_search_data(cfg, 16, 1, 10, seed=0, device=torch.device("cpu"))
-
-
-def test_auto_placement_keeps_a_dataloader_on_the_cpu():
-    d = _placed("auto")
-    assert isinstance(d.w_loader, torch.utils.data.DataLoader)
-    assert type(_placed("device").w_loader).__name__ == "DeviceBatches"
-
-
-def test_device_placement_puts_each_split_on_the_device_once():
-    """The w, θ, val and calibration loaders are views of one training split: they share one
-    uploaded tensor; the test split has its own."""
-    d = _placed("device")
-    views = (d.w_loader, d.theta_loader, d.val_loader, d.calib_loader)
-    assert all(v.images is d.w_loader.images for v in views)
-    assert d.test_loader.images is not d.w_loader.images
-
-
-@pytest.mark.parametrize("dataset", ["digits", "synthetic"])
-def test_device_placement_visits_the_loaders_samples_in_its_order(dataset):
-    """The same batches of the same samples in the same order as the DataLoader path; the
-    evaluation splits (no augmentation) are the same tensors."""
-    dev, loader = _placed("device", dataset=dataset), _placed("loader", dataset=dataset)
-    for e in (0, 1):
-        dev.set_epoch(e)
-        loader.set_epoch(e)
-        a = list(dev.iterate(dev.w_loader))
-        b = list(loader.iterate(loader.w_loader))
-        assert len(a) == len(b) == len(dev.w_loader) == len(loader.w_loader)
-        assert all(torch.equal(ya, yb) for (_, ya), (_, yb) in zip(a, b, strict=True))
-        assert all(xa.shape == xb.shape for (xa, _), (xb, _) in zip(a, b, strict=True))
-    for la, lb in ((dev.val_loader, loader.val_loader), (dev.test_loader, loader.test_loader),
-                   (dev.calib_loader, loader.calib_loader)):
-        for (xa, ya), (xb, yb) in zip(la, lb, strict=True):
-            assert torch.equal(ya, yb)
-            torch.testing.assert_close(xa, xb, rtol=0, atol=1e-5)
-
-
-def test_device_augmentation_is_the_datasets_turn_and_shift():
-    """The batched turn/shift is DigitsDataset's per-image _affine for the same draws."""
-    from fbnas.data.device import on_device
-    from fbnas.data.sources import DIGITS_MEAN, DIGITS_STD, _affine, load_source
-
-    cfg = DataConfig.from_dict({"limit": 300})
-    ds = load_source(cfg, 16, 1, 10, 0).train
-    images, _, transform = on_device(ds, torch.device("cpu"))
-    x = images[:5]
-    got = transform(x, torch.Generator().manual_seed(7))
-    r = torch.rand(5, 3, generator=torch.Generator().manual_seed(7)).mul_(2).sub_(1)
-    px = ds.side / 8.0
-    want = torch.cat([_affine(x[i:i + 1], ds._grid, float(r[i, 0]) * ds.MAX_DEG,
-                              float(r[i, 1]) * ds.MAX_SHIFT * px,
-                              float(r[i, 2]) * ds.MAX_SHIFT * px) for i in range(5)])
-    torch.testing.assert_close(got, (want - DIGITS_MEAN) / DIGITS_STD, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(got, (x - DIGITS_MEAN) / DIGITS_STD)  # it did move the images
-
-
-def test_device_placement_resumes_mid_epoch_exactly():
-    """Batch k of a pass started at batch k is batch k of the uninterrupted pass, augmentation
-    included; another epoch augments differently."""
-    d = _placed("device")
-    d.set_epoch(3)
-    full = list(d.iterate(d.w_loader))
-    d.set_epoch(3)
-    rest = list(d.iterate(d.w_loader, start=2))
-    assert len(rest) == len(full) - 2
-    for (xa, ya), (xb, yb) in zip(full[2:], rest, strict=True):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    d.set_epoch(4)
-    other = list(d.iterate(d.w_loader))
-    assert not torch.equal(other[0][0], full[0][0])
-
-
-def _fake_cifar(root, monkeypatch, n_train=40, n_test=12):
-    """A tiny CIFAR-10 in torchvision's python format (its checksums waived)."""
-    import pickle
-
-    from torchvision import datasets
-
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name in names:
-        n = n_test if name == "test_batch" else n_train // 5
-        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, n).tolist()}
-        (folder / name).write_bytes(pickle.dumps(batch))
-    (folder / "batches.meta").write_bytes(pickle.dumps(
-        {"label_names": [f"c{i}" for i in range(10)]}))
-    monkeypatch.setattr(datasets.CIFAR10, "_check_integrity", lambda self: True)
-    monkeypatch.setattr(datasets.cifar, "check_integrity", lambda path, md5=None: True)
-
-
-def _cifar_data(root, placement, size=32, channels=3, **over):
-    cfg = DataConfig.from_dict({"dataset": "cifar10", "root": str(root), "batch_size": 8,
-                                "placement": placement, "val_fraction": 0.2, **over})
-    return build_search_data(cfg, size, channels, 10, seed=0, device=torch.device("cpu"))
-
-
-def test_cifar_on_the_device_matches_the_loader(tmp_path, monkeypatch):
-    """CIFAR held on the device: the loader path's samples in its order; evaluation pixels
-    equal; the padded crop and flip are RandomCrop(32, padding=4) and a mirror of the same
-    image (checked against numpy for the same draws)."""
-    from fbnas.data.device import on_device
-    from fbnas.data.sources import CIFAR_STATS
-
-    _fake_cifar(tmp_path, monkeypatch)
-    dev, loader = _cifar_data(tmp_path, "device"), _cifar_data(tmp_path, "loader")
-    assert type(dev.w_loader).__name__ == "DeviceBatches"
-    dev.set_epoch(1)
-    loader.set_epoch(1)
-    for (_, ya), (_, yb) in zip(dev.iterate(dev.w_loader), loader.iterate(loader.w_loader),
-                                strict=True):
-        assert torch.equal(ya, yb)
-    for la, lb in ((dev.val_loader, loader.val_loader), (dev.test_loader, loader.test_loader)):
-        for (xa, ya), (xb, yb) in zip(la, lb, strict=True):
-            assert torch.equal(ya, yb)
-            torch.testing.assert_close(xa, xb, rtol=0, atol=1e-6)
-    assert dev.val_loader.images is dev.w_loader.images  # the train split, uploaded once
-    ds = dev.w_loader  # the train view's transform, on raw images
-    images, _, transform = on_device(loader.w_loader.dataset, torch.device("cpu"))
-    got = transform(images[:6], torch.Generator().manual_seed(3))
-    g = torch.Generator().manual_seed(3)
-    oy, ox = torch.randint(0, 9, (2, 6), generator=g)
-    coin = torch.rand(6, generator=g) < 0.5
-    raw = np.pad(images[:6].numpy(), ((0, 0), (0, 0), (4, 4), (4, 4)))
-    mean, std = (np.array(v, dtype=np.float32)[:, None, None] for v in CIFAR_STATS["cifar10"])
-    for i in range(6):
-        crop = raw[i, :, oy[i]:oy[i] + 32, ox[i]:ox[i] + 32].astype(np.float32) / 255
-        if coin[i]:
-            crop = crop[:, :, ::-1]
-        np.testing.assert_allclose(got[i].numpy(), (crop - mean) / std, rtol=0, atol=1e-5)
-    assert ds.batch_size == 8
-
-
-def test_cifar_on_the_device_resized_and_grey_is_close_to_the_loader(tmp_path, monkeypatch):
-    """Resize (torch's antialiased bilinear) and greyscale (in float) differ from PIL's only
-    in rounding: the evaluation images agree closely."""
-    _fake_cifar(tmp_path, monkeypatch)
-    dev = _cifar_data(tmp_path, "device", size=24, channels=1)
-    loader = _cifar_data(tmp_path, "loader", size=24, channels=1)
-    for (xa, _), (xb, _) in zip(dev.test_loader, loader.test_loader, strict=True):
-        assert xa.shape == xb.shape == (len(xa), 1, 24, 24)
-        assert float((xa - xb).abs().mean()) < 0.05
 
 
 # ---- data.classes: a subset of the classes ---------------------------------------------------

@@ -6,35 +6,30 @@ from __future__ import annotations
 import csv
 import io
 import itertools
-import json
 import math
 import statistics
 
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config, run_bundle_standalone, slow_reference_op
+from conftest import digits_run_config
 
-import fbnas.fit.end_to_end
-from fbnas.arch import Architecture, ChildNet, arch_from_indices, build_child, log_prob
-from fbnas.backends.fake import FakeTimer
+from fbnas.arch import Architecture, log_prob
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import final_fit
-from fbnas.fit.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
 from fbnas.fit.onto_target import (
     fit_to_target,
     measured_fit,
     near_target,
     predicted_cost,
 )
-from fbnas.latency import LatencyTable
-from fbnas.latency.measure import reference_scale
 from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
-from fbnas.search_space import SearchSpace
 from fbnas.trainer import SearchTrainer
+
+from .measured import FIT_SPACE, fake_run, run_search, slow_networks
 
 
 def _space(seed: int, layers: int = 6, ops: int = 5):
@@ -221,56 +216,6 @@ def test_near_target_spreads_the_most_probable_over_the_band():
 
 # ---- through the trainer, with the fake device made to disagree with its own table -----------
 # 5 searchable layers x 5 candidates: enough architectures to land within ±3% of a target
-FIT_SPACE = {
-    "name": "fit", "input_size": 8, "in_channels": 1, "num_classes": 10,
-    "stem": {"channels": 8, "stride": 1},
-    "candidates": ["ir_k3_e1", "ir_k3_e3", "ir_k5_e3", "ir_k3_e6", "skip"],
-    "stages": [{"channels": 8, "repeats": 2, "stride": 1},
-               {"channels": 16, "repeats": 3, "stride": 2}],
-    "head": {"channels": 16},
-}
-
-
-def _fake_run(tmp_path, **search):
-    d = digits_run_config(
-        space=FIT_SPACE,
-        latency={"cost": "latency", "device": "fake", "cache_dir": str(tmp_path / "cache")},
-        loss={"kind": "target", "target": "0.6x", "lambda": 1.0},
-        search={"epochs": 2, "warmup_epochs": 1, "theta_lr": 0.5, **search})
-    for k in ("alpha", "beta"):
-        d["loss"].pop(k, None)
-    d["run"]["dir"] = str(tmp_path / "run")
-    return config_from_dict(d, "test.yaml")
-
-
-def _slow_networks(monkeypatch, factor: float) -> None:
-    """Whole networks take `factor` times what the fake device's table entries add up to,
-    except the table's probes (its context model was fitted to them: a table off by one factor
-    on every network would have been corrected at its build, and an end-to-end figure is
-    anchored to them)."""
-    prepare = FakeTimer.prepare
-
-    def slower(self, module, input_chw, label=""):
-        run = prepare(self, module, input_chw, label)
-        if isinstance(module, ChildNet) and "probe" not in label:
-            run.cost_s *= factor
-        return run
-
-    monkeypatch.setattr(FakeTimer, "prepare", slower)
-
-
-def _search(cfg, tmp_path):
-    t = SearchTrainer(cfg, tmp_path / "run")
-    try:
-        t.fit()
-    finally:
-        close_logger(t.log)
-    path = tmp_path / "run" / "arch_hard.yaml"
-    saved = yaml.safe_load(path.read_text())
-    saved["ops"] = list(Architecture.load(path).ops)  # one op per searchable layer
-    return t, saved
-
-
 def _expected_choice(rounds: list[dict], target: float, tol: float) -> dict:
     """What the measured fit should return from its recorded rounds: each network's
     measurements pooled (median in log space), then the most probable one within ±tol/3 of
@@ -289,11 +234,11 @@ def _expected_choice(rounds: list[dict], target: float, tol: float) -> dict:
 
 
 def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
-    cfg = _fake_run(tmp_path)
+    cfg = fake_run(tmp_path)
     t = SearchTrainer(cfg, tmp_path / "run")  # measures the table with the honest fake device
     close_logger(t.log)
-    _slow_networks(monkeypatch, 1.15)
-    t, saved = _search(cfg, tmp_path)
+    slow_networks(monkeypatch, 1.15)
+    t, saved = run_search(cfg, tmp_path)
     meta = saved["meta"]
     target = meta["target"]
     assert abs(meta["measured"] / target - 1) <= cfg.search.fit_tolerance and meta[
@@ -312,99 +257,11 @@ def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     assert "measured fit round 1" in log and f"{meta['measured']:.1f} us measured" in log
 
 
-def test_sample_hard_gives_the_runs_architecture_and_refit_says_what_changed(
-        tmp_path, monkeypatch, capsys):
-    """`fbnas sample RUN --hard` writes what `fbnas train` returned (arch_hard.yaml) without
-    timing anything; `--refit` fits again, timing networks, and names the layers that differ."""
-    cfg = _fake_run(tmp_path)
-    _slow_networks(monkeypatch, 1.15)
-    _search(cfg, tmp_path)
-    run, out = tmp_path / "run", tmp_path / "s"
-    timed = []
-    prepare = FakeTimer.prepare
-    monkeypatch.setattr(FakeTimer, "prepare",
-                        lambda self, *a, **k: timed.append(1) or prepare(self, *a, **k))
-    # the run's record, changed in layer 0: --hard must give it as it is
-    recorded = Architecture.load(run / "arch_hard.yaml")
-    cands = cfg.space.layer_candidates()
-    other = next(op for op in cands[0] if op != recorded.ops[0])
-    changed = Architecture(recorded.macro, [other, *recorded.ops[1:]], recorded.name,
-                           recorded.space, dict(recorded.meta))
-    changed.save(run / "arch_hard.yaml")
-    capsys.readouterr()
-    assert main(["sample", str(run), "--hard", "--out", str(out)]) == 0
-    sampled = Architecture.load(out / "arch_hard.yaml")
-    assert list(sampled.ops) == list(changed.ops) and timed == []
-    assert sampled.meta["measured"] == recorded.meta["measured"]
-    assert "the run's architecture" in capsys.readouterr().out
-    assert main(["sample", str(run), "--hard", "--refit", "--out", str(out)]) == 0
-    said = capsys.readouterr().out
-    refit = Architecture.load(out / "arch_hard.yaml")
-    assert timed and list(refit.ops) == list(recorded.ops) and "measured" in refit.meta
-    assert f"differs from the run's arch_hard.yaml (layer 0: {other} -> {recorded.ops[0]}" in said
-    assert main(["sample", str(run), "--fit-measure", "on", "--out", str(out)]) == 2
-    assert "--fit-measure goes with --refit" in capsys.readouterr().err
-
-
-def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, monkeypatch):
-    """The fit times its network among the table's probe networks (the ones its context model
-    was fitted to; the same ones every round), not alone: a network timed alone repeats far
-    worse on a noisy machine. A table without them for this space falls back to COMPANIONS
-    spanning networks, through the reference op."""
-    cfg = _fake_run(tmp_path)
-    t = SearchTrainer(cfg, tmp_path / "run")
-    close_logger(t.log)
-    _slow_networks(monkeypatch, 1.15)  # two or more rounds
-    seen: list[list[str]] = []
-    measure = fbnas.fit.end_to_end.measure_modules
-
-    def spy(timer, modules, protocol=None):
-        seen.append(sorted(modules))
-        return measure(timer, modules, protocol)
-
-    monkeypatch.setattr(fbnas.fit.end_to_end, "measure_modules", spy)
-    _, saved = _search(cfg, tmp_path)
-    assert len(seen) == len(saved["meta"]["fit_rounds"]) >= 2
-    table = LatencyTable.load(tmp_path / "run" / "cost_table.json")
-    probes = [k for k in seen[0] if k.startswith("panel probe")]
-    assert len(probes) == table.context["probes"] == len(seen[0]) - 1 and "fit" in seen[0]
-    assert all(s == seen[0] for s in seen)  # the same panel every round
-    assert panel(cfg.space, table).anchors == table.context["probe_nets"]
-    other = SearchSpace.from_dict({**FIT_SPACE, "stem": {"channels": 24, "stride": 1}})
-    assert panel(other, table).archs == []  # a space the table does not cover: none
-    table.context.pop("probe_space")  # as a table built before 2026-11-25
-    old = panel(cfg.space, table)
-    assert old.anchors is None and len(old.archs) == COMPANIONS
-    assert companions(cfg.space, None) == []
-
-
-def test_a_measured_network_is_anchored_to_the_probes_when_the_reference_op_drifts(tmp_path,
-                                                                                    monkeypatch):
-    """An end-to-end figure goes through the table's probe networks, timed at its build: when
-    the reference op's time moves against whole networks after the build (by 2-3% between
-    runs on this VM), the anchored figure stays where the network measured before, and the
-    figure through the reference op moves with it."""
-    cfg = _fake_run(tmp_path)
-    t = SearchTrainer(cfg, tmp_path / "run")
-    close_logger(t.log)
-    table = t.costs.table
-    arch = arch_from_indices(cfg.space, [1] * len(cfg.space.layer_candidates()), "x")
-    model = build_child(arch)
-    before = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
-    assert before["median_ms"] * 1e3 == pytest.approx(table.predict(arch), rel=0.05)
-    slow_reference_op(monkeypatch, 1.1)
-    anchored = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
-    via_reference = measure_child_ms(model, arch, cfg.latency, table)
-    assert anchored["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
-    assert via_reference["median_ms"] == pytest.approx(before["median_ms"] / 1.1, rel=0.01)
-    assert "probe" in anchored["units"] and "reference op" in via_reference["units"]
-
-
 def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_path, capsys):
     """A retrained searched network's results (and `fbnas runs`) show what the search was
     asked for beside the table's prediction and the measured latency."""
-    cfg = _fake_run(tmp_path)
-    _search(cfg, tmp_path)
+    cfg = fake_run(tmp_path)
+    run_search(cfg, tmp_path)
     arch = Architecture.load(tmp_path / "run" / "arch_hard.yaml")
     d = digits_run_config(space=FIT_SPACE, latency={
         "cost": "latency", "device": "fake", "cache_dir": str(tmp_path / "cache")},
@@ -424,9 +281,9 @@ def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_pat
 
 
 def test_fit_measure_off_keeps_the_table_fit(tmp_path, monkeypatch):
-    cfg = _fake_run(tmp_path, fit_measure="off")
-    _slow_networks(monkeypatch, 1.15)
-    t, saved = _search(cfg, tmp_path)
+    cfg = fake_run(tmp_path, fit_measure="off")
+    slow_networks(monkeypatch, 1.15)
+    t, saved = run_search(cfg, tmp_path)
     rows = [list(r.values()) for r in t.costs.rows]
     plain = fit_to_target(t.net.theta, rows, t.costs.fixed, saved["meta"]["target"])
     cands = cfg.space.layer_candidates()
@@ -441,7 +298,7 @@ def _imported(t) -> None:
 
 
 def test_a_table_from_another_device_skips_the_measured_fit_in_one_line(tmp_path):
-    cfg = _fake_run(tmp_path)
+    cfg = fake_run(tmp_path)
     t = SearchTrainer(cfg, tmp_path / "run")
     close_logger(t.log)
     _imported(t)
@@ -455,61 +312,6 @@ def test_a_table_from_another_device_skips_the_measured_fit_in_one_line(tmp_path
         final_fit(cfg, list(t.net.theta), t.costs, 300.0, lines.append, fit_measure="on")
 
 
-# ---- a device fbnas cannot run on: --near-target bundle, the device's results, --pick --------
-def test_near_target_bundle_round_trip_and_pick(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("executorch")
-    cfg = _fake_run(tmp_path, fit_measure="off")
-    t, _ = _search(cfg, tmp_path)
-    run = tmp_path / "run"
-    table = LatencyTable.load(run / "cost_table.json")
-    assert main(["sample", str(run), "--near-target", "3", "--bundle",
-                 str(tmp_path / "nb")]) == 2  # a fake table: not what a bundle measures
-    assert "timed with 'fake'" in capsys.readouterr().err
-    table.meta.update(imported_from="phone/results.json", backend="executorch")
-    table.save(run / "cost_table.json")
-    bundle = tmp_path / "nb"
-    assert main(["sample", str(run), "--near-target", "3", "--bundle", str(bundle)]) == 0
-    man = json.loads((bundle / "manifest.json").read_text())
-    nets = [p for p in man["programs"] if p["kind"] == "network"]
-    assert len(nets) == 3 and man["purpose"]["near_target"]["run"] == str(run.resolve())
-    target = man["purpose"]["near_target"]["target"]
-    results = run_bundle_standalone(bundle)  # fbnas unimportable to the runner
-    assert all(p["key"] in results["entries"] for p in nets)
-    # what the device "measured": near_1 8% over the target, near_2 and near_3 inside
-    scale_us = reference_scale(results["ref_times_s"]) * 1e6
-    for p, miss in zip(nets, (0.08, -0.01, 0.02), strict=True):
-        results["entries"][p["key"]]["ratios"] = [target * (1 + miss) / scale_us] * 3
-    (bundle / "results.json").write_text(json.dumps(results))
-    out = tmp_path / "picked"
-    assert main(["sample", str(run), "--pick", str(bundle / "results.json"), "--out",
-                 str(out)]) == 0
-    picked = Architecture.load(out / "arch_picked.yaml")
-    ops = {p["key"]: Architecture.from_dict(p["arch"], "manifest").ops for p in nets}
-    assert list(picked.ops) == list(ops["network near_2"])  # the more probable of the two inside
-    assert picked.meta["measured"] == pytest.approx(target * 0.99, rel=1e-3)
-    # results of another bundle are refused in one line, and nothing is written
-    other = tmp_path / "other"
-    other.mkdir()
-    mine = results["bundle"]
-    man["bundle_id"], results["bundle"] = "0" * 16, "0" * 16
-    (other / "manifest.json").write_text(json.dumps(man))
-    (other / "results.json").write_text(json.dumps(results))
-    results["bundle"] = mine
-    capsys.readouterr()
-    assert main(["sample", str(run), "--pick", str(other / "results.json"), "--out",
-                 str(tmp_path / "p2")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "near-target bundle is" in err[0]
-    assert not (tmp_path / "p2").exists()
-    # none inside the band: says by how much the nearest missed, writes nothing
-    for p in nets:
-        results["entries"][p["key"]]["ratios"] = [target * 1.2 / scale_us] * 3
-    (bundle / "results.json").write_text(json.dumps(results))
-    assert main(["sample", str(run), "--pick", str(bundle / "results.json"), "--out",
-                 str(tmp_path / "p3")]) == 2
-    assert "+20.0%" in capsys.readouterr().err and not (tmp_path / "p3").exists()
-
-
 @pytest.mark.parametrize("raw, want", [("off", "off"), ("on", "on"), ("auto", "auto")])
 def test_fit_measure_reads_yaml_booleans(tmp_path, raw, want):
     """YAML 1.1 reads `fit_measure: off` as false: it still means off (and `on` on)."""
@@ -521,46 +323,3 @@ def test_fit_measure_reads_yaml_booleans(tmp_path, raw, want):
         load_config(p, ["search.fit_measure=sometimes"])
 
 
-def test_the_anchor_follows_a_drift_that_differs_with_the_network_s_size():
-    """Probes timed now (ratios to the reference op) and at the build (µs): where the drift
-    since the build is a power of the network's size, the scale read at a network's size is
-    that drift exactly (inside the probes' range; at the nearest probe's outside it), not one
-    factor for all sizes; with fewer than 4 probes, one factor (their geometric mean)."""
-    drift = lambda r: 2.0 * r ** -0.06  # noqa: E731  µs per reference unit, by size
-    ratios = [1.0, 2.0, 3.5, 6.0, 9.0]
-    scale = anchored_scale(ratios, [r * drift(r) for r in ratios])
-    for r in (1.0, 1.7, 4.0, 9.0):
-        assert scale(r) == pytest.approx(drift(r), rel=1e-9)
-    assert scale(0.5) == pytest.approx(drift(1.0)) and scale(20.0) == pytest.approx(drift(9.0))
-    one = math.exp(statistics.mean(math.log(drift(r)) for r in ratios))
-    assert abs(one / drift(1.0) - 1) > 0.04  # what one factor would have read for the smallest
-    few = anchored_scale(ratios[:3], [r * drift(r) for r in ratios[:3]])
-    geo = math.exp(statistics.mean(math.log(drift(r)) for r in ratios[:3]))
-    assert few(1.0) == pytest.approx(geo) and few(3.5) == pytest.approx(geo)
-
-
-def test_a_small_network_keeps_its_figure_when_small_networks_drift_more(tmp_path,
-                                                                         monkeypatch):
-    """After the build every whole network slows by a power of its size (the smallest probe
-    11% more than the largest): the figure of a small network, anchored to the probes at its
-    size, stays where it measured before the drift (through one factor it read 5% off)."""
-    cfg = _fake_run(tmp_path)
-    t = SearchTrainer(cfg, tmp_path / "run")
-    close_logger(t.log)
-    table = t.costs.table
-    cands = cfg.space.layer_candidates()  # skips and one block: between the smallest probes
-    small = arch_from_indices(cfg.space, [c.index("skip") for c in cands[:-1]] + [0], "small")
-    model = build_child(small)
-    before = measure_child_ms(model, small, cfg.latency, table, space=cfg.space)
-    prepare = FakeTimer.prepare
-    big = max(table.context["probe_nets"])
-
-    def size_drift(self, module, input_chw, label=""):
-        run = prepare(self, module, input_chw, label)
-        if isinstance(module, ChildNet):
-            run.cost_s *= (run.cost_s / (big * table.reference["scale_us"] / 1e6)) ** -0.05
-        return run
-
-    monkeypatch.setattr(FakeTimer, "prepare", size_drift)
-    after = measure_child_ms(model, small, cfg.latency, table, space=cfg.space)
-    assert after["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
