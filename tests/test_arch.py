@@ -44,6 +44,7 @@ def test_hash_ignores_name_but_not_ops(tiny_space, tiny_arch):
     assert arch_from_indices(tiny_space, [0, 1, 1]).hash() != tiny_arch.hash()
 
 
+@pytest.mark.slow
 def test_hash_is_stable_across_processes():
     path = ARCHS[0]
     code = ("from fbnas.arch import Architecture; import sys; "

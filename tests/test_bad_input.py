@@ -1003,6 +1003,32 @@ def _(w, d):
     return _s("arch", p), [str(p), "malformed YAML", "python/object"]
 
 
+# ---- the default run's sample of the matrix -------------------------------------------------
+# The fast tier runs the first case (in the order above) that adds a command, a fault or a file
+# not yet covered: one case at least per command, per fault kind and per file (and per group
+# of keys of a file's contents); the whole matrix runs in the slow tier (`pytest -m slow`).
+FAULTS = {*_text_faults("yaml"), *_ckpt_faults(lambda w: w.run)}
+
+
+def _features(case_id: str) -> set[str]:
+    what, _, via = case_id.partition("-via-")
+    if not via:  # one file's contents through the command that reads them
+        return {"contents:" + "-".join(what.split("-")[:2])}
+    fault = next((f for f in FAULTS if what.endswith("-" + f)), None)
+    if fault is None:  # files fine alone but wrong together, dataset roots
+        file = "-".join(what.split("-")[:2]) if what.startswith("data-") else what.split("-")[0]
+        return {"command:" + via, "file:" + file + " (pair)"}
+    return {"command:" + via, "fault:" + fault, "file:" + what[:-len(fault) - 1]}
+
+
+_covered: set[str] = set()
+for _i, _p in enumerate(CASES):
+    _new = _features(_p.id) - _covered
+    _covered |= _new
+    if not _new:
+        CASES[_i] = pytest.param(*_p.values, id=_p.id, marks=(*_p.marks, pytest.mark.slow))
+
+
 # ---- the runner -----------------------------------------------------------------------------
 def snapshot(root: Path) -> dict[str, tuple]:
     """Every file and folder under `root`: kind, size, mtime and (below 8 MB) content hash."""

@@ -225,6 +225,7 @@ def full_run(tmp_path_factory):
     return tmp, out, r
 
 
+@pytest.mark.slow
 def test_two_process_search_ranks_agree_and_only_rank_0_writes(full_run):
     tmp, out, r = full_run
     run = tmp / "runs" / "full"
@@ -240,6 +241,7 @@ def test_two_process_search_ranks_agree_and_only_rank_0_writes(full_run):
     assert_same_tensors(ck["model"], s_full["model"])
 
 
+@pytest.mark.slow
 def test_two_process_retrain_with_local_steps_ends_with_equal_weights(full_run):
     tmp, out, r = full_run
     s0, s1 = state(out, 0, "retrain"), state(out, 1, "retrain")
@@ -253,6 +255,7 @@ def test_two_process_retrain_with_local_steps_ends_with_equal_weights(full_run):
     assert_same_tensors(ck["model"], s0["model"])
 
 
+@pytest.mark.slow
 def test_interrupted_two_process_search_resumes_exactly(full_run):
     tmp, out_full, _ = full_run
     s_full = state(out_full, 0)
@@ -279,6 +282,7 @@ def test_interrupted_two_process_search_resumes_exactly(full_run):
         tmp / "runs" / "full" / "arch_hard.yaml").ops
 
 
+@pytest.mark.slow
 def test_an_inf_on_one_rank_stops_every_rank_at_its_step_under_the_deferred_check(full_run):
     """run.nan_check: deferred under torchrun: the flags are all-reduced on the device and read
     at the same step on every rank, so both ranks stop together, naming rank 1's bad step,
@@ -300,6 +304,7 @@ def test_an_inf_on_one_rank_stops_every_rank_at_its_step_under_the_deferred_chec
     assert observed(tmp / "out_nan", 1)["writes"] == []
 
 
+@pytest.mark.slow
 def test_under_the_deferred_check_ranks_agree_on_a_stop_at_the_poll_steps(full_run):
     """A SIGTERM to rank 1 alone under run.nan_check deferred: agreeing on it is a collective
     read, so it waits for the next poll step (every 32 steps or a checkpoint) or the epoch's

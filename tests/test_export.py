@@ -61,7 +61,7 @@ def _inputs(arch, n, seed=123):
     return torch.randn(n, arch.macro.in_channels, *arch.macro.input_size, generator=g)
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.parametrize("fmt", ["torchscript", pytest.param("onnx", marks=pytest.mark.slow)])
 def test_export_matches_eager_at_another_batch_size(child_ckpt, tmp_path, fmt):
     arch, model, _ = load_child(child_ckpt)
     out = tmp_path / f"child.{'ts' if fmt == 'torchscript' else 'onnx'}"
@@ -134,6 +134,7 @@ def test_onnx_legacy_exporter_for_old_opsets_and_as_fallback(child_ckpt, tmp_pat
     assert exported_metadata(tmp_path / "fb.onnx")["arch_hash"] == arch.hash()
 
 
+@pytest.mark.slow
 def test_cli_exports_onnx_next_to_the_checkpoint(child_ckpt, capsys):
     assert main(["export", "--checkpoint", str(child_ckpt), "--format", "onnx"]) == 0
     out = child_ckpt / "model.onnx"
@@ -205,6 +206,7 @@ def test_pt2_export_keeps_a_dynamic_batch_and_names_its_architecture(child_ckpt,
     assert meta["arch_hash"] == arch.hash() and meta["record"]["format"] == "pt2"
 
 
+@pytest.mark.slow
 def test_pte_export_runs_in_executorch_like_eager(child_ckpt, tmp_path):
     arch, model, _ = load_child(child_ckpt)
     out = tmp_path / "child.pte"
@@ -220,6 +222,7 @@ def test_pte_export_runs_in_executorch_like_eager(child_ckpt, tmp_path):
         exported_metadata(out)
 
 
+@pytest.mark.slow
 def test_cli_exports_pt2_and_pte_and_measure_times_them_with_an_arch(child_ckpt, tmp_path,
                                                                       capsys):
     assert main(["export", "--checkpoint", str(child_ckpt), "--format", "pt2,pte",

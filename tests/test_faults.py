@@ -142,6 +142,7 @@ def _weights(state: dict) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_ends_with_the_same_theta(tmp_path):
     ref_cfg = _config(tmp_path, "straight")
     _fbnas(tmp_path, ["train", "--config", str(ref_cfg)])
@@ -199,6 +200,7 @@ def test_sigkill_anywhere_then_resume_ends_with_the_same_theta(tmp_path):
     assert max(lost.values()) <= EVERY
 
 
+@pytest.mark.slow
 def test_without_checkpoint_every_steps_a_kill_loses_at_most_one_epoch(tmp_path):
     cfg = _config(tmp_path, "epochs", checkpoint_every_steps=0)
     # the last θ step of epoch 2: everything since the end of epoch 1 is lost

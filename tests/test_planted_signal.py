@@ -67,6 +67,7 @@ def _search(tmp_path, mode, weights, epochs=6):
     return [p.tolist() for p in t.model.probabilities()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["separate", "shared"])
 def test_reinforce_moves_theta_away_from_a_candidate_that_outputs_zeros(tmp_path, zero_op,
                                                                          weights):
@@ -78,6 +79,7 @@ def test_reinforce_moves_theta_away_from_a_candidate_that_outputs_zeros(tmp_path
         assert p[2] < max(p[:2]), (layer, probs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["separate", "shared"])
 @pytest.mark.parametrize("mode", ["full", "two_path"])
 def test_relaxations_move_theta_away_from_the_zero_op_weakly(tmp_path, zero_op, mode,

@@ -261,6 +261,7 @@ def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy, check):
                            (2, "theta", 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_real_signal_saves_and_the_run_resumes(tmp_path, sig):
     import signal
@@ -363,6 +364,7 @@ def test_same_seed_same_theta_whether_the_table_is_measured_or_cached(tmp_path):
     assert same(runs[0].model.arch_parameters(), runs[1].model.arch_parameters())
 
 
+@pytest.mark.slow
 def test_resume_is_exact_with_worker_processes(tmp_path):
     sections = {"search": {"epochs": 3}, "data": {"workers": 2}}
     straight = run_to_end(make_cfg(tmp_path, "straight", **sections))
@@ -429,6 +431,7 @@ def test_a_refused_trainer_leaves_a_live_one_on_the_same_folder_logging(tmp_path
         close_logger(live.log)
 
 
+@pytest.mark.slow
 def test_a_search_with_its_data_on_the_device_resumes_exactly(tmp_path):
     """data.placement: device (forced here on the CPU): the search runs on batches held on
     the device and a run stopped mid-phase resumes to the same θ as an uninterrupted one."""

@@ -30,6 +30,7 @@ def _env_of_worker() -> dict:
     return {k: os.environ.get(k) for k in (*alloc.RETAIN_ENV, alloc.WORKER_ENV)}
 
 
+@pytest.mark.slow
 def test_a_worker_runs_under_the_allocator_environment_and_returns_the_result():
     got = call_in_worker("retain", None, _env_of_worker, (), {})
     assert got == {**alloc.RETAIN_ENV, alloc.WORKER_ENV: "retain"}
@@ -41,6 +42,7 @@ def _fails():
     raise FbnasError("space.yaml: stages: bad")
 
 
+@pytest.mark.slow
 def test_a_worker_error_comes_back_as_the_same_one_line_error():
     with pytest.raises(FbnasError, match="space.yaml: stages: bad"):
         call_in_worker("retain", None, _fails, (), {})
@@ -66,6 +68,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads processes from /proc")
 def test_a_worker_ends_when_its_parent_is_killed_outright():
     code = ("import time; from fbnas.backends.worker import call_in_worker; "
@@ -92,6 +95,7 @@ def test_a_worker_ends_when_its_parent_is_killed_outright():
             parent.kill()
 
 
+@pytest.mark.slow
 def test_worker_timer_gives_the_in_process_numbers_for_the_fake_backend():
     here = build_table(SPACE, make_timer("fake", noise=0.02, seed=3), FAST, context_probes=2)
     lines = []
@@ -210,6 +214,7 @@ def test_plain_torchscript_and_pt2_programs_are_timed_with_arch_networks(tmp_pat
         measure_specs(make_timer("fake", batch=2), [ModelSpec("0", "model", str(pt2))], FAST)
 
 
+@pytest.mark.slow
 def test_cli_measure_times_a_pt2_and_torchscript_beside_an_arch(tmp_path, capsys):
     ts, pt2 = _files(tmp_path)
     out = tmp_path / "m.json"

@@ -4,21 +4,17 @@ compute, and one-line errors for what a runtime cannot take."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from conftest import latency_space, run_bundle_standalone
+from conftest import latency_space
 
-from fbnas.backends import TIMERS
+from fbnas.backends import FORMATS, TIMERS
 from fbnas.backends import exported as rt
-from fbnas.cli import main
 from fbnas.config import LatencyConfig
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable, Protocol, build_table, make_timer, validate
+from fbnas.latency import Protocol, build_table, make_timer, validate
 from fbnas.latency.build import sample_spanning
-from fbnas.latency.bundle import write_bundle
-from fbnas.latency.signature import Signature, space_signatures
+from fbnas.latency.signature import Signature
 from fbnas.search_space import SearchSpace
 
 FAST = Protocol(rounds=4, extra_rounds=0, sample_s=0.002, ref_sample_s=0.001, warmup_s=0.005)
@@ -31,6 +27,7 @@ def _timer(runtime: str, tmp_path, **kw):
     return make_timer(runtime, allocator="system", cache_dir=tmp_path / "exported", **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_runtime_table_is_built_through_the_runtime_with_its_call_overhead_taken_off(
         runtime, tmp_path):
@@ -55,7 +52,8 @@ def test_a_runtime_table_is_built_through_the_runtime_with_its_call_overhead_tak
     assert all(a["measured_us"] > 0 for a in rep["archs"])
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", [pytest.param(r, marks=pytest.mark.slow) if r == "executorch"
+                                     else r for r in RUNTIMES])
 def test_the_runtime_computes_what_eager_computes(runtime, tmp_path):
     torch.manual_seed(1)
     module = SIG.build().eval()
@@ -105,6 +103,21 @@ def test_runtime_timers_refuse_what_they_cannot_time(tmp_path):
         _timer("ort", tmp_path).prepare(scripted, (3, 4, 4))
 
 
+def test_a_pte_file_that_is_missing_or_no_program_is_one_line(tmp_path):
+    """What `fbnas latency measure --model X.pte` meets: a missing file, a file ExecuTorch
+    cannot load, and a program asked for fbnas metadata it has no place for."""
+    pte = FORMATS.get("pte")
+    with pytest.raises(FbnasError, match=r"none\.pte: no such file"):
+        pte.timed_module(tmp_path / "none.pte", None, 1, 1)
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(b"not a program")
+    with pytest.raises(FbnasError, match=r"bad\.pte: cannot load as an ExecuTorch program") as e:
+        pte.timed_module(bad, None, 1, 1)
+    assert "\n" not in str(e.value)
+    with pytest.raises(FbnasError, match="holds no fbnas metadata"):
+        pte.metadata(bad)
+
+
 def test_latency_config_takes_the_runtime_devices():
     cfg = LatencyConfig.from_dict({"device": "executorch", "allocator": "retain"})
     assert cfg.device == "executorch" and cfg.allocator == "retain"
@@ -112,32 +125,7 @@ def test_latency_config_takes_the_runtime_devices():
         LatencyConfig.from_dict({"device": "tflite"})
 
 
-def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
-    folder = tmp_path / "bundle"
-    man = write_bundle(SPACE, folder, probes=2, protocol=Protocol(rounds=3))
-    kinds = [p["kind"] for p in man["programs"]]
-    assert kinds.count("reference") == 1 and kinds.count("overhead") == 1
-    assert kinds.count("probe") == 2
-    assert kinds.count("entry") == len(space_signatures(SPACE))
-    with pytest.raises(FbnasError, match="holds a bundle already"):
-        write_bundle(SPACE, folder, probes=0)
-    results = run_bundle_standalone(folder)  # fbnas unimportable to the runner
-    assert results["bundle"] == man["bundle_id"] and results["rounds"] == 3
-    out = tmp_path / "device.json"
-    assert main(["latency", "import", str(folder / "results.json"), "--out", str(out)]) == 0
-    table = LatencyTable.load(out)
-    assert table.meta["backend"] == "executorch" and table.meta["bundle"] == man["bundle_id"]
-    assert table.missing(SPACE) == [] and table.context["probes"] == 2
-    assert all(e.value >= 0 for e in table.entries.values())
-    # results of another bundle are refused in one line
-    results["bundle"] = "0" * 16
-    (folder / "results.json").write_text(json.dumps(results))
-    assert main(["latency", "import", str(folder / "results.json"), "--out",
-                 str(tmp_path / "x.json")]) == 2
-    assert "results of bundle" in capsys.readouterr().err
-    assert not (tmp_path / "x.json").exists()
-
-
+@pytest.mark.slow
 def test_runtimes_are_measured_side_by_side_with_eager(tmp_path):
     """measure_runtimes: each module in eager and each runtime, in one interleaved
     measurement (keys BACKEND:label); a runtime at another thread count is refused."""

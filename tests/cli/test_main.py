@@ -1,3 +1,5 @@
+import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,11 @@ def test_unknown_command_is_argparse_error():
     with pytest.raises(SystemExit) as e:
         main(["frobnicate"])
     assert e.value.code == 2
+
+
+def test_python_m_fbnas_runs_the_cli(monkeypatch, capsys):
+    """`python -m fbnas ARGS` (fbnas/__main__.py) is `fbnas ARGS`, its status the exit code."""
+    monkeypatch.setattr(sys, "argv", ["fbnas", "space", str(ROOT / "configs/fbnet_cifar10.yaml")])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module("fbnas", run_name="__main__")
+    assert e.value.code == 0 and "22 searchable layers" in capsys.readouterr().out

@@ -125,24 +125,28 @@ def test_interleave_alternates_and_spread():
     assert s.rel_iqr == pytest.approx(2 / 3) and s.range(".0f") == "3 (1-5)"
 
 
-# ---- smoke tests -----------------------------------------------------------------------------
+# ---- smoke tests (the slow tier: `python -m pytest -q -m slow`) -------------------------
+@pytest.mark.slow
 def test_bench_modes(tiny, capsys):
     out = run_main("bench_modes", ["--config", tiny, "--batch", "4", "--repeats", "1",
                                    "--mem-samples", "1"], capsys)
     assert "single_path speed-up over full:" in out and "supernet overhead ratio" in out
 
 
+@pytest.mark.slow
 def test_bench_supernet(tiny, capsys):
     out = run_main("bench_supernet", ["--config", tiny, "--batch", "4", "--rounds", "1"], capsys)
     assert "overhead ratio (supernet / sum of parts): median" in out
 
 
+@pytest.mark.slow
 def test_bench_precision(tiny, capsys):
     out = run_main("bench_precision", ["--config", tiny, "--batch", "4", "--repeats", "1",
                                        "--steps", "1"], capsys)
     assert "bf16+channels_last" in out and "θ-grad cos" in out
 
 
+@pytest.mark.slow
 def test_bench_gpu_on_the_cpu_for_another_checkout(tiny, tmp_path):
     # another checkout: a copy of the package (its compiled files too, still valid: copy2
     # keeps the times); the table is made in a child process that imports it
@@ -155,6 +159,7 @@ def test_bench_gpu_on_the_cpu_for_another_checkout(tiny, tmp_path):
     assert "x bound" in out
 
 
+@pytest.mark.slow
 def test_bench_compile(tiny, capsys, monkeypatch):
     compile_ = torch.compile  # the eager backend: traced by dynamo, not compiled by inductor
     monkeypatch.setattr(torch, "compile", lambda f, **kw: compile_(f, backend="eager"))
@@ -163,6 +168,7 @@ def test_bench_compile(tiny, capsys, monkeypatch):
     assert "compiled / eager throughput: median" in out
 
 
+@pytest.mark.slow
 def test_bench_loader(tiny, capsys):
     # its other parts are the scripts tested here, each started as `python -m scripts.NAME`
     out = run_main("bench", ["--quick", "--skip", "modes", "ddp", "precision", "--config",
@@ -170,6 +176,7 @@ def test_bench_loader(tiny, capsys):
     assert "search weight loader, 2 worker(s), image folder" in out
 
 
+@pytest.mark.slow
 def test_bench_ddp():
     out = run_module("bench_ddp", ["--procs", "2", "--sync-every", "2", "--steps", "1",
                                    "--warmup", "1", "--repeats", "1", "--batch", "4",
@@ -177,6 +184,7 @@ def test_bench_ddp():
     assert out.splitlines()[-1].split()[:2] == ["2", "2"]
 
 
+@pytest.mark.slow
 def test_bench_search_epochs(tiny):
     out = run_module("bench_search_epochs", ["--code", str(ROOT), "--config", tiny,
                                              "--device", "cpu", "--size", "64", "--batch",
@@ -185,6 +193,7 @@ def test_bench_search_epochs(tiny):
     assert "images/s median (min-max)" in out and str(ROOT) in out.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_compare_runs(tiny):
     out = run_module("compare_runs", ["--code", str(ROOT), "--code", str(ROOT), "--config",
                                       tiny, "--modes", "full", "--set", "search.epochs=1",
@@ -193,6 +202,7 @@ def test_compare_runs(tiny):
     assert "full: " in out and out.strip().endswith("identical")
 
 
+@pytest.mark.slow
 def test_bench_search_quality(tiny, capsys):
     out = run_main("bench_search_quality", ["weights", "--config", tiny, "--smoke"], capsys)
     assert "separate" in out and "shared" in out
@@ -201,6 +211,7 @@ def test_bench_search_quality(tiny, capsys):
     assert out.splitlines()[-1].startswith("reinforce ")
 
 
+@pytest.mark.slow
 def test_bench_target(tiny, capsys, tmp_path):
     args = ["--config", tiny, "--modes", "full", "--targets", "0.5x", "--seeds", "0",
             "--epochs", "2", "--random", "1", "--rounds", "2", "--set", "latency.cost=latency",
@@ -219,6 +230,7 @@ def test_bench_target(tiny, capsys, tmp_path):
     assert "measured fit: " in again
 
 
+@pytest.mark.slow
 def test_bench_sweep(tiny, tmp_path):
     out = run_module("bench_sweep", ["--config", tiny, "--param", "target", "--values", "0.5x",
                                      "--random", "1", "--retrain-epochs", "1", "--out",
@@ -226,6 +238,7 @@ def test_bench_sweep(tiny, tmp_path):
     assert "random architectures dominated by a searched one: " in out
 
 
+@pytest.mark.slow
 def test_bench_sweep_on_ray_against_serial(tiny, tmp_path):
     out = run_module("bench_sweep", ["--config", tiny, "--param", "target", "--values", "0.5x",
                                      "--sweep-seeds", "0,1", "--random", "0",
@@ -234,6 +247,7 @@ def test_bench_sweep_on_ray_against_serial(tiny, tmp_path):
     assert "target0.5x-seed1" in out and "every point identical: yes" in out
 
 
+@pytest.mark.slow
 def test_theta_signal(tiny, capsys):
     pytest.importorskip("sklearn")  # the digits data
     out = run_main("theta_signal", ["--config", tiny, "--warm-steps", "1", "--draws", "1",
@@ -241,6 +255,7 @@ def test_theta_signal(tiny, capsys):
     assert "two_path" in out and "mean CE per" in out
 
 
+@pytest.mark.slow
 def test_bench_latency(tiny_latency, tmp_path, capsys):
     out = run_main("bench_latency", ["--config", tiny_latency, "--n-archs", "4", "--rounds",
                                      "2", "--val-rounds", "2", "--probes", "1", "--no-rebuild",
@@ -249,6 +264,7 @@ def test_bench_latency(tiny_latency, tmp_path, capsys):
     assert "table:  Spearman" in out and (tmp_path / "bench.json").exists()
 
 
+@pytest.mark.slow
 def test_bench_tables(tiny_latency, capsys):
     out = run_main("bench_tables", ["--spaces", tiny_latency, "--builds", "1", "--seeds", "0",
                                     "-n", "6", "--val-rounds", "2", "--rounds", "2",
@@ -256,6 +272,7 @@ def test_bench_tables(tiny_latency, capsys):
     assert "== medians over builds and seeds" in out and "table S" in out
 
 
+@pytest.mark.slow
 def test_bench_runtimes(tiny_latency, capsys, monkeypatch, tmp_path):
     # eager only: the ExecuTorch and ONNX Runtime tables lower every block (tens of seconds)
     monkeypatch.setenv("FBNAS_EXPORT_CACHE", str(tmp_path))  # the script sets its own
@@ -264,12 +281,14 @@ def test_bench_runtimes(tiny_latency, capsys, monkeypatch, tmp_path):
     assert "cpu: table built" in out and "S/K/MAPE" in out
 
 
+@pytest.mark.slow
 def test_bench_reference(capsys):
     out = run_main("bench_reference", ["--rounds", "2", "--repeats", "1", "--blocks", "1"],
                    capsys)
     assert "least spread:" in out and "stream" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("formats", ["torchscript,pt2", "onnx"])
 def test_bench_export(tiny, formats, capsys):
     if formats == "onnx":

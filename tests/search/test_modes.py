@@ -156,6 +156,7 @@ def test_shared_shortcut_keeps_value_and_theta_gradient_of_the_plain_mixture(tin
         torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_single_path_theta_learns_in_shortcut_layers_where_bn_hid_the_plain_mixture(
         tiny_space):
     """single_path computes one candidate: with the plain mixture m_i · b_i(x) the CE only sees
@@ -193,18 +194,17 @@ def test_cost_gradient_reaches_every_theta_entry(tiny_space, mode):
             assert (g != 0).all(), (mode, g)
 
 
-def test_two_path_samples_without_replacement_from_softmax_theta(tiny_space):
-    """P(i is one of the two) = p_i + Σ_{j≠i} p_j p_i / (1 − p_j) for sampling w/o replacement."""
+def test_two_path_samples_without_replacement_from_softmax_theta():
+    """P(i is one of the two) = p_i + Σ_{j≠i} p_j p_i / (1 − p_j) for sampling w/o replacement.
+    The n draws are one sample of n layers that all hold this θ (layers draw independently)."""
     torch.manual_seed(7)
-    net = Supernet(tiny_space, mode="two_path")
     theta = torch.tensor([1.5, 0.0, -1.0])
-    with torch.no_grad():
-        net.theta[0].copy_(theta)
     n = 4000
     pairs = {(0, 1): 0, (0, 2): 0, (1, 2): 0}
     with torch.no_grad():
-        for _ in range(n):
-            pairs[tuple(net.sample_path(1.0).active[0])] += 1
+        for active in get_mode("two_path").sample([theta.clone() for _ in range(n)], 1.0,
+                                                  False).active:
+            pairs[tuple(active)] += 1
     p = torch.softmax(theta.double(), -1).tolist()
 
     def pair_prob(i, j):
@@ -379,7 +379,8 @@ def test_uniform_paths_need_single_path_weight_steps(tmp_path):
         make_cfg(tmp_path, mode="full", uniform_paths=1)
 
 
-@pytest.mark.parametrize("mode,ckpt", [("full", False), ("single_path", False),
+@pytest.mark.parametrize("mode,ckpt", [pytest.param("full", False, marks=pytest.mark.slow),
+                                       pytest.param("single_path", False, marks=pytest.mark.slow),
                                        ("two_path", False), ("single_path", True)])
 def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
     cfg = make_cfg(tmp_path, mode=mode, checkpoint_activations=ckpt)
@@ -397,6 +398,7 @@ def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
     assert any(not torch.equal(th, torch.zeros_like(th)) for th in t.model.arch_parameters())
 
 
+@pytest.mark.slow
 def test_checkpointed_search_ends_where_the_plain_one_does(tmp_path):
     """Same seed, same data: with and without checkpointing the search gives the same θ."""
     runs = []

@@ -71,6 +71,7 @@ def assert_same_sweep(a: Path, b: Path) -> None:
     assert [{k: r[k] for k in SAME} for r in rows_a] == [{k: r[k] for k in SAME} for r in rows_b]
 
 
+@pytest.mark.slow
 def test_ray_sweep_equals_the_serial_one(config, serial, ray_session, capsys):
     out = config.parent / "ray"
     assert main(["sweep", "--config", str(config), "--out", str(out), "--workers", "2",
@@ -86,6 +87,7 @@ def test_ray_sweep_equals_the_serial_one(config, serial, ray_session, capsys):
     assert len(pids) == 7 and str(os.getpid()) not in pids
 
 
+@pytest.mark.slow
 def test_killed_worker_and_failed_point_then_resume(config, serial, ray_session, capsys,
                                                     monkeypatch):
     out = config.parent / "killed"
@@ -122,6 +124,7 @@ def test_killed_worker_and_failed_point_then_resume(config, serial, ray_session,
     assert_same_sweep(serial, out)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_retried_from_its_checkpoint(config, serial, ray_session, capsys,
                                                         monkeypatch):
     out = config.parent / "retried"
@@ -142,6 +145,7 @@ def test_without_ray_one_line_says_how_to_install(config, monkeypatch, capsys):
                    "pip install 'fbnas[ray]'")
 
 
+@pytest.mark.slow
 def test_serial_sweep_does_not_import_ray():
     code = ("import sys; from fbnas.cli import build_parser; import fbnas.cli.sweep; "
             "assert 'ray' not in sys.modules, 'ray imported'")
@@ -158,6 +162,7 @@ def test_ray_sweep_flags_are_checked(config, capsys):
         assert msg in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_measured_fits_are_timed_by_the_driver_once_the_searches_are_done(
         config, ray_session, monkeypatch, capsys):
     """With a latency target the search tasks fit by the table alone; the driver times each
