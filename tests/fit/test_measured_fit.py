@@ -14,6 +14,7 @@ import torch
 import yaml
 from conftest import digits_run_config
 
+import fbnas.fit.costs as costs_mod
 from fbnas.arch import Architecture, log_prob
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
@@ -255,6 +256,35 @@ def test_the_search_returns_a_network_measured_on_target(tmp_path, monkeypatch):
     assert saved["ops"] == best["ops"] and meta["predicted"] == best["predicted"]
     log = (tmp_path / "run" / "train.log").read_text()
     assert "measured fit round 1" in log and f"{meta['measured']:.1f} us measured" in log
+
+
+def test_the_measured_figure_reported_is_a_timing_no_decision_read(tmp_path, monkeypatch):
+    """The fit stops at a measurement inside the band, so that one leans inward; the returned
+    network is timed once more and that figure is `measured` (the choosing one is kept as
+    `selection_measured`)."""
+    cfg = fake_run(tmp_path)
+    slow_networks(monkeypatch, 1.15)
+    timed = []
+    real = costs_mod.time_archs
+
+    def counting(timer, archs, *a, **k):
+        out = real(timer, archs, *a, **k)
+        timed.append((tuple(archs["fit"].ops), out["fit"]["median_us"]))
+        return out
+
+    monkeypatch.setattr(costs_mod, "time_archs", counting)
+    _, saved = run_search(cfg, tmp_path)
+    meta = saved["meta"]
+    assert len(timed) == len(meta["fit_rounds"]) + 1
+    assert list(timed[-1][0]) == saved["ops"]  # the returned network, timed last
+    assert meta["measured"] == pytest.approx(timed[-1][1], abs=1e-3)
+    assert meta["measured_inside"] == (abs(meta["measured"] / meta["target"] - 1)
+                                       <= cfg.search.fit_tolerance)
+    chosen = _expected_choice(meta["fit_rounds"], meta["target"], cfg.search.fit_tolerance)
+    assert meta["selection_measured"] == chosen["measured"] or len(
+        [r for r in meta["fit_rounds"] if r["ops"] == chosen["ops"]]) > 1  # pooled
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "the returned network timed again" in log
 
 
 def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_path, capsys):
