@@ -431,7 +431,6 @@ def test_a_refused_trainer_leaves_a_live_one_on_the_same_folder_logging(tmp_path
         close_logger(live.log)
 
 
-@pytest.mark.slow
 def test_a_search_with_its_data_on_the_device_resumes_exactly(tmp_path):
     """data.placement: device (forced here on the CPU): the search runs on batches held on
     the device and a run stopped mid-phase resumes to the same θ as an uninterrupted one."""

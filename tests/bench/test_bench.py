@@ -174,7 +174,6 @@ def _truth_by_hand(b: Bench):
     return t
 
 
-@pytest.mark.slow
 def test_score_reads_regret_and_percentile_off_the_truth(built, searched, tmp_path, capsys):
     from fbnas.bench.score import score_run
     _, cfg, out, _ = built

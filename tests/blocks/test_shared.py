@@ -105,9 +105,7 @@ def _tiny_search(tmp_path, **search):
     return t
 
 
-@pytest.mark.parametrize("mode", [m if m == "single_path" else
-                                  pytest.param(m, marks=pytest.mark.slow)
-                                  for m in MODES.choices()])
+@pytest.mark.parametrize("mode", MODES.choices())
 def test_a_shared_weight_search_runs_in_every_mode_deterministically(tmp_path, mode):
     a = _tiny_search(tmp_path / "a", mode=mode)
     b = _tiny_search(tmp_path / "b", mode=mode)

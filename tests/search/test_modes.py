@@ -156,7 +156,6 @@ def test_shared_shortcut_keeps_value_and_theta_gradient_of_the_plain_mixture(tin
         torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow
 def test_single_path_theta_learns_in_shortcut_layers_where_bn_hid_the_plain_mixture(
         tiny_space):
     """single_path computes one candidate: with the plain mixture m_i · b_i(x) the CE only sees
@@ -379,8 +378,7 @@ def test_uniform_paths_need_single_path_weight_steps(tmp_path):
         make_cfg(tmp_path, mode="full", uniform_paths=1)
 
 
-@pytest.mark.parametrize("mode,ckpt", [pytest.param("full", False, marks=pytest.mark.slow),
-                                       pytest.param("single_path", False, marks=pytest.mark.slow),
+@pytest.mark.parametrize("mode,ckpt", [("full", False), ("single_path", False),
                                        ("two_path", False), ("single_path", True)])
 def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
     cfg = make_cfg(tmp_path, mode=mode, checkpoint_activations=ckpt)
@@ -398,7 +396,6 @@ def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
     assert any(not torch.equal(th, torch.zeros_like(th)) for th in t.model.arch_parameters())
 
 
-@pytest.mark.slow
 def test_checkpointed_search_ends_where_the_plain_one_does(tmp_path):
     """Same seed, same data: with and without checkpointing the search gives the same θ."""
     runs = []
