@@ -18,6 +18,15 @@ COMMANDS = ["space", "arch", "latency", "train", "sample", "plot", "retrain", "e
             "sweep", "runs", "fidelity", "bench"]
 
 
+def add_actions(sub, name: str, help: str, actions: Sequence) -> None:
+    """`fbnas NAME ACTION`: a command that is a package of one module per action, each with
+    `add_parser(actions)` (fbnas latency, fbnas bench)."""
+    p = sub.add_parser(name, help=help)
+    sp = p.add_subparsers(dest=f"{name}_command", metavar="ACTION", required=True)
+    for action in actions:
+        action.add_parser(sp)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fbnas", description="Hardware-aware differentiable architecture search (FBNet).")

@@ -8,14 +8,12 @@
 
 from __future__ import annotations
 
+from fbnas.cli import add_actions
 from fbnas.cli.bench import build, query, score, show
 
 ACTIONS = (build, query, show, score)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="the ground-truth benchmark of a small space: build, "
-                                     "query, show, score")
-    actions = p.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
-    for action in ACTIONS:
-        action.add_parser(actions)
+    add_actions(sub, "bench", "the ground-truth benchmark of a small space: build, query, "
+                "show, score", ACTIONS)

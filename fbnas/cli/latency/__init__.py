@@ -17,6 +17,7 @@ listed in ACTIONS.
 
 from __future__ import annotations
 
+from fbnas.cli import add_actions
 from fbnas.cli.latency import (
     build,
     bundle,
@@ -32,8 +33,5 @@ ACTIONS = (build, bundle, import_results, show, predict, measure, validate)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("latency", help="latency lookup tables: build, show, predict, measure, "
-                                       "validate, bundle, import")
-    actions = p.add_subparsers(dest="latency_command", metavar="ACTION", required=True)
-    for action in ACTIONS:
-        action.add_parser(actions)
+    add_actions(sub, "latency", "latency lookup tables: build, show, predict, measure, "
+                "validate, bundle, import", ACTIONS)
