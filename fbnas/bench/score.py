@@ -88,8 +88,8 @@ def matched(t: dict[str, dict[str, float]], lat: float, near: float) -> list[str
     return [j for j, v in t.items() if abs(v["latency"] / lat - 1) <= near]
 
 
-def random_search(bench: Bench, t: dict[str, dict[str, float]], pool: list[str],
-                  seconds: float, rng: random.Random) -> tuple[str, int]:
+def random_search(bench: Bench, pool: list[str], seconds: float, rng: random.Random
+                  ) -> tuple[str, int]:
     """Random search over `pool` until the queried training seconds reach `seconds` (at least
     one network): the network with the best queried validation accuracy, and how many."""
     best, best_val, n, spent = None, -math.inf, 0, 0.0
@@ -140,7 +140,7 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     regrets = [regret(t, j) for j in pool]
     secs = search_seconds(run_dir)
     rng = random.Random(seed)
-    found = [random_search(bench, t, pool, secs, rng) for _ in range(trials)]
+    found = [random_search(bench, pool, secs, rng) for _ in range(trials)]
     tau = rho = tau_ce = math.nan
     if rank:
         keys = sorted(t)
