@@ -112,6 +112,38 @@ def train_one(cfg: Config, arch: Architecture, seed: int, budgets: Sequence[int]
     return out
 
 
+def train_seeds(cfg: Config, arch: Architecture, seeds: Sequence[int], budgets: Sequence[int],
+                work: str | Path, threads: int | None = None) -> dict[str, Any]:
+    """`train_one` under each seed: seed -> budget -> record (a Ray task when `threads`)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return {str(s): train_one(cfg, arch, s, budgets, Path(work)) for s in seeds}
+
+
+def _train_on_ray(cfg: Config, todo: list[tuple[int, Architecture]], missing, budgets,
+                  work: str, workers: int, record, log: Callable[[str], None]) -> None:
+    """The networks as Ray tasks, one thread each (`workers` at once); the driver records
+    each as it finishes, so a killed build keeps every network that finished."""
+    from fbnas.sweep.ray_tasks import import_ray
+
+    ray = import_ray(f"fbnas bench build --workers {workers}")
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    task = ray.remote(train_seeds).options(num_cpus=1)
+    log(f"bench: {len(todo)} networks on {workers} Ray workers, one thread each")
+    try:
+        pending = {task.remote(cfg, a, missing(a), budgets, work, 1): (i, a, time.perf_counter())
+                   for i, a in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i, a, t0 = pending.pop(ready[0])
+            record(i, a, ray.get(ready[0]), time.perf_counter() - t0)
+    finally:
+        if owned:
+            ray.shutdown()
+
+
 def training_record(cfg: Config) -> dict[str, Any]:
     """What fixes an entry's training: the data and retrain sections (but the seed) and the
     split's seed."""
@@ -127,9 +159,11 @@ def machine() -> dict[str, Any]:
 
 def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
                 budgets: Sequence[int] | None = None, rounds: int = 30,
-                limit: int | None = None, log: Callable[[str], None] = print) -> Bench:
+                limit: int | None = None, workers: int | None = None,
+                log: Callable[[str], None] = print) -> Bench:
     """Train (or resume) and time every network of `cfg.space` into the benchmark `out`.
-    `limit`: stop after that many networks trained in this call (a partial build resumes)."""
+    `limit`: stop after that many networks trained in this call (a partial build resumes).
+    `workers` >= 2: train that many networks at once as Ray tasks of one thread each."""
     space = cfg.space
     budgets = sorted(set(budgets or default_budgets(cfg.retrain.epochs)))
     if budgets[-1] != cfg.retrain.epochs:
@@ -151,35 +185,44 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         if bench.meta[k] != meta[k]:
             raise FbnasError(f"{path}: was built with another {k} than {cfg.source} gives; "
                              "build into a new file")
-    t_start, trained = time.perf_counter(), 0
+    todo = [(i, a) for i, a in enumerate(archs) if not bench.complete(a.hash())]
+    if limit is not None:
+        todo = todo[:limit]
+    t_start = last = time.perf_counter()
+
+    def record(i: int, a: Architecture, runs: dict[str, Any], seconds: float) -> None:
+        h = a.hash()
+        if h not in bench.networks:
+            stats = child_stats(a)
+            bench.networks[h] = {"ops": list(a.ops), "params": stats["params"],
+                                 "flops": stats["flops"],
+                                 "predicted": round(table.predict(a, "auto", space), 3),
+                                 "runs": {}}
+        net = bench.networks[h]
+        net["runs"].update(runs)
+        nonlocal last  # wall time: Ray's networks overlap
+        bench.meta["build_seconds"] = round(bench.meta["build_seconds"]
+                                            + time.perf_counter() - last, 1)
+        last = time.perf_counter()
+        bench.save()
+        full = [net["runs"][str(s)][str(budgets[-1])] for s in seeds]
+        val = " ".join(f"{r['val_acc']:.3f}" for r in full if r["val_acc"] is not None)
+        test = " ".join(f"{r['test_acc']:.3f}" for r in full)
+        log(f"[{i + 1}/{len(archs)}] {' '.join(a.ops)}: val {val}, test {test}  "
+            f"({seconds:.1f} s, {clock(time.perf_counter() - t_start)})")
+
+    def missing(a: Architecture) -> list[int]:
+        runs = bench.networks.get(a.hash(), {}).get("runs", {})
+        return [s for s in seeds if not all(str(b) in runs.get(str(s), {}) for b in budgets)]
+
     with tempfile.TemporaryDirectory(prefix="fbnas-bench-") as tmp:
-        for i, a in enumerate(archs):
-            h = a.hash()
-            if bench.complete(h):
-                continue
-            if limit is not None and trained >= limit:
-                break
-            if h not in bench.networks:
-                stats = child_stats(a)
-                bench.networks[h] = {"ops": list(a.ops), "params": stats["params"],
-                                     "flops": stats["flops"],
-                                     "predicted": round(table.predict(a, "auto", space), 3),
-                                     "runs": {}}
-            net = bench.networks[h]
-            t0 = time.perf_counter()
-            for s in seeds:
-                if all(str(b) in net["runs"].get(str(s), {}) for b in budgets):
-                    continue
-                net["runs"][str(s)] = train_one(cfg, a, s, budgets, Path(tmp))
-            trained += 1
-            bench.meta["build_seconds"] = round(bench.meta["build_seconds"]
-                                                + time.perf_counter() - t0, 1)
-            bench.save()
-            full = [net["runs"][str(s)][str(budgets[-1])] for s in seeds]
-            val = " ".join(f"{r['val_acc']:.3f}" for r in full if r["val_acc"] is not None)
-            test = " ".join(f"{r['test_acc']:.3f}" for r in full)
-            log(f"[{i + 1}/{len(archs)}] {' '.join(a.ops)}: val {val}, test {test}  "
-                f"({time.perf_counter() - t0:.1f} s, {clock(time.perf_counter() - t_start)})")
+        if workers is None or workers < 2:
+            for i, a in todo:
+                t0 = time.perf_counter()
+                runs = train_seeds(cfg, a, missing(a), budgets, tmp)
+                record(i, a, runs, time.perf_counter() - t0)
+        else:
+            _train_on_ray(cfg, todo, missing, budgets, tmp, workers, record, log)
         if is_measured(table.cost):
             _time_all(cfg, bench, table, rounds, log)
     return bench

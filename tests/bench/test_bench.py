@@ -211,3 +211,20 @@ def test_fidelity_reads_the_benchmark_instead_of_retraining(built, searched, tmp
     for p in rep["points"]:
         assert p["standalone_val_top1"] == pytest.approx(b.mean(p["hash"], "val_acc"))
     assert not list((tmp_path / "f").glob("retrain-*"))  # nothing was retrained
+
+
+@pytest.mark.slow
+def test_a_build_on_ray_workers_records_what_the_serial_build_does(built, tmp_path):
+    _, cfg, out, _ = built
+    serial = Bench.load(out)
+    par_out = tmp_path / "ray.json.gz"
+    lines = []
+    b = build_bench(cfg, par_out, seeds=(0, 1), rounds=3, workers=2, log=lines.append)
+    assert len(b) == 4 and all(b.complete(k) for k in b)
+    assert sum(ln.startswith("[") for ln in lines) == 4  # a line per network as it finishes
+
+    def figures(bench, k):  # the training seconds differ; every figure trained does not
+        return {s: {bud: {m: v for m, v in r.items() if m != "seconds"}
+                    for bud, r in runs.items()} for s, runs in bench.networks[k]["runs"].items()}
+    for k in serial:
+        assert figures(b, k) == figures(serial, k)

@@ -19,6 +19,9 @@ def add_parser(actions) -> None:
                                      "a third of them and all)")
     p.add_argument("--rounds", type=int, default=30, help="timing rounds per chunk of networks")
     p.add_argument("--limit", type=int, help="train at most this many networks now")
+    p.add_argument("--workers", type=int, help="train this many networks at once, as Ray "
+                                               "tasks of one thread each (pip install "
+                                               "'fbnas[ray]')")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key")
     p.set_defaults(func=run)
@@ -35,7 +38,7 @@ def run(args) -> int:
     cfg = load_config(args.config, args.set)
     bench = build_bench(cfg, args.out, _ints(args.seeds, "--seeds"),
                         _ints(args.budgets, "--budgets") if args.budgets else None,
-                        args.rounds, args.limit)
+                        args.rounds, args.limit, args.workers)
     done = sum(bench.complete(k) for k in bench)
     print(f"{args.out}: {done} networks complete, {bench.meta['build_seconds']:.0f} s of "
           "building in all")
