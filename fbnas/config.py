@@ -27,7 +27,7 @@ import yaml
 
 from fbnas.backends import DTYPES, TIMERS, Timer, make_timer
 from fbnas.backends.allocator import resolve as resolve_allocator
-from fbnas.blocks.shared import WEIGHT_SHARING
+from fbnas.blocks.shared import SHARED_UPDATES, WEIGHT_SHARING
 from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
@@ -210,6 +210,14 @@ class SearchConfig:
     # `separate`: each candidate its own weights (FBNet); `shared`: a layer's plain IRF
     # candidates are slices of one superkernel (fbnas.blocks.shared, docs/search_modes.md)
     weights: str = setting("separate", "str", choices=WEIGHT_SHARING, added="separate")
+    # with shared weights, what a weight step moves of a superkernel: `used`, only the entries
+    # a path of the step read (weight decay and momentum too); `all`, the whole tensor (before
+    # 2026-11-26: decay and momentum shrank the e6 channels and k5 ring on every step)
+    shared_update: str = setting("used", "str", choices=SHARED_UPDATES, added="all")
+    # the sandwich rule with in-place distillation (BigNAS, OFA): each single-path weight step
+    # also trains the dearest path (every layer's most costly candidate) on the labels, and the
+    # sampled paths learn from its soft outputs (KL) instead of the labels
+    sandwich: bool = setting(False, "bool", added=False)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
@@ -223,7 +231,11 @@ class SearchConfig:
             (c.uniform_paths > 0 and not get_mode(
                 c.mode if c.weight_sampling == "mode" else c.weight_sampling).single,
              f"uniform_paths: {c.uniform_paths} needs single-path weight steps (set "
-             "weight_sampling or mode to single_path or reinforce)")])
+             "weight_sampling or mode to single_path or reinforce)"),
+            (c.sandwich and not get_mode(
+                c.mode if c.weight_sampling == "mode" else c.weight_sampling).single,
+             "sandwich: needs single-path weight steps (set weight_sampling or mode to "
+             "single_path or reinforce)")])
 
 
 OPTIMIZERS = ("sgd", "adamw")

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
-from fbnas.blocks.shared import WEIGHT_SHARING, build_shared
+from fbnas.blocks.shared import WEIGHT_SHARING, SharedIRFWeights, build_shared
 from fbnas.errors import FbnasError
 from fbnas.search.modes import PathSample, SearchMode, get_mode, gumbel_weights
 from fbnas.search_space import SearchSpace
@@ -219,6 +219,10 @@ class Supernet(nn.Module):
         arch = {id(p) for p in self.theta}
         return [p for p in self.parameters() if id(p) not in arch]
 
+    def superkernels(self) -> list[SharedIRFWeights]:
+        """The layers' shared superkernels (`weights: shared`; none with separate weights)."""
+        return [op.shared for op in self.mixed if op.shared is not None]
+
     # ---- costs ------------------------------------------------------------------------------
     def set_costs(self, costs: CostRows | None, fixed_cost: float = 0.0) -> None:
         """Install a cost table: one row per layer, a mapping op -> cost or a list in op order.
@@ -251,6 +255,11 @@ class Supernet(nn.Module):
 
     def cost_rows(self) -> list[torch.Tensor]:
         return [getattr(self, f"cost_{li}") for li in range(len(self.mixed))]
+
+    def dearest_path(self) -> list[int]:
+        """Each layer's most costly candidate (the first of equals): the sandwich rule's
+        largest network."""
+        return [int(torch.argmax(c)) for c in self.cost_rows()]
 
     def expected_cost(self, m: Sequence[torch.Tensor]) -> torch.Tensor:
         """Σ_l Σ_i m_li · cost_li + fixed cost."""

@@ -51,7 +51,9 @@ OLD_SEARCH_ADDED = {
     ("data", "placement"): "auto", ("search", "compile"): False,
     ("search", "compile_backend"): "inductor", ("run", "nan_check"): "auto",
     ("search", "weights"): "separate", ("search", "weight_sampling"): "mode",
-    ("search", "uniform_paths"): 0}
+    ("search", "uniform_paths"): 0,
+    # declared since (issue 39): what runs before them did
+    ("search", "shared_update"): "all", ("search", "sandwich"): False}
 OLD_RETRAIN_RESUMABLE = {
     ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
     ("run", "checkpoint_every_steps"), ("retrain", "device"),

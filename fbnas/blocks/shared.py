@@ -18,11 +18,20 @@ from one candidate (`child_state`) loads the sliced convolutions and that candid
 BatchNorms into the same parameter names as a freshly built block. Training any path trains
 the layer's convolutions, which is why single paths train at a child's pace here. Candidates
 of other shapes (grouped, SE, cascaded, `skip`, custom blocks) keep their own weights.
+
+An optimizer step acts on a whole parameter: SGD's weight decay and momentum would move the
+superkernel entries that no path of the step read (the channels only `e6` uses, the k5 ring)
+on every step, though they train only when their candidate is drawn, so large candidates
+would drift toward small ones. `search.shared_update: used` (the default) keeps those entries
+as they were — value and momentum — around each weight step (`UsedSlices`): the lazy update
+that sparse optimizers make, the same step a candidate with its own weights gets when it is
+not drawn (its gradient is None, so SGD skips it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +42,8 @@ from fbnas.errors import FbnasError
 
 # search.weights: FBNet's separate weights per candidate, or one superkernel per layer
 WEIGHT_SHARING = ("separate", "shared")
+# search.shared_update: what a weight step moves of a superkernel (see the module docstring)
+SHARED_UPDATES = ("used", "all")
 
 
 def sharable(op: str) -> IRFSpec | None:
@@ -71,10 +82,58 @@ class SharedIRFWeights(nn.Module):
         self.pwl = nn.Parameter(torch.empty(c_out, mid, 1, 1))
         for w in (self.pw, self.dw, self.pwl):  # as init_weights does for a conv
             nn.init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu")
+        self.c_in = c_in
+        self.used: set[IRFSpec] = set()  # candidates read with grad on since `used.clear()`
 
     def slices(self, spec: IRFSpec, c_in: int) -> dict[str, torch.Tensor]:
         """The candidate's three conv weights, named as IRFBlock's parameters."""
+        if torch.is_grad_enabled():
+            self.used.add(spec)
         return _slices(self.pw, self.dw, self.pwl, spec, c_in)
+
+    def used_masks(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """(parameter, boolean mask of the entries the candidates in `used` read)."""
+        params = (self.pw, self.dw, self.pwl)
+        masks = [torch.zeros_like(w, dtype=torch.bool) for w in params]
+        for spec in self.used:
+            for view in _slices(*masks, spec, self.c_in).values():  # views into the masks
+                view.fill_(True)
+        return list(zip(params, masks, strict=True))
+
+
+class UsedSlices:
+    """`search.shared_update: used`: an optimizer step leaves the superkernel entries that no
+    candidate of the step read as they were, value and optimizer state (momentum)."""
+
+    def __init__(self, stores: Iterable[SharedIRFWeights]):
+        self.stores = list(stores)
+
+    def begin(self) -> None:
+        """A weight step starts: forget what earlier forwards (θ steps, evaluation) read."""
+        for st in self.stores:
+            st.used.clear()
+
+    @contextlib.contextmanager
+    def step(self, opt: torch.optim.Optimizer) -> Iterator[None]:
+        """Around `opt.step()`: restore the unread entries and their momentum afterwards."""
+        kept = []
+        for st in self.stores:
+            for p, read in st.used_masks():
+                if bool(read.all()):
+                    continue
+                free = ~read
+                state = opt.state.get(p, {})
+                bufs = {k: v[free].clone() for k, v in state.items()
+                        if isinstance(v, torch.Tensor) and v.shape == p.shape}
+                kept.append((p, free, p.detach()[free].clone(), bufs))
+        yield
+        with torch.no_grad():
+            for p, free, value, bufs in kept:
+                p[free] = value
+                state = opt.state.get(p, {})
+                for k, v in state.items():
+                    if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                        v[free] = bufs.get(k, 0.0)  # a buffer the step created: zero there
 
 
 class _SlicedConv(nn.Module):

@@ -60,6 +60,8 @@ class Update:
     average: all-reduce the gradients over the ranks before the check (for parameters outside
         DDP, such as θ); `ddp` / `averager`: the DDP wrapper the forward ran through and the
         local-SGD averager (`run.ddp_sync_every`), when distributed.
+    sparse: a policy that keeps what the step did not use as it was (`begin()` at the step's
+        start, `step(opt)` a context around the optimizer step; fbnas.blocks.shared.UsedSlices).
     """
 
     opt: torch.optim.Optimizer
@@ -69,6 +71,7 @@ class Update:
     average: bool = False
     ddp: Any = None
     averager: Any = None
+    sparse: Any = None
 
 
 class StepFigures(Mapping):
@@ -192,6 +195,8 @@ class UpdateStep:
     def __enter__(self) -> UpdateStep:
         u = self.u
         u.opt.zero_grad(set_to_none=True)
+        if u.sparse is not None:
+            u.sparse.begin()
         if u.averager is not None and u.averager.active:
             self._sync.enter_context(u.ddp.no_sync())
         return self
@@ -207,10 +212,11 @@ class UpdateStep:
         if not apply:
             u.opt.zero_grad(set_to_none=True)
             return
-        if skip is None:
-            st.prec.step(u.opt, u.scaler)
-        else:
-            step_unless(u.opt, skip)
+        with contextlib.nullcontext() if u.sparse is None else u.sparse.step(u.opt):
+            if skip is None:
+                st.prec.step(u.opt, u.scaler)
+            else:
+                step_unless(u.opt, skip)
         u.opt.zero_grad(set_to_none=True)  # nothing reads them after the step: free them now
         if u.averager is not None:
             u.averager.after_step()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from fbnas.blocks.shared import UsedSlices
 from fbnas.run.step import StepFigures, Update, metric
 from fbnas.search.modes import PathSample, path_log_prob
 from fbnas.search.schedules import warmup_paths
@@ -30,8 +31,11 @@ class SearchSteps:
         return None if w == "mode" else w
 
     def _w_update(self) -> Update:
+        kernels = self.net.superkernels()
+        sparse = (UsedSlices(kernels) if kernels and self.cfg.search.shared_update == "used"
+                  else None)
         return Update(self.w_opt, self.net.weight_parameters(), 0, self.cfg.search.grad_clip,
-                      ddp=self._ddp, averager=self._averager)
+                      ddp=self._ddp, averager=self._averager, sparse=sparse)
 
     def _warmup_paths(self) -> list[list[list[int]]] | None:
         """The single paths a warm-up weight step trains, or None (fbnas.search.schedules)."""
@@ -43,8 +47,12 @@ class SearchSteps:
                           paths: list[list[list[int]]]) -> StepFigures:
         """One weight step on the given single paths, gradients summed over them (FairNAS: each
         candidate gets a whole step's update; the shared stem and head get K of them, which
-        search.grad_clip bounds)."""
+        search.grad_clip bounds). With search.sandwich the dearest path comes first, on the
+        labels, and the others learn from its soft outputs (in-place distillation)."""
         ce_sum = acc_sum = cost_sum = 0.0
+        teacher = None
+        if self.cfg.search.sandwich:
+            paths = [[[i] for i in self.net.dearest_path()], *paths]
         with self.stepper.update(self._w_update()) as u:
             ces = []
             for path in paths:
@@ -55,7 +63,10 @@ class SearchSteps:
                 logits = logits.float()
                 ce = self.loss.ce(logits, y)
                 ces.append(ce)
-                self.prec.scale(ce, 0).backward()
+                loss = ce if teacher is None else distillation(logits, teacher)
+                if self.cfg.search.sandwich and teacher is None:
+                    teacher = logits.detach()
+                self.prec.scale(loss, 0).backward()
                 ce_sum = ce_sum + metric(ce)
                 acc_sum = acc_sum + metric((logits.detach().argmax(1) == y).float().mean())
                 cost_sum = cost_sum + metric(cost)
@@ -79,7 +90,7 @@ class SearchSteps:
             p = self.net.sample_path(self.tau, self.cfg.search.hard, self._weight_mode)
             extra = [warmup_paths("uniform", sizes)[0]
                      for _ in range(self.cfg.search.uniform_paths)]
-        if extra:
+        if extra or self.cfg.search.sandwich:
             return self._path_weight_step(x, y, [[list(a) for a in p.active], *extra])
         with self.stepper.update(self._w_update()) as u:
             with self.prec.autocast():
@@ -150,6 +161,12 @@ class SearchSteps:
                             "cost_term": metric(terms.cost_term),
                             "acc": metric(torch.stack(accs).mean()), "cost": metric(cost)},
                            skip=u.skip)
+
+
+def distillation(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(teacher) ‖ softmax(logits)), the batch's mean: in-place distillation."""
+    return torch.nn.functional.kl_div(torch.log_softmax(logits, 1), torch.log_softmax(teacher, 1),
+                                      reduction="batchmean", log_target=True)
 
 
 def _set_grads(theta: list[torch.Tensor], total: torch.Tensor) -> None:

@@ -7,7 +7,7 @@ import torch
 from conftest import TINY_SPACE, digits_run_config
 
 from fbnas.arch import arch_from_indices, build_child
-from fbnas.blocks.shared import SlicedIRF, child_state, sharable
+from fbnas.blocks.shared import SlicedIRF, UsedSlices, child_state, sharable
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.evaluate import supernet_child_state
@@ -149,3 +149,49 @@ def test_init_from_a_shared_weight_supernet_gets_the_sliced_weights(tmp_path):
     sd = s.model.state_dict()
     assert torch.equal(child["blocks.1.pw.1.running_mean"],
                        sd["mixed.1.candidates.0.pw.1.running_mean"])
+
+
+def _steps(update: str, paths: list[int]) -> tuple[MixedOp, list[torch.Tensor], list]:
+    """SGD steps (momentum, weight decay) on a shared layer, one candidate per step; returns
+    the layer, its superkernel before the last step, and the masks that step read."""
+    torch.manual_seed(0)
+    op = MixedOp(["ir_k3_e1", "ir_k5_e6", "skip"], 8, 8, 1, "shared")
+    opt = torch.optim.SGD(op.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    sparse = UsedSlices([op.shared]) if update == "used" else None
+    x = torch.randn(4, 8, 6, 6)
+    before: list[torch.Tensor] = []
+    for i in paths:
+        before = [p.detach().clone() for p in (op.shared.pw, op.shared.dw, op.shared.pwl)]
+        opt.zero_grad(set_to_none=True)
+        if sparse is not None:
+            sparse.begin()
+        m = torch.zeros(3)
+        m[i] = 1.0
+        op(x, m, active=[i]).square().mean().backward()
+        read = [mask for _, mask in op.shared.used_masks()]
+        with sparse.step(opt) if sparse is not None else torch.no_grad():
+            opt.step()
+    return op, before, read
+
+
+def test_a_weight_step_moves_only_the_superkernel_entries_its_paths_read():
+    # e6 first (momentum everywhere), then e1 k3: its step must not touch the e6-only channels
+    # or the k5 ring, neither by decay nor by the momentum e6's step left
+    op, before, read = _steps("used", [1, 0])
+    after = [op.shared.pw, op.shared.dw, op.shared.pwl]
+    assert read[0][:8].all() and not read[0][8:].any()  # e1: the first c_in rows
+    assert read[1][:8, :, 1:4, 1:4].all() and read[1].sum() == 8 * 9  # the centred 3x3
+    for b, a, r in zip(before, after, read, strict=True):
+        assert torch.equal(a.detach()[~r], b[~r]) and not torch.equal(a.detach()[r], b[r])
+    # the k3 e1 step's gradient left the k5 ring's momentum where the e6 step put it
+    dense, before_d, _ = _steps("all", [1, 0])
+    moved = [(a.detach() - b)[~r].abs().max() for a, b, r in zip(
+        [dense.shared.pw, dense.shared.dw, dense.shared.pwl], before_d, read, strict=True)]
+    assert all(m > 1e-4 for m in moved)  # `all`: decay and momentum moved what was not read
+
+
+def test_shared_update_reaches_the_trainers_weight_step(tmp_path):
+    t = _tiny_search(tmp_path / "a", mode="reinforce")
+    assert isinstance(t._w_update().sparse, UsedSlices)
+    t2 = _tiny_search(tmp_path / "b", mode="reinforce", shared_update="all")
+    assert t2._w_update().sparse is None

@@ -1,0 +1,64 @@
+"""The search's weight steps: the sandwich rule with in-place distillation (search.sandwich)."""
+
+import copy
+
+import pytest
+import torch
+from conftest import digits_run_config, one_line_error
+
+from fbnas.config import config_from_dict
+from fbnas.run import close_logger
+from fbnas.search.steps import distillation
+from fbnas.trainer import SearchTrainer
+
+
+def _trainer(tmp_path, **search):
+    d = digits_run_config(data={"limit": 200}, latency={"cost": "flops"},
+                          search={"mode": "reinforce", "epochs": 2, "warmup_epochs": 1,
+                                  **search})
+    d["run"]["dir"] = str(tmp_path / "run")
+    return SearchTrainer(config_from_dict(copy.deepcopy(d), "s.yaml"), tmp_path / "run")
+
+
+def _calls(t):
+    calls = [[0] * len(op.candidates) for op in t.model.mixed]
+    for li, op in enumerate(t.model.mixed):
+        for i, block in enumerate(op.candidates):
+            block.register_forward_hook(lambda *_, li=li, i=i: calls[li].__setitem__(
+                i, calls[li][i] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("uniform", [0, 1])
+def test_sandwich_trains_the_dearest_path_besides_the_sampled_ones(tmp_path, uniform):
+    t = _trainer(tmp_path, sandwich=True, uniform_paths=uniform)
+    try:
+        t.epoch = 1  # past the warm-up: the mode's sampled path (and a uniform one)
+        calls = _calls(t)
+        dear = t.net.dearest_path()
+        costs = [c.tolist() for c in t.net.cost_rows()]
+        assert all(c[i] == max(c) for c, i in zip(costs, dear, strict=True))
+        x, y = next(iter(t.data.w_loader))
+        out = t.weight_step(x, y)
+        assert out["ce"] > 0
+        for li, c in enumerate(calls):
+            assert sum(c) == 2 + uniform, (li, c)  # one candidate per path per layer
+            assert c[dear[li]] >= 1, (li, c)
+    finally:
+        close_logger(t.log)
+
+
+def test_distillation_is_zero_against_itself_and_pulls_toward_the_teacher():
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.randn(8, 10, generator=g)
+    student = torch.randn(8, 10, generator=g, requires_grad=True)
+    assert float(distillation(teacher, teacher)) == pytest.approx(0.0, abs=1e-6)
+    loss = distillation(student, teacher)
+    loss.backward()
+    with torch.no_grad():  # a small step down the gradient brings the student closer
+        assert float(distillation(student - 0.1 * student.grad, teacher)) < float(loss)
+
+
+def test_sandwich_needs_single_path_weight_steps(tmp_path):
+    one_line_error(lambda: _trainer(tmp_path, mode="full", sandwich=True),
+                   "sandwich", "single_path or reinforce")
