@@ -133,12 +133,11 @@ def _train_on_ray(cfg: Config, todo: list[tuple[int, Architecture]], missing, bu
     task = ray.remote(train_seeds).options(num_cpus=1)
     log(f"bench: {len(todo)} networks on {workers} Ray workers, one thread each")
     try:
-        pending = {task.remote(cfg, a, missing(a), budgets, work, 1): (i, a, time.perf_counter())
-                   for i, a in todo}
+        pending = {task.remote(cfg, a, missing(a), budgets, work, 1): (i, a) for i, a in todo}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            i, a, t0 = pending.pop(ready[0])
-            record(i, a, ray.get(ready[0]), time.perf_counter() - t0)
+            i, a = pending.pop(ready[0])
+            record(i, a, ray.get(ready[0]))
     finally:
         if owned:
             ray.shutdown()
@@ -190,7 +189,7 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         todo = todo[:limit]
     t_start = last = time.perf_counter()
 
-    def record(i: int, a: Architecture, runs: dict[str, Any], seconds: float) -> None:
+    def record(i: int, a: Architecture, runs: dict[str, Any]) -> None:
         h = a.hash()
         if h not in bench.networks:
             stats = child_stats(a)
@@ -208,8 +207,9 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         full = [net["runs"][str(s)][str(budgets[-1])] for s in seeds]
         val = " ".join(f"{r['val_acc']:.3f}" for r in full if r["val_acc"] is not None)
         test = " ".join(f"{r['test_acc']:.3f}" for r in full)
+        seconds = sum(r[str(budgets[-1])]["seconds"] for r in runs.values())
         log(f"[{i + 1}/{len(archs)}] {' '.join(a.ops)}: val {val}, test {test}  "
-            f"({seconds:.1f} s, {clock(time.perf_counter() - t_start)})")
+            f"({seconds:.1f} s of training, {clock(time.perf_counter() - t_start)})")
 
     def missing(a: Architecture) -> list[int]:
         runs = bench.networks.get(a.hash(), {}).get("runs", {})
@@ -218,9 +218,7 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
     with tempfile.TemporaryDirectory(prefix="fbnas-bench-") as tmp:
         if workers is None or workers < 2:
             for i, a in todo:
-                t0 = time.perf_counter()
-                runs = train_seeds(cfg, a, missing(a), budgets, tmp)
-                record(i, a, runs, time.perf_counter() - t0)
+                record(i, a, train_seeds(cfg, a, missing(a), budgets, tmp))
         else:
             _train_on_ray(cfg, todo, missing, budgets, tmp, workers, record, log)
         if is_measured(table.cost):
