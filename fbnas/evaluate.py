@@ -123,8 +123,10 @@ def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
             if k.startswith(prefix):
                 out[f"blocks.{i}.{k[len(prefix):]}"] = v
         shared = {k: src.get(f"mixed.{i}.shared.{k}") for k in ("pw", "dw", "pwl")}
-        if all(v is not None for v in shared.values()) and sharable(op) is not None:
+        if (all(v is not None for v in shared.values()) and sharable(op) is not None
+                and f"{prefix}pw.0.weight" not in src):
             # search.weights: shared: this candidate's convs are slices of the superkernel
+            # (a grouped candidate of a run before grouped ones shared has its own)
             for k, v in child_state(shared, op, layers[i].c_in).items():
                 out[f"blocks.{i}.{k}"] = v
     return out

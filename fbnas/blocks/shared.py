@@ -4,7 +4,7 @@ FBNet gives every candidate of a layer its own weights, so a single path of the 
 only trained when it is sampled: with K candidates a path trains about K times slower than a
 child network. With shared weights (Single-Path NAS, Stamoulis et al. 2019; once-for-all;
 FBNetV2's channel masks) the plain inverted-residual candidates of a layer — `ir_k{K}_e{E}`,
-one group, no SE, no cascade — are views of one superkernel of the largest kernel and
+one group or several, no SE, no cascade — are views of one superkernel of the largest kernel and
 expansion:
 
     expand   1x1 conv  W_pw  [c_in·E_max, c_in]        candidate e: the first c_in·e rows
@@ -17,7 +17,9 @@ paths see different activations), named as in `IRFBlock`, so that the child netw
 from one candidate (`child_state`) loads the sliced convolutions and that candidate's
 BatchNorms into the same parameter names as a freshly built block. Training any path trains
 the layer's convolutions, which is why single paths train at a child's pace here. Candidates
-of other shapes (grouped, SE, cascaded, `skip`, custom blocks) keep their own weights.
+of other shapes (SE, cascaded, `skip`, custom blocks) keep their own weights. A grouped
+candidate (`ir_k3_e1_g2`) shares too: its grouped 1x1 convs are the diagonal blocks of the
+dense ones (`_regions`), so it trains with, and trains, the rest of the layer.
 
 An optimizer step acts on a whole parameter: SGD's weight decay and momentum would move the
 superkernel entries that no path of the step read (the channels only `e6` uses, the k5 ring)
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fbnas.blocks.common import ChannelShuffle
 from fbnas.blocks.irf import IRFSpec, parse_irf
 from fbnas.errors import FbnasError
 
@@ -47,27 +50,51 @@ SHARED_UPDATES = ("used", "all")
 
 
 def sharable(op: str) -> IRFSpec | None:
-    """The IRF spec of `op` when it can be a view of the layer's superkernel, else None."""
+    """The IRF spec of `op` when it can be a view of the layer's superkernel, else None:
+    plain and grouped IRF blocks (a grouped 1x1 conv is a block-diagonal slice of the dense
+    one), not SE or cascaded ones."""
     if not op.startswith("ir_"):
         return None
     try:
         spec = parse_irf(op)
     except FbnasError:
         return None
-    if spec.groups != 1 or spec.se or spec.cascade:
+    if spec.se or spec.cascade:
         return None
     return spec
 
 
+Region = tuple[slice, ...]
+
+
+def _regions(spec: IRFSpec, c_in: int, c_out: int, kmax: int) -> dict[str, list[Region]]:
+    """Where candidate `spec`'s three conv weights lie in the superkernel, named as
+    IRFBlock's parameters: the first c_in·e expanded channels, the centred k×k depthwise
+    window; a grouped 1x1 conv is the g diagonal blocks of the dense one, stacked along the
+    output channels (group j: its outputs' rows, its inputs' columns)."""
+    mid, g = c_in * spec.expansion, spec.groups
+    off = (kmax - spec.kernel) // 2
+    win = slice(off, off + spec.kernel)
+
+    def diagonal(rows: int, cols: int) -> list[Region]:
+        r, c = rows // g, cols // g
+        return [(slice(j * r, (j + 1) * r), slice(j * c, (j + 1) * c)) for j in range(g)]
+
+    return {"pw.0.weight": diagonal(mid, c_in),
+            "dw.0.0.weight": [(slice(0, mid), slice(None), win, win)],
+            "pwl.0.weight": diagonal(c_out, mid)}
+
+
 def _slices(pw: torch.Tensor, dw: torch.Tensor, pwl: torch.Tensor, spec: IRFSpec, c_in: int
             ) -> dict[str, torch.Tensor]:
-    """Candidate `spec`'s three conv weights cut from a superkernel, named as IRFBlock's
-    parameters: the first c_in·e expanded channels, the centred k×k depthwise window."""
-    mid = c_in * spec.expansion
-    off = (dw.shape[-1] - spec.kernel) // 2
-    win = slice(off, off + spec.kernel)
-    return {"pw.0.weight": pw[:mid], "dw.0.0.weight": dw[:mid, :, win, win],
-            "pwl.0.weight": pwl[:, :mid]}
+    """Candidate `spec`'s three conv weights cut from a superkernel (`_regions`): views for a
+    dense candidate, the diagonal blocks concatenated for a grouped one."""
+    out = {}
+    for (key, regions), w in zip(_regions(spec, c_in, pwl.shape[0], dw.shape[-1]).items(),
+                                 (pw, dw, pwl), strict=True):
+        parts = [w[r] for r in regions]
+        out[key] = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out
 
 
 class SharedIRFWeights(nn.Module):
@@ -96,8 +123,10 @@ class SharedIRFWeights(nn.Module):
         params = (self.pw, self.dw, self.pwl)
         masks = [torch.zeros_like(w, dtype=torch.bool) for w in params]
         for spec in self.used:
-            for view in _slices(*masks, spec, self.c_in).values():  # views into the masks
-                view.fill_(True)
+            regions = _regions(spec, self.c_in, self.pwl.shape[0], self.kmax).values()
+            for mask, rs in zip(masks, regions, strict=True):
+                for r in rs:
+                    mask[r] = True
         return list(zip(params, masks, strict=True))
 
 
@@ -146,7 +175,7 @@ class _SlicedConv(nn.Module):
         object.__setattr__(self, "store", store)
         self.key, self.spec, self.c_in = key, spec, c_in
         self.stride, self.padding = stride, spec.kernel // 2 if depthwise else 0
-        self.groups = c_in * spec.expansion if depthwise else 1
+        self.groups = c_in * spec.expansion if depthwise else spec.groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.store.slices(self.spec, self.c_in)[self.key]
@@ -154,8 +183,8 @@ class _SlicedConv(nn.Module):
 
 
 class SlicedIRF(nn.Module):
-    """An `ir_k{K}_e{E}` candidate computed on slices of the layer's superkernel, with its own
-    BatchNorms; the same function as an IRFBlock holding those weights."""
+    """An `ir_k{K}_e{E}[_g{G}]` candidate computed on slices of the layer's superkernel, with
+    its own BatchNorms; the same function as an IRFBlock holding those weights."""
 
     def __init__(self, store: SharedIRFWeights, c_in: int, c_out: int, stride: int,
                  spec: IRFSpec):
@@ -165,6 +194,7 @@ class SlicedIRF(nn.Module):
         self.has_skip = c_in == c_out and stride == 1
         self.pw = nn.Sequential(_SlicedConv(store, "pw.0.weight", spec, c_in),
                                 nn.BatchNorm2d(mid), nn.ReLU(inplace=True))
+        self.shuffle = ChannelShuffle(spec.groups) if spec.groups > 1 else nn.Identity()
         self.dw = nn.Sequential(nn.Sequential(
             _SlicedConv(store, "dw.0.0.weight", spec, c_in, stride, depthwise=True),
             nn.BatchNorm2d(mid), nn.ReLU(inplace=True)))
@@ -172,7 +202,7 @@ class SlicedIRF(nn.Module):
                                  nn.BatchNorm2d(c_out))
 
     def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
-        y = self.pwl(self.dw(self.pw(x)))
+        y = self.pwl(self.dw(self.shuffle(self.pw(x))))
         return x + y if self.has_skip and shortcut else y
 
 
@@ -180,7 +210,8 @@ def build_shared(ops: Sequence[str], c_in: int, c_out: int, stride: int
                  ) -> tuple[SharedIRFWeights | None, dict[int, SlicedIRF]]:
     """The superkernel of a layer and its sliced candidates by index (the other candidates
     are built as usual); (None, {}) when fewer than two candidates can share."""
-    specs = {i: s for i, op in enumerate(ops) if (s := sharable(op)) is not None}
+    specs = {i: s for i, op in enumerate(ops) if (s := sharable(op)) is not None
+             and c_in % s.groups == 0 and c_out % s.groups == 0}
     if len(specs) < 2:
         return None, {}
     store = SharedIRFWeights(c_in, c_out, list(specs.values()))

@@ -33,12 +33,16 @@ def _randomise_bn(net: torch.nn.Module) -> None:
 
 
 def test_which_ops_share():
-    assert sharable("ir_k5_e6") is not None and sharable("ir_k3_e1") is not None
-    for op in ("ir_k5_e6_se", "ir_k3_e1_g2", "ir_k33_e3", "skip", "basic_block"):
+    for op in ("ir_k5_e6", "ir_k3_e1", "ir_k3_e1_g2", "ir_k5_e1_g2"):
+        assert sharable(op) is not None, op
+    for op in ("ir_k5_e6_se", "ir_k33_e3", "skip", "basic_block"):
         assert sharable(op) is None, op
     op = MixedOp(SPACE["candidates"], 8, 8, 1, "shared")
     kinds = [type(c) for c in op.candidates]
-    assert kinds[:3] == [SlicedIRF] * 3 and SlicedIRF not in kinds[3:]
+    assert [k is SlicedIRF for k in kinds] == [True, True, True, False, True, False]
+    # a grouped candidate whose channels the groups do not divide: the block's own error
+    with pytest.raises(FbnasError, match="c_in=6 is not divisible by groups 4"):
+        MixedOp(["ir_k3_e1", "ir_k3_e6", "ir_k3_e1_g4"], 6, 6, 1, "shared")
     # the superkernel is the largest kernel and expansion: k5, e6
     assert tuple(op.shared.dw.shape) == (48, 1, 5, 5) and tuple(op.shared.pw.shape) == (48, 8, 1, 1)
     with pytest.raises(FbnasError, match="search.weights"):
@@ -69,7 +73,7 @@ def test_training_one_path_trains_the_others():
     assert torch.equal(before[0], net.mixed[0].shared.pw)
 
 
-@pytest.mark.parametrize("indices", [[0, 1, 2], [1, 0, 5], [2, 3, 4]])
+@pytest.mark.parametrize("indices", [[0, 1, 2], [1, 0, 5], [2, 3, 4], [4, 4, 1]])
 def test_a_path_equals_the_child_built_from_its_sliced_weights(indices):
     space = SearchSpace.from_dict(SPACE)
     torch.manual_seed(0)
@@ -89,8 +93,24 @@ def test_a_path_equals_the_child_built_from_its_sliced_weights(indices):
 
 
 def test_child_state_refuses_an_op_that_does_not_share():
-    with pytest.raises(FbnasError, match="ir_k3_e1_g2"):
-        child_state({}, "ir_k3_e1_g2", 8)
+    with pytest.raises(FbnasError, match="ir_k3_e6_se"):
+        child_state({}, "ir_k3_e6_se", 8)
+
+
+def test_a_grouped_candidate_reads_and_trains_the_diagonal_blocks_of_the_superkernel():
+    op = MixedOp(["ir_k3_e6", "ir_k3_e1_g2", "skip"], 8, 16, 2, "shared")
+    m = torch.tensor([0.0, 1.0, 0.0])
+    op(torch.randn(2, 8, 6, 6), m, active=[1]).sum().backward()
+    pw, pwl = op.shared.pw.grad[:, :, 0, 0], op.shared.pwl.grad[:, :, 0, 0]
+    # e1 g2: expand rows 0-3 read inputs 0-3, rows 4-7 inputs 4-7; nothing else
+    assert pw[:4, :4].abs().sum() > 0 and pw[4:8, 4:].abs().sum() > 0
+    assert pw[:4, 4:].abs().sum() == 0 and pw[4:8, :4].abs().sum() == 0 and pw[8:].abs().sum() == 0
+    # project: outputs 0-7 from mid 0-3, outputs 8-15 from mid 4-7
+    assert pwl[:8, :4].abs().sum() > 0 and pwl[8:, 4:8].abs().sum() > 0
+    assert pwl[:8, 4:].abs().sum() == 0 and pwl[8:, :4].abs().sum() == 0
+    masks = dict(zip(("pw", "dw", "pwl"), (mk for _, mk in op.shared.used_masks()),
+                     strict=True))
+    assert torch.equal(masks["pw"][:, :, 0, 0], op.shared.pw.grad[:, :, 0, 0] != 0)
 
 
 def _tiny_search(tmp_path, **search):
