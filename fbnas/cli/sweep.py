@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seeds", metavar="S1,S2,...",
                    help="search every value once per search seed (search.seed; labels "
                         "<param><value>-seed<S>); default: the config's seed, once")
+    p.add_argument("--bench", metavar="FILE",
+                   help="a ground-truth benchmark of the space (fbnas bench build): points "
+                        "read their accuracy and latency from it instead of retraining")
     p.add_argument("--threads", type=int, metavar="T",
                    help="torch threads of each search and retrain (default: torch's own; "
                         "with --workers: the cores / N). Results are identical between "
@@ -79,7 +82,8 @@ def run(args) -> int:
         import_ray(f"fbnas sweep --workers {args.workers}" if args.ray_address is None
                    else f"fbnas sweep --ray-address {args.ray_address}")
     sw = Sweep(args.config, param, values, args.out, args.set, args.reference, args.random,
-               args.seed, args.retrain_epochs, seeds=seeds, threads=args.threads)
+               args.seed, args.retrain_epochs, seeds=seeds, threads=args.threads,
+               bench=args.bench)
     try:
         if on_ray:
             s = RaySweep(sw, args.workers, args.ray_address, args.gpus_per_task,

@@ -20,6 +20,11 @@ processes: `fbnas.sweep.ray_tasks` runs them as Ray tasks (`fbnas sweep --worker
 hands back to `Sweep.finish` for the end-to-end timing in this process. Results are
 bit-identical to the serial sweep's at the same torch thread count (`threads`).
 
+With `bench` (a ground-truth benchmark of the sweep's space and retrain recipe, fbnas.bench)
+nothing is retrained or timed: a point's results are the benchmark's (mean test and
+validation top-1 over its seeds at the full budget; its end-to-end measured latency), written
+to the point's results.json as a retrain would be.
+
 A value of 0 for a cost weight (`alpha`, `beta`, `lambda`) is the cost-blind search
 (`loss.kind: ce`). Note that the FBNet loss CE·α·(log LAT)^β uses α only as a scale — Adam,
 the θ optimizer, is nearly invariant to it — so its trade-off is swept with β.
@@ -188,7 +193,7 @@ class Sweep:
                  out: str | Path | None = None, overrides: list[str] | None = None,
                  references: list[str] | None = None, n_random: int = 5, seed: int = 0,
                  retrain_epochs: int | None = None, log=print, seeds: list[int] | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, bench: str | Path | None = None):
         if param not in PARAMS:
             raise FbnasError(f"sweep: parameter must be one of {', '.join(PARAMS)}; got {param!r}")
         if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)
@@ -222,6 +227,7 @@ class Sweep:
         self.point_cfgs = [sp.cfg for sp in self.plan]
         # and every reference architecture file (loading also checks it fits the data)
         self.reference_list = reference_archs(self.cfg, self.config_path, self.references)
+        self.bench = None if bench is None else _bench_for(bench, self.cfg)
         if param == "alpha" and kind == "fbnet" and any(v > 0 for v in values):
             log("note: loss.alpha only scales the FBNet loss (Adam is nearly invariant to it); "
                 "the trade-off is set by loss.beta (--beta)")
@@ -268,6 +274,8 @@ class Sweep:
             points += self.reference_points()
             points += self.random_points(points)
             for p in points:
+                if self.from_bench(p):
+                    continue
                 self.log(f"== sweep {p.label}: retrain {p.arch.short_hash}")
                 cfg, extra = self.retrain_job(p)
                 if (p.run_dir / RESULTS).is_file():
@@ -278,9 +286,31 @@ class Sweep:
                 torch.set_num_threads(saved)
         return self.finish(points, t0)
 
+    def from_bench(self, p: SweepPoint) -> bool:
+        """With a benchmark: point `p`'s results are its records (written as a retrain's
+        results.json); False without one."""
+        if self.bench is None:
+            return False
+        _, extra = self.retrain_job(p)
+        b, k = self.bench, self.bench.key(p.arch, f"sweep point {p.label}")
+        n = b.networks[k]
+        res = {"top1": b.mean(k, "test_acc"), "val_top1": b.mean(k, "val_acc"),
+               "params": n["params"], "flops": n["flops"], "bench": str(b.path), "sweep": extra}
+        if b.meta["latency"]["unit"] == "us":
+            res["predicted_latency_ms"] = n["predicted"] / 1e3
+            if n.get("measured") is not None:
+                res["measured_latency_ms"] = n["measured"] / 1e3
+                res["measured_latency_iqr"] = n.get("measured_latency_iqr")
+        p.results = res
+        write_json_atomic(ensure_dir(p.run_dir) / RESULTS, res)
+        self.log(f"== sweep {p.label}: {p.arch.short_hash} from the benchmark: top-1 "
+                 f"{100 * res['top1']:.2f}%")
+        return True
+
     def finish(self, points: list[SweepPoint], t0: float) -> dict[str, Any]:
         """Every point retrained: time them all end to end here, write the report."""
-        self._measure(points)
+        if self.bench is None:
+            self._measure(points)
         return self._report(points, time.perf_counter() - t0)
 
     def _measure(self, points: list[SweepPoint]) -> None:
@@ -368,6 +398,21 @@ class Sweep:
         loader = build_eval_data(self.cfg.data, m.input_size, m.in_channels, m.num_classes,
                                  seed=self.cfg.search.seed, split="test")
         return len(loader.dataset)
+
+
+def _bench_for(path: str | Path, cfg: Config):
+    """The benchmark at `path`, checked to be of `cfg`'s space and retrain recipe."""
+    from fbnas.bench.build import training_record
+    from fbnas.bench.table import Bench
+
+    b = Bench.load(path)
+    if b.space.macro != cfg.space.macro:
+        raise FbnasError(f"{path}: a benchmark of space '{b.space.name}', not the sweep's "
+                         f"'{cfg.space.name}'")
+    if b.meta["training"] != training_record(cfg):
+        raise FbnasError(f"{path}: trained with another data or retrain section than "
+                         f"{cfg.source}; its records are not what this sweep would retrain")
+    return b
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -> Path:

@@ -228,3 +228,28 @@ def test_a_build_on_ray_workers_records_what_the_serial_build_does(built, tmp_pa
                     for bud, r in runs.items()} for s, runs in bench.networks[k]["runs"].items()}
     for k in serial:
         assert figures(b, k) == figures(serial, k)
+
+
+@pytest.mark.parametrize("workers", [[], pytest.param(["--workers", "2"], marks=pytest.mark.slow)])
+def test_sweep_reads_the_benchmark_instead_of_retraining(built, tmp_path, capsys, workers):
+    tmp, _, out, _ = built
+    b = Bench.load(out)
+    d = _cfg(tmp)
+    d["search"].update({"epochs": 2, "warmup_epochs": 1})
+    d["loss"] = {"kind": "target", "target": "0.5x", "lambda": 1.0}
+    conf = tmp_path / "sweep.yaml"
+    conf.write_text(json.dumps(d))
+    sw = tmp_path / "sw"
+    assert main(["sweep", "--config", str(conf), "--target", "0.3x,0.8x", "--random", "1",
+                 "--out", str(sw), "--bench", str(out), *workers]) == 0
+    rep = json.loads((sw / "sweep.json").read_text())
+    assert len(rep["points"]) >= 3
+    for p in rep["points"]:
+        assert p["top1"] == pytest.approx(b.mean(p["arch_hash"], "test_acc"))
+        assert p["measured_ms"] == pytest.approx(b.networks[p["arch_hash"]]["measured"] / 1e3)
+    assert not list(sw.glob("retrain-*/checkpoint.pt"))  # nothing was trained
+    # a sweep whose retrain is not the benchmark's would read the wrong records
+    conf.write_text(json.dumps({**d, "retrain": {**d["retrain"], "lr": 0.2}}))
+    assert main(["sweep", "--config", str(conf), "--target", "0.5x", "--out",
+                 str(tmp_path / "sw2"), "--bench", str(out)]) == 2
+    assert "another data or retrain section" in capsys.readouterr().err
