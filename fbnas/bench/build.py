@@ -33,7 +33,7 @@ import torch
 
 from fbnas import __version__
 from fbnas.arch import Architecture, arch_from_indices, child_stats
-from fbnas.bench.table import Bench
+from fbnas.bench.table import Bench, training_record
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
@@ -141,14 +141,6 @@ def _train_on_ray(cfg: Config, todo: list[tuple[int, Architecture]], missing, bu
     finally:
         if owned:
             ray.shutdown()
-
-
-def training_record(cfg: Config) -> dict[str, Any]:
-    """What fixes an entry's training: the data and retrain sections (but the seed) and the
-    split's seed."""
-    r = cfg.resolved()
-    retrain = {k: v for k, v in r["retrain"].items() if k not in ("seed", "measure_latency")}
-    return {"data": r["data"], "retrain": retrain, "split_seed": cfg.search.seed}
 
 
 def machine() -> dict[str, Any]:

@@ -34,6 +34,14 @@ BENCH_SCHEMA = 1
 METRICS = ("train_acc", "train_loss", "val_acc", "val_ce", "test_acc", "test_ce", "seconds")
 
 
+def training_record(cfg: Any) -> dict[str, Any]:
+    """What fixes an entry's training: the data and retrain sections (but the seed) and the
+    split's seed."""
+    r = cfg.resolved()
+    retrain = {k: v for k, v in r["retrain"].items() if k not in ("seed", "measure_latency")}
+    return {"data": r["data"], "retrain": retrain, "split_seed": cfg.search.seed}
+
+
 class Bench:
     """Every network of one space, trained and timed (see the module docstring)."""
 

@@ -402,8 +402,7 @@ class Sweep:
 
 def _bench_for(path: str | Path, cfg: Config):
     """The benchmark at `path`, checked to be of `cfg`'s space and retrain recipe."""
-    from fbnas.bench.build import training_record
-    from fbnas.bench.table import Bench
+    from fbnas.bench.table import Bench, training_record
 
     b = Bench.load(path)
     if b.space.macro != cfg.space.macro:
