@@ -39,6 +39,9 @@ from fbnas.trainer import SearchTrainer
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = {n: ROOT / "configs" / f"{n}.yaml"
           for n in ("quickstart", "fbnet_cifar10", "fbnet_imagenet")}
+# the shipped ground-truth benchmark (issue 39): its config and its file
+BENCH_CONFIG = ROOT / "configs" / "bench_digits.yaml"
+BENCH_FILE = ROOT / "configs" / "bench_digits.json.gz"
 
 # a run that prints no progress bars and writes no TensorBoard files
 QUIET = ["run.progress=false", "run.tensorboard=false"]

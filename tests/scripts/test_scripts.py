@@ -313,3 +313,45 @@ def test_bench_target_counts_a_space_too_big_to_enumerate_from_random_ones(monke
     est = bt._space_near(rows, 0.0, 12.0)
     assert "estimated from 20,000 drawn at random of 7.29e+02" in est
     assert abs(float(est.split()[0]) / 141 - 1) < 0.1
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tiny, tmp_path_factory) -> tuple[str, str]:
+    """(config, benchmark) of the tiny config's space: every network, 2 seeds, 1 epoch."""
+    from fbnas.bench.build import build_bench
+    from fbnas.config import load_config
+
+    out = tmp_path_factory.mktemp("bench") / "tiny.json.gz"
+    build_bench(load_config(tiny, ["data.limit=200"]), out, seeds=(0, 1), log=lambda s: None)
+    return tiny, str(out)
+
+
+@pytest.mark.slow
+def test_bench_regret(tiny_bench, tmp_path):
+    tiny, bench = tiny_bench
+    args = ["--config", tiny, "--bench", bench, "--seeds", "0", "--targets", "0.5x",
+            "--jobs", "1", "--set", "data.limit=200", "--set", "search.epochs=2",
+            "--set", "search.warmup_epochs=1", "--keep", str(tmp_path / "keep")]
+    out = run_module("bench_regret", args)
+    row = out.splitlines()[-1].split()
+    assert row[:3] == ["reinforce", "shared", "1"]  # one run of the shipped mode, summarised
+    assert 0 <= float(row[3]) <= 100 and 0 <= int(row[4]) <= 1
+    again = run_module("bench_regret", args)  # --keep: scored again, not searched again
+    assert again.splitlines()[-1] == out.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_bench_reproduce(tiny_bench, capsys):
+    import random
+
+    from fbnas.bench.table import Bench
+
+    tiny, bench = tiny_bench
+    out = run_main("bench_reproduce", ["--config", tiny, "--bench", bench, "--n", "1",
+                                       "--seed", "0", "--set", "data.limit=200"], capsys)
+    assert out.splitlines()[-1] in ("within 2 seed-sd (test and val): 0 of 1",
+                                    "within 2 seed-sd (test and val): 1 of 1")
+    b = Bench.load(bench)  # seed 0 is the benchmark's own: the fresh run is its entry
+    k = random.Random(0).sample(sorted(b), 1)[0]
+    test = float(out.splitlines()[-2].split()[-6])
+    assert test == pytest.approx(100 * b.networks[k]["runs"]["0"]["1"]["test_acc"], abs=0.006)

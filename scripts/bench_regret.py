@@ -1,0 +1,109 @@
+"""Does the search return a better network than others of the same latency? (issue 39)
+
+Searches on the benchmark's space for every --modes x --weights x --seeds x --targets, each
+scored against the ground truth (`fbnas bench score`): the returned network's regret (the best
+true accuracy among networks no slower, minus its own; points), its percentile among the
+networks within ±3% of its latency, Kendall τ of the supernet's path accuracy against the
+truth over every network of the space (computed on the --tau-at target's runs only: it costs a
+BN re-estimation per network), the search's wall seconds; beside them the baselines: a random
+network of matched latency (mean regret) and random search given the search's wall time.
+Then per (mode, weights): the median regret, how many runs landed in the top 10% of their
+latency-matched networks, how many beat matched random, the median τ.
+
+    python -m scripts.bench_regret --modes reinforce --weights shared --seeds 0,1,2 \\
+        --targets 0.3x,0.5x,0.8x --jobs 2 --keep runs/regret
+    python -m scripts.bench_regret --set search.shared_update=all --keep runs/regret-all
+
+Each search runs as `fbnas train` in its own process with one torch thread (--jobs at once)
+and with search.fit_measure off (networks are fitted to the target by the table: concurrent
+searches must not time networks); the benchmark's latency is the one it measured. With --keep,
+a search whose run directory has an arch_hard.yaml is scored again, not re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fbnas.bench.score import score_run
+from fbnas.bench.table import Bench
+from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET
+
+
+def search(config: str, run: Path, sets: list[str]) -> None:
+    """One `fbnas train` in a process of its own (one thread), unless `run` has finished."""
+    if (run / "arch_hard.yaml").is_file():
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fbnas", "train", "--config", config,
+           "--set", f"run.dir={run}", "--set", "search.fit_measure=off",
+           *(x for s in [*QUIET, *sets] for x in ("--set", s))]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", default=str(BENCH_FILE))
+    ap.add_argument("--config", default=str(BENCH_CONFIG), help="the benchmark space's config")
+    ap.add_argument("--modes", default="reinforce")
+    ap.add_argument("--weights", default="shared")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--targets", default="0.3x,0.5x,0.8x")
+    ap.add_argument("--tau-at", default="0.5x", help="the target whose runs τ is computed on "
+                                                     "('all', or 'none')")
+    ap.add_argument("--jobs", type=int, default=2, help="searches at once (one thread each)")
+    ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--keep", metavar="DIR", help="keep the runs as DIR/MODE-WEIGHTS-S-T "
+                                                  "(a re-run scores them again)")
+    a = ap.parse_args(argv)
+    bench = Bench.load(a.bench)
+    grid = list(itertools.product(a.modes.split(","), a.weights.split(","),
+                                  [int(s) for s in a.seeds.split(",")], a.targets.split(",")))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(a.keep or tmp)
+        runs = {g: root / "-".join(map(str, g)) for g in grid}
+        with ThreadPoolExecutor(max(1, a.jobs)) as pool:
+            list(pool.map(lambda g: search(a.config, runs[g], [
+                f"search.mode={g[0]}", f"search.weights={g[1]}", f"search.seed={g[2]}",
+                f"loss.target={g[3]}", *a.sets]), grid))
+        print(f"searches of {a.config} {' '.join(a.sets)} scored on {a.bench} "
+              f"({len(bench)} networks)")
+        print(f"{'mode':10s} {'weights':8s} {'seed':>4s} {'target':>6s} {'regret':>6s} "
+              f"{'pct':>5s} {'tau':>5s} {'rnd':>5s} {'rndS':>5s} {'sec':>5s}  network")
+        rows = {}
+        for g in grid:
+            rank = a.tau_at == "all" or g[3] == a.tau_at
+            s = score_run(bench, runs[g], rank=rank)
+            rows[g] = s
+            print(f"{g[0]:10s} {g[1]:8s} {g[2]:4d} {g[3]:>6s} {100 * s.regret:6.2f} "
+                  f"{s.percentile:5.0f} {s.kendall_tau:5.2f} {100 * s.random_regret:5.2f} "
+                  f"{100 * s.random_search_regret:5.2f} {s.search_seconds:5.0f}  "
+                  + " ".join(o.replace("ir_", "") for o in s.ops), flush=True)
+    print("\nper mode (regret in points; top10: percentile >= 90; >rnd: regret below the "
+          "matched random network's mean)")
+    print(f"{'mode':10s} {'weights':8s} {'runs':>4s} {'med regret':>10s} {'top10':>5s} "
+          f"{'>rnd':>4s} {'med tau':>7s} {'med rnd':>7s} {'med rndS':>8s} {'med sec':>7s}")
+    for mode, weights in dict.fromkeys((g[0], g[1]) for g in grid):
+        ss = [s for g, s in rows.items() if g[:2] == (mode, weights)]
+        taus = [s.kendall_tau for s in ss if s.kendall_tau == s.kendall_tau]
+        print(f"{mode:10s} {weights:8s} {len(ss):4d} "
+              f"{100 * statistics.median(s.regret for s in ss):10.2f} "
+              f"{sum(s.percentile >= 90 for s in ss):5d} "
+              f"{sum(s.regret < s.random_regret for s in ss):4d} "
+              f"{statistics.median(taus) if taus else float('nan'):7.2f} "
+              f"{100 * statistics.median(s.random_regret for s in ss):7.2f} "
+              f"{100 * statistics.median(s.random_search_regret for s in ss):8.2f} "
+              f"{statistics.median(s.search_seconds for s in ss):7.0f}")
+
+
+if __name__ == "__main__":
+    main()
