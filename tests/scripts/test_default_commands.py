@@ -252,6 +252,25 @@ def test_bench_target(table_cache):
     assert line(out, rf"^random architectures \(n=1\): measured {NUM}-{NUM} us")
 
 
+def test_bench_regret(table_cache):
+    # `python -m scripts.bench_regret` (reinforce, shared, 3 seeds x 3 targets, on the shipped
+    # benchmark): one search (seed 0, 0.5x) of 2 epochs on 300 digits, its τ over all 256
+    out = run("bench_regret", "--seeds", "0", "--targets", "0.5x", "--jobs", "1",
+              "--set", "search.epochs=2", "--set", "search.warmup_epochs=1", "--set",
+              "data.limit=300", "--set", f"latency.cache_dir={table_cache}")
+    m = line(out, rf"^reinforce\s+shared\s+0\s+0.5x\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})")
+    assert 0 <= float(m[1]) <= 100 and 0 <= float(m[2]) <= 100 and -1 <= float(m[3]) <= 1
+    assert line(out, rf"^reinforce\s+shared\s+1\s+{NUM}\s+[01]\s+[01]\s+{NUM}")
+
+
+def test_bench_reproduce():
+    # `python -m scripts.bench_reproduce --n 5 --seed 7`: one network, 2 retrain epochs
+    out = run("bench_reproduce", "--n", "1", "--seed", "7", "--set", "retrain.epochs=2",
+              "--set", "retrain.warmup_epochs=0")
+    assert line(out, rf"bench_digits.json.gz: seed-to-seed sd test {NUM} pt")
+    assert line(out, r"^within 2 seed-sd \(test and val\): [01] of 1$")
+
+
 def test_bench_sweep(tmp_path):
     # `python -m scripts.bench_sweep` (targets 0.3x, 0.5x, 0.8x; 5 random; 15 retrain epochs):
     # one target, 1 random network, 2 search epochs and 1 retrain epoch on 300 digits; a fresh
