@@ -111,6 +111,7 @@ class SharedIRFWeights(nn.Module):
             nn.init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu")
         self.c_in = c_in
         self.used: set[IRFSpec] = set()  # candidates read with grad on since `used.clear()`
+        self._masks: dict[frozenset[IRFSpec], list[torch.Tensor]] = {}
 
     def slices(self, spec: IRFSpec, c_in: int) -> dict[str, torch.Tensor]:
         """The candidate's three conv weights, named as IRFBlock's parameters."""
@@ -119,15 +120,23 @@ class SharedIRFWeights(nn.Module):
         return _slices(self.pw, self.dw, self.pwl, spec, c_in)
 
     def used_masks(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
-        """(parameter, boolean mask of the entries the candidates in `used` read)."""
-        params = (self.pw, self.dw, self.pwl)
-        masks = [torch.zeros_like(w, dtype=torch.bool) for w in params]
-        for spec in self.used:
-            regions = _regions(spec, self.c_in, self.pwl.shape[0], self.kmax).values()
-            for mask, rs in zip(masks, regions, strict=True):
-                for r in rs:
-                    mask[r] = True
-        return list(zip(params, masks, strict=True))
+        """(parameter, boolean mask of the entries the candidates in `used` read), cached per
+        set of candidates (built on the host's knowledge alone: no device sync)."""
+        key = frozenset(self.used)
+        if key not in self._masks:
+            params = (self.pw, self.dw, self.pwl)
+            masks = [torch.zeros_like(w, dtype=torch.bool) for w in params]
+            for spec in key:
+                regions = _regions(spec, self.c_in, self.pwl.shape[0], self.kmax).values()
+                for mask, rs in zip(masks, regions, strict=True):
+                    for r in rs:
+                        mask[r] = True
+            self._masks[key] = masks
+        return list(zip((self.pw, self.dw, self.pwl), self._masks[key], strict=True))
+
+    def _apply(self, fn, *a, **kw):  # .to(device) and friends: the cached masks are rebuilt
+        self._masks = {}
+        return super()._apply(fn, *a, **kw)
 
 
 class UsedSlices:
@@ -144,25 +153,23 @@ class UsedSlices:
 
     @contextlib.contextmanager
     def step(self, opt: torch.optim.Optimizer) -> Iterator[None]:
-        """Around `opt.step()`: restore the unread entries and their momentum afterwards."""
+        """Around `opt.step()`: put back the unread entries and their optimizer state
+        (`torch.where`: no device sync; a superkernel is small)."""
         kept = []
         for st in self.stores:
             for p, read in st.used_masks():
-                if bool(read.all()):
-                    continue
-                free = ~read
                 state = opt.state.get(p, {})
-                bufs = {k: v[free].clone() for k, v in state.items()
+                bufs = {k: v.clone() for k, v in state.items()
                         if isinstance(v, torch.Tensor) and v.shape == p.shape}
-                kept.append((p, free, p.detach()[free].clone(), bufs))
+                kept.append((p, read, p.detach().clone(), bufs))
         yield
         with torch.no_grad():
-            for p, free, value, bufs in kept:
-                p[free] = value
-                state = opt.state.get(p, {})
-                for k, v in state.items():
+            for p, read, value, bufs in kept:
+                p.copy_(torch.where(read, p, value))
+                for k, v in opt.state.get(p, {}).items():
                     if isinstance(v, torch.Tensor) and v.shape == p.shape:
-                        v[free] = bufs.get(k, 0.0)  # a buffer the step created: zero there
+                        old = bufs.get(k)  # a buffer the step created: zero where unread
+                        v.copy_(torch.where(read, v, 0.0 if old is None else old))
 
 
 class _SlicedConv(nn.Module):
