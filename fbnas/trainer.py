@@ -125,6 +125,8 @@ class SearchTrainer(SearchSteps, EpochRunner):
             if (note := ignored_note(s.mode, s.weight_sampling, {
                     k for sec, k in cfg.given if sec == "search"})) is not None:
                 self.log.info(note)
+            if get_mode(s.mode).caveat:
+                self.log.warning(f"note: search.mode {s.mode}: {get_mode(s.mode).caveat}")
         if self.dist.distributed:
             if s.warmup_sampling != "mode":
                 raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "

@@ -105,6 +105,9 @@ class SearchMode:
     ignores: tuple[str, ...] = ()
     weight_ignores: tuple[str, ...] = ()
     why = weight_why = ""
+    # what a run with this θ mode is told at its start, when the mode is known to search
+    # badly (one line; empty: nothing)
+    caveat = ""
 
     def sample(self, theta: Sequence[torch.Tensor], tau: float, hard: bool) -> PathSample:
         raise NotImplementedError
@@ -140,6 +143,11 @@ class SinglePath(SearchMode):
     ignores, weight_ignores = ("hard",), (*TAU, "hard")
     why = "samples one-hot paths already"
     weight_why = "weight steps train only the argmax path, the same at every τ"
+    caveat = ("as the θ mode its θ hears the cost but no CE in an FBNet chain (the next "
+              "BatchNorm cancels its straight-through gate); on the ground-truth benchmark "
+              "its network's regret was 9.9 points against 1.25 for reinforce "
+              "(docs/bench.md): use it as search.weight_sampling, with reinforce or a "
+              "relaxation as search.mode")
 
     def sample(self, theta, tau, hard):
         soft = gumbel_soft(stacked(theta), tau)

@@ -62,3 +62,12 @@ def test_distillation_is_zero_against_itself_and_pulls_toward_the_teacher():
 def test_sandwich_needs_single_path_weight_steps(tmp_path):
     one_line_error(lambda: _trainer(tmp_path, mode="full", sandwich=True),
                    "sandwich", "single_path or reinforce")
+
+
+def test_a_run_with_single_path_as_the_theta_mode_is_told_why_not(tmp_path):
+    for mode, told in (("single_path", True), ("reinforce", False)):
+        t = _trainer(tmp_path / mode, mode=mode)
+        close_logger(t.log)
+        log = (tmp_path / mode / "run" / "train.log").read_text()
+        assert ("note: search.mode single_path: as the θ mode its θ hears the cost but no CE"
+                in log) is told, log
