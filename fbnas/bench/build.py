@@ -44,6 +44,7 @@ from fbnas.latency import space_hash
 from fbnas.retrain import ChildTrainer
 from fbnas.rng import rng_state, set_rng_state
 from fbnas.run import close_logger
+from fbnas.sweep.ray_tasks import import_ray
 
 MAX_NETWORKS = 5000  # a benchmark trains every network: a larger space is a mistake
 TIME_CHUNK = 32  # networks timed together among the probes
@@ -124,8 +125,6 @@ def _train_on_ray(cfg: Config, todo: list[tuple[int, Architecture]], missing, bu
                   work: str, workers: int, record, log: Callable[[str], None]) -> None:
     """The networks as Ray tasks, one thread each (`workers` at once); the driver records
     each as it finishes, so a killed build keeps every network that finished."""
-    from fbnas.sweep.ray_tasks import import_ray
-
     ray = import_ray(f"fbnas bench build --workers {workers}")
     owned = not ray.is_initialized()
     if owned:

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture, arch_from_indices, random_archs
+from fbnas.bench.table import Bench, training_record
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_eval_data
@@ -402,8 +403,6 @@ class Sweep:
 
 def _bench_for(path: str | Path, cfg: Config):
     """The benchmark at `path`, checked to be of `cfg`'s space and retrain recipe."""
-    from fbnas.bench.table import Bench, training_record
-
     b = Bench.load(path)
     if b.space.macro != cfg.space.macro:
         raise FbnasError(f"{path}: a benchmark of space '{b.space.name}', not the sweep's "
