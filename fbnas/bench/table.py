@@ -183,3 +183,15 @@ class Bench:
                 out.append(k)
                 best = v
         return out
+
+
+def bench_for(path: str | Path, cfg: Any) -> Bench:
+    """The benchmark at `path`, checked to be of `cfg`'s space and retrain recipe."""
+    b = Bench.load(path)
+    if b.space.macro != cfg.space.macro:
+        raise FbnasError(f"{path}: a benchmark of space '{b.space.name}', not the run's "
+                         f"'{cfg.space.name}'")
+    if b.meta["training"] != training_record(cfg):
+        raise FbnasError(f"{path}: trained with another data or retrain section than "
+                         f"{cfg.source}; its records are not what this config would retrain")
+    return b

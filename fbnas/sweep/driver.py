@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture, arch_from_indices, random_archs
-from fbnas.bench.table import Bench, training_record
+from fbnas.bench.table import bench_for
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_eval_data
@@ -228,7 +228,7 @@ class Sweep:
         self.point_cfgs = [sp.cfg for sp in self.plan]
         # and every reference architecture file (loading also checks it fits the data)
         self.reference_list = reference_archs(self.cfg, self.config_path, self.references)
-        self.bench = None if bench is None else _bench_for(bench, self.cfg)
+        self.bench = None if bench is None else bench_for(bench, self.cfg)
         if param == "alpha" and kind == "fbnet" and any(v > 0 for v in values):
             log("note: loss.alpha only scales the FBNet loss (Adam is nearly invariant to it); "
                 "the trade-off is set by loss.beta (--beta)")
@@ -399,18 +399,6 @@ class Sweep:
         loader = build_eval_data(self.cfg.data, m.input_size, m.in_channels, m.num_classes,
                                  seed=self.cfg.search.seed, split="test")
         return len(loader.dataset)
-
-
-def _bench_for(path: str | Path, cfg: Config):
-    """The benchmark at `path`, checked to be of `cfg`'s space and retrain recipe."""
-    b = Bench.load(path)
-    if b.space.macro != cfg.space.macro:
-        raise FbnasError(f"{path}: a benchmark of space '{b.space.name}', not the sweep's "
-                         f"'{cfg.space.name}'")
-    if b.meta["training"] != training_record(cfg):
-        raise FbnasError(f"{path}: trained with another data or retrain section than "
-                         f"{cfg.source}; its records are not what this sweep would retrain")
-    return b
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -> Path:
