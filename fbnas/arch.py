@@ -56,16 +56,21 @@ class Architecture:
 
     # ---- relation to a space ------------------------------------------------------------
     def check_fits(self, space: SearchSpace, where: str = "architecture") -> None:
-        """Raise unless this architecture is a member of `space`."""
-        if self.macro != space.macro:
-            key, mine, theirs = _first_difference(self.macro.to_dict(), space.macro.to_dict(),
-                                                  "macro")
-            raise FbnasError(f"{where}: {key} is {show(mine)} but search space "
-                             f"'{space.name}' has {show(theirs)}")
+        """Raise unless this architecture is a member of `space` (its ops, and its stage
+        widths among the space's width choices)."""
+        space.width_indices(self.macro, where)
         for i, (op, cands) in enumerate(zip(self.ops, space.layer_candidates(), strict=True)):
             if op not in cands:
                 raise FbnasError(f"{where}: layer {i} op '{op}' is not a candidate of search "
                                  f"space '{space.name}' ({', '.join(cands)})")
+
+    def choices_text(self, space: SearchSpace | None = None) -> str:
+        """Its ops, and where `space` searches widths, those stages' channels: one line."""
+        text = " ".join(self.ops)
+        if space is not None and space.searches_widths:
+            text += "  widths " + " ".join(f"c{self.macro.stages[s].channels}"
+                                           for s in space.width_stages())
+        return text
 
     def stage_ops(self) -> list[list[str]]:
         out, i = [], 0
@@ -95,7 +100,7 @@ class Architecture:
         space = f.str("space", None)
         stored_hash = f.str("hash", None)
         mf = f.sub("macro", required=True)
-        macro, _ = parse_macro(mf, with_candidates=False)
+        macro, _, _ = parse_macro(mf, with_candidates=False)
         mf.done()
         macro.layers(f"{where}: macro")
         raw_ops = f.list("ops", required=True, nonempty=True)
@@ -140,34 +145,28 @@ class Architecture:
         return cls.from_dict(load_yaml(path), str(path))
 
 
-def _first_difference(a: Any, b: Any, key: str) -> tuple[str, Any, Any]:
-    """(key path, a's value, b's value) of the first place where `a` and `b` differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{key}.{k}")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            if x != y:
-                return _first_difference(x, y, f"{key}[{i}]")
-    return key, a, b
-
-
 # ---- sampling from θ ------------------------------------------------------------------------
 def arch_from_indices(space: SearchSpace, indices: Sequence[int], name: str = "arch",
                       **meta) -> Architecture:
-    ops = tuple(c[i] for c, i in zip(space.layer_candidates(), indices, strict=True))
-    return Architecture(space.macro, ops, name, space.name, dict(meta))
+    """The architecture taking choice `indices[d]` in each decision of `space`
+    (`decision_candidates`: the layers' ops, then the searched stages' widths)."""
+    cands = space.layer_candidates()
+    n = len(space.decision_candidates())
+    if len(indices) != n:
+        raise FbnasError(f"space '{space.name}': {len(indices)} choices for {n} decisions")
+    ops = tuple(c[i] for c, i in zip(cands, indices[:len(cands)], strict=True))
+    return Architecture(space.arch_macro(indices[len(cands):]), ops, name, space.name,
+                        dict(meta))
 
 
 def sample_hard(space: SearchSpace, theta: Sequence[torch.Tensor], name: str = "arch"):
-    """argmax θ per layer."""
+    """argmax θ per decision (each layer's op, each searched stage's width)."""
     return arch_from_indices(space, [int(t.detach().argmax()) for t in theta], name)
 
 
 def sample_soft(space: SearchSpace, theta: Sequence[torch.Tensor], generator=None,
                 name: str = "arch") -> Architecture:
-    """One draw from softmax θ per layer."""
+    """One draw from softmax θ per decision."""
     idx = [int(torch.multinomial(torch.softmax(t.detach().float().cpu(), -1), 1,
                                  generator=generator)) for t in theta]
     return arch_from_indices(space, idx, name)
@@ -177,7 +176,7 @@ def random_archs(space: SearchSpace, n: int, seed: int, exclude: set[str] = froz
                  ) -> list[Architecture]:
     """`n` distinct uniformly random architectures of the space (hashes not in `exclude`)."""
     g = torch.Generator().manual_seed(seed)
-    cands = space.layer_candidates()
+    cands = space.decision_candidates()
     out: dict[str, Architecture] = {}
     tries = 0
     total = math.prod(len(c) for c in cands)
@@ -191,8 +190,10 @@ def random_archs(space: SearchSpace, n: int, seed: int, exclude: set[str] = froz
 
 
 def arch_indices(space: SearchSpace, arch: Architecture) -> list[int]:
-    """The candidate index of each searchable layer's op."""
-    return [c.index(op) for c, op in zip(space.layer_candidates(), arch.ops, strict=True)]
+    """The choice of each decision: each searchable layer's op index, then each searched
+    stage's width index."""
+    return [*(c.index(op) for c, op in zip(space.layer_candidates(), arch.ops, strict=True)),
+            *space.width_indices(arch.macro, arch.name)]
 
 
 def log_prob(theta: Sequence[torch.Tensor], indices: Sequence[int]) -> float:

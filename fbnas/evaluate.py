@@ -129,4 +129,8 @@ def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
             # (a grouped candidate of a run before grouped ones shared has its own)
             for k, v in child_state(shared, op, layers[i].c_in).items():
                 out[f"blocks.{i}.{k}"] = v
+    if arch.macro != cfg.space.macro:  # searched widths: each tensor's leading channels
+        shapes = {k: v.shape for k, v in build_child(arch).state_dict().items()}
+        out = {k: v[tuple(slice(0, n) for n in shapes[k])] if k in shapes else v
+               for k, v in out.items()}
     return out

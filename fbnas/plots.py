@@ -1,6 +1,7 @@
 """PNG plots of a search run from its history.json (matplotlib, the `plot` extra).
 
 - theta_final.png: heatmap of the final per-layer op probabilities (argmax outlined);
+- widths_final.png (a width-searched run): the same for each searched stage's widths;
 - theta_evolution.png: per layer, each op's probability over epochs;
 - curves.png: losses, accuracies, expected and argmax cost, and τ over epochs.
 """
@@ -71,13 +72,20 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     unit = COST_KINDS.get(cost).unit if cost in COST_KINDS else ""
     plt = _plt()
     ensure_dir(out)
-    written = [_heatmap(plt, hist[-1]["probs"], ops, out / "theta_final.png"),
+    n = len(ops)
+    written = [_heatmap(plt, hist[-1]["probs"][:n], ops, out / "theta_final.png"),
                _evolution(plt, hist, ops, out / "theta_evolution.png"),
                _curves(plt, hist, unit, out / "curves.png")]
+    if space.searches_widths:  # the stages' width probabilities beside the ops'
+        written.append(_heatmap(
+            plt, hist[-1]["probs"][n:], [space.width_labels(s) for s in space.width_stages()],
+            out / "widths_final.png", [f"stage {s}" for s in space.width_stages()],
+            "final width probabilities (red: argmax)"))
     return written
 
 
-def _heatmap(plt, probs, ops, path: Path) -> Path:
+def _heatmap(plt, probs, ops, path: Path, labels: list[str] | None = None,
+             title: str = "final op probabilities softmax(θ) (red: argmax)") -> Path:
     all_ops = list(dict.fromkeys(o for row in ops for o in row))
 
     grid = np.full((len(probs), len(all_ops)), np.nan)
@@ -92,8 +100,9 @@ def _heatmap(plt, probs, ops, path: Path) -> Path:
             ax.add_patch(plt.Rectangle((best - 0.5, li - 0.5), 1, 1, fill=False, ec="red",
                                        lw=1.5))
         ax.set_xticks(range(len(all_ops)), all_ops, rotation=45, ha="right", fontsize=8)
-        ax.set_yticks(range(len(probs)), [f"layer {i}" for i in range(len(probs))], fontsize=8)
-        ax.set_title("final op probabilities softmax(θ) (red: argmax)")
+        ax.set_yticks(range(len(probs)), labels or [f"layer {i}" for i in range(len(probs))],
+                      fontsize=8)
+        ax.set_title(title)
         fig.colorbar(im, ax=ax, fraction=0.03)
         fig.tight_layout()
         return _save(fig, path, dpi=110)

@@ -15,12 +15,23 @@ never typed by hand. The `space:` section of a config file looks like:
       stages:
         - {channels: 16, repeats: 1, stride: 1}
         - {channels: 24, repeats: 4, stride: 2, candidates: [...]}   # ... or per stage
+        - {channels: 32, repeats: 3, stride: 2, widths: [0.5, 0.75, 1.0]}  # searched width
+      width_divisor: 8          # a searched width is rounded to a multiple of this
       head: {channels: 1504, pool: avg, dropout: 0.0}
+
+A stage with `widths` has its output channels searched (FBNetV2, TuNAS; docs/widths.md): the
+choices are `channels` times each multiplier, rounded to `width_divisor`, the largest 1.0 (the
+supernet's width). All layers of a stage share the choice (their residual shortcuts add
+tensors of the stage's width). Every stage's width is one more decision beside the layers' op
+choices (`decision_candidates`); an architecture of the space carries its widths as its macro's
+stage channels, so a child network is a plain network of those widths.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +40,7 @@ import torch
 from torch import nn
 
 from fbnas.blocks import ConvBN, canonical_op, make_divisible
+from fbnas.blocks.masked import maskable
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, show
 from fbnas.settings import Fields
@@ -198,11 +210,115 @@ class Head(nn.Module):
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """A macro-architecture plus candidate ops (canonical names) for each searchable layer."""
+    """A macro-architecture plus candidate ops (canonical names) for each searchable layer,
+    and the width choices of the stages whose widths are searched (the macro is the widest)."""
 
     name: str
     macro: MacroSpec
     stage_candidates: tuple[tuple[str, ...], ...]  # one tuple of ops per stage
+    # per stage: the width multipliers searched (ascending, the last 1.0), or () when fixed
+    stage_widths: tuple[tuple[float, ...], ...] = ()
+    width_divisor: int = 8
+
+    # ---- widths (docs/widths.md) --------------------------------------------------------
+    def width_choices(self, stage: int) -> tuple[int, ...]:
+        """The output channel counts stage `stage` may take (before the macro's width_mult),
+        ascending; one when its width is not searched."""
+        c = self.macro.stages[stage].channels
+        mults = self.stage_widths[stage] if self.stage_widths else ()
+        if not mults:
+            return (c,)
+        return tuple(c if m == 1.0 else make_divisible(c * m, self.width_divisor) for m in mults)
+
+    def width_stages(self) -> list[int]:
+        """The stages whose width is searched, in order: one decision each."""
+        return [s for s in range(len(self.macro.stages)) if len(self.width_choices(s)) > 1]
+
+    @property
+    def searches_widths(self) -> bool:
+        return bool(self.width_stages())
+
+    def layer_widths(self) -> list[tuple[int | None, tuple[int, ...], int | None, tuple[int, ...]]]:
+        """Per searchable layer: (the width decision its input comes from, the input channel
+        choices, the decision of its output, the output channel choices), a decision as an
+        index into `width_stages()` (None: fixed, one choice); channels after width_mult."""
+        ws = self.width_stages()
+        dec = {s: k for k, s in enumerate(ws)}
+        scaled = [tuple(self.macro.scaled(c) for c in self.width_choices(s))
+                  for s in range(len(self.macro.stages))]
+        out = []
+        prev: tuple[int | None, tuple[int, ...]] = (None, (self.macro.stem_channels,))
+        for la in self.layers():
+            here = (dec.get(la.stage), scaled[la.stage])
+            out.append((*prev, *here))
+            prev = here
+        return out
+
+    def _check_widths(self, where: str) -> None:
+        """Refuse what a width search cannot mask: a candidate other than plain IRF or skip in
+        a layer whose width changes, or a residual shortcut that exists at some widths only."""
+        for la, (din, cin, dout, cout) in zip(self.layers(), self.layer_widths(), strict=True):
+            if din is None and dout is None:
+                continue
+            key = f"{where}.stages[{la.stage}]"
+            for op in self.candidates(la):
+                if not maskable(op):
+                    raise FbnasError(f"{key}: layer {la.index} op '{op}' cannot have its width "
+                                     "searched (only plain IRF blocks, no groups or SE, and "
+                                     "skip); remove it or the widths")
+            pairs = zip(cin, cout, strict=True) if din == dout else (
+                (ci, co) for ci in cin for co in cout)  # one decision: its own widths match
+            same = {ci == co for ci, co in pairs} if la.stride == 1 else {False}
+            if len(same) > 1:
+                raise FbnasError(f"{key}.widths: layer {la.index} keeps its shape at some "
+                                 f"widths ({', '.join(map(str, cin))} in, "
+                                 f"{', '.join(map(str, cout))} out) and not at others, so its "
+                                 "residual shortcut would come and go; choose widths whose "
+                                 "input and output counts never (or always) match")
+
+    def width_labels(self, stage: int) -> tuple[str, ...]:
+        """How a stage's width choices are named (plots, θ dumps): `c16`."""
+        return tuple(f"c{c}" for c in self.width_choices(stage))
+
+    def decision_candidates(self) -> list[tuple[str, ...]]:
+        """Every decision of an architecture in θ's order: each layer's ops, then each
+        searched stage's widths (`width_labels`)."""
+        return [*self.layer_candidates(), *(self.width_labels(s) for s in self.width_stages())]
+
+    def arch_macro(self, width_indices: Sequence[int] = ()) -> MacroSpec:
+        """The macro of the architecture taking width choice `width_indices[k]` in the k-th
+        searched stage (none: the widest, the supernet's)."""
+        stages = list(self.macro.stages)
+        ws = self.width_stages()
+        if len(width_indices) not in (0, len(ws)):
+            raise FbnasError(f"space '{self.name}': {len(width_indices)} width choices for "
+                             f"{len(ws)} searched stages")
+        for s, i in zip(ws, width_indices, strict=False):
+            stages[s] = dataclasses.replace(stages[s], channels=self.width_choices(s)[i])
+        return dataclasses.replace(self.macro, stages=tuple(stages))
+
+    def width_indices(self, macro: MacroSpec, where: str = "architecture") -> list[int]:
+        """Which width choice `macro` takes in each searched stage; raises, naming the first
+        differing key, unless `macro` is this space's macro at some choice of widths."""
+        if len(macro.stages) == len(self.macro.stages):
+            for s, st in enumerate(macro.stages):
+                choices = self.width_choices(s)
+                if st.channels not in choices:
+                    has = (f"width choices {', '.join(map(str, choices))}" if len(choices) > 1
+                           else show(choices[0]))
+                    raise FbnasError(f"{where}: macro.stages[{s}].channels is {st.channels} but "
+                                     f"search space '{self.name}' has {has}")
+            widest = dataclasses.replace(macro, stages=tuple(
+                dataclasses.replace(st, channels=mine.channels)
+                for st, mine in zip(macro.stages, self.macro.stages, strict=True)))
+        else:
+            widest = macro
+        if widest != self.macro:
+            key, mine, theirs = first_difference(widest.to_dict(), self.macro.to_dict(), "macro")
+            raise FbnasError(f"{where}: {key} is {show(mine)} but search space "
+                             f"'{self.name}' has {show(theirs)}")
+        return [self.width_choices(s).index(macro.stages[s].channels)
+                for s in self.width_stages()]
 
     def layers(self) -> tuple[LayerShape, ...]:
         return self.macro.layers(self.name)
@@ -221,7 +337,7 @@ class SearchSpace:
     def size(self) -> int:
         """Number of distinct architectures in the space."""
         n = 1
-        for cands in self.layer_candidates():
+        for cands in self.decision_candidates():
             n *= len(cands)
         return n
 
@@ -233,6 +349,11 @@ class SearchSpace:
         else:
             for sd, c in zip(d["stages"], self.stage_candidates, strict=True):
                 sd["candidates"] = list(c)
+        for sd, w in zip(d["stages"], self.stage_widths, strict=False):
+            if w:
+                sd["widths"] = list(w)
+        if self.searches_widths:
+            d["width_divisor"] = self.width_divisor
         return d
 
     @classmethod
@@ -243,7 +364,8 @@ class SearchSpace:
             raise FbnasError(f"{f.at('name')}: {show(name)} is not a valid space name (letters, "
                              "digits and . _ + - only, at most 100, it names files)")
         default_cands = f.list("candidates", None, nonempty=True)
-        macro, per_stage = parse_macro(f, with_candidates=True)
+        divisor = f.int("width_divisor", 8, min=1, max=MAX_CHANNELS)
+        macro, per_stage, widths = parse_macro(f, with_candidates=True)
         f.done()
         cands: list[tuple[str, ...]] = []
         for si, c in enumerate(per_stage):
@@ -252,9 +374,31 @@ class SearchSpace:
                                  "or the stage's own candidates)")
             key = f"{where}.stages[{si}].candidates" if c is not None else f"{where}.candidates"
             cands.append(_canonical_list(c if c is not None else default_cands, key))
-        space = cls(name, macro, tuple(cands))
+        space = cls(name, macro, tuple(cands), tuple(widths), divisor)
         macro.layers(where)  # shape-inference errors surface at load time, naming the file
+        for si in space.width_stages():
+            got = space.width_choices(si)
+            if sorted(set(got)) != list(got):  # a duplicate, or one rounded above the widest
+                raise FbnasError(f"{where}.stages[{si}].widths: {show(list(widths[si]))} of "
+                                 f"{macro.stages[si].channels} channels round to "
+                                 f"{', '.join(map(str, got))} (a multiple of width_divisor "
+                                 f"{divisor}): not distinct and below the widest; use a smaller "
+                                 f"{where}.width_divisor")
+        space._check_widths(where)
         return space
+
+
+def first_difference(a: Any, b: Any, key: str) -> tuple[str, Any, Any]:
+    """(key path, a's value, b's value) of the first place where `a` and `b` differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if a.get(k) != b.get(k):
+                return first_difference(a.get(k), b.get(k), f"{key}.{k}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                return first_difference(x, y, f"{key}[{i}]")
+    return key, a, b
 
 
 def _canonical_list(ops: list[Any], where: str) -> tuple[str, ...]:
@@ -285,8 +429,10 @@ def _hw(v: Any, where: str) -> tuple[int, int]:
     return int(v[0]), int(v[1])
 
 
-def parse_macro(f: Fields, with_candidates: bool) -> tuple[MacroSpec, list[list | None]]:
-    """Read the macro keys from `f` (a space or an architecture's `macro`)."""
+def parse_macro(f: Fields, with_candidates: bool
+                ) -> tuple[MacroSpec, list[list | None], list[tuple[float, ...]]]:
+    """Read the macro keys from `f` (a space or an architecture's `macro`); with
+    `with_candidates` (a space) also each stage's candidates and searched widths."""
     input_size = _hw(f.raw("input_size", required=True), f.at("input_size"))
     in_channels = f.int("in_channels", 3, min=1, max=MAX_CHANNELS)
     num_classes = f.int("num_classes", required=True, min=1, max=MAX_CLASSES)
@@ -300,12 +446,15 @@ def parse_macro(f: Fields, with_candidates: bool) -> tuple[MacroSpec, list[list 
     sf.done()
     stages: list[StageSpec] = []
     per_stage: list[list | None] = []
+    widths: list[tuple[float, ...]] = []
     for i, sd in enumerate(f.list("stages", required=True, nonempty=True)):
         g = Fields(sd, f"{f.at('stages')}[{i}]")
         stages.append(StageSpec(g.int("channels", required=True, min=1, max=MAX_CHANNELS),
                                 g.int("repeats", 1, min=1, max=MAX_REPEATS),
                                 g.int("stride", 1, min=1, max=MAX_STRIDE)))
         per_stage.append(g.list("candidates", None, nonempty=True) if with_candidates else None)
+        widths.append(_widths(g.list("widths", None, nonempty=True), g.at("widths"))
+                      if with_candidates else ())
         g.done()
     layers = sum(s.repeats for s in stages)
     if layers > MAX_LAYERS:
@@ -317,7 +466,24 @@ def parse_macro(f: Fields, with_candidates: bool) -> tuple[MacroSpec, list[list 
                     hf.float("dropout", 0.0, min=0.0, max=0.99))
     hf.done()
     macro = MacroSpec(input_size, num_classes, stem, tuple(stages), head, in_channels, width_mult)
-    return macro, per_stage
+    return macro, per_stage, widths
+
+
+def _widths(v: list | None, where: str) -> tuple[float, ...]:
+    """A stage's `widths`: multipliers in (0, 1], listed once each, 1.0 among them."""
+    if v is None:
+        return ()
+    out = []
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= 1:
+            raise FbnasError(f"{where}[{i}]: expected a width multiplier in (0, 1], got {show(x)}")
+        if float(x) in out:
+            raise FbnasError(f"{where}[{i}]: {show(x)} is listed twice")
+        out.append(float(x))
+    if 1.0 not in out:
+        raise FbnasError(f"{where}: {show(v)} lacks 1.0 (the stage's `channels`, the widest "
+                         "choice: the supernet's width)")
+    return tuple(sorted(out))
 
 
 def load_space(path: str | Path) -> SearchSpace:

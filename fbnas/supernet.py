@@ -30,9 +30,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
+from fbnas.blocks.masked import choice_masks, expansion, masked_branch, mix
 from fbnas.blocks.shared import WEIGHT_SHARING, SharedIRFWeights, build_shared
 from fbnas.errors import FbnasError
 from fbnas.search.modes import PathSample, SearchMode, get_mode, gumbel_weights
+from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace
 
 CostRows = Sequence[Mapping[str, float]] | Sequence[Sequence[float]]
@@ -89,7 +91,7 @@ class MixedOp(nn.Module):
     """
 
     def __init__(self, ops: Sequence[str], c_in: int, c_out: int, stride: int,
-                 weights: str = "separate"):
+                 weights: str = "separate", widths: tuple | None = None):
         super().__init__()
         self.op_names = tuple(ops)
         if weights not in WEIGHT_SHARING:
@@ -106,34 +108,56 @@ class MixedOp(nn.Module):
                          and all(_gives_branch(b) for b in self.candidates))
         # recompute this layer's activations in backward (training with grad only)
         self.checkpoint_activations = False
+        # width search (fbnas.blocks.masked): 0/1 rows per width choice of the input (each
+        # candidate's expanded channels) and of the output; None where the width is fixed
+        din, cin, dout, cout = widths or (None, (c_in,), None, (c_out,))
+        self.masked = din is not None or dout is not None
+        self.hidden = ([choice_masks([c * expansion(o) for c in cin], c_in * expansion(o))
+                        if din is not None and expansion(o) else None for o in ops]
+                       if self.masked else [])
+        for i, h in enumerate(self.hidden):
+            if h is not None:
+                self.register_buffer(f"hidden_{i}", h, persistent=False)
+        if dout is not None:
+            self.register_buffer("out_masks", choice_masks(cout, c_out), persistent=False)
 
     def forward(self, x: torch.Tensor, m: torch.Tensor,
-                active: Sequence[int] | None = None) -> torch.Tensor:
+                active: Sequence[int] | None = None, w_in: torch.Tensor | None = None,
+                w_out: torch.Tensor | None = None) -> torch.Tensor:
         """Σ_i m_i · b_i(x) over all candidates, or only over `active` ones (the others are
-        taken to have m_i = 0 and are not computed)."""
+        taken to have m_i = 0 and are not computed); in a width-searched layer with the
+        input's and output's width weights `w_in`, `w_out` (fbnas.blocks.masked)."""
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():
             first = [True]
 
             def run(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
                 if first[0]:  # the real forward
                     first[0] = False
-                    return self._mix(x, m, active)
+                    return self._mix(x, m, active, w_in, w_out)
                 with _bn_stats_frozen(self):  # the recompute in backward
-                    return self._mix(x, m, active)
+                    return self._mix(x, m, active, w_in, w_out)
 
             return checkpoint(run, x, m, use_reentrant=False)
-        return self._mix(x, m, active)
+        return self._mix(x, m, active, w_in, w_out)
 
-    def _mix(self, x: torch.Tensor, m: torch.Tensor,
-             active: Sequence[int] | None) -> torch.Tensor:
+    def _mix(self, x: torch.Tensor, m: torch.Tensor, active: Sequence[int] | None,
+             w_in: torch.Tensor | None = None, w_out: torch.Tensor | None = None
+             ) -> torch.Tensor:
         out = x if self.shortcut else None
         for i in range(len(self.candidates)) if active is None else active:
-            y = (self.candidates[i](x, shortcut=False) if self.shortcut
-                 else self.candidates[i](x))
+            if self.masked:
+                h = getattr(self, f"hidden_{i}", None)
+                y = masked_branch(self.candidates[i], x,
+                                  None if h is None or w_in is None else mix(w_in, h))
+            else:
+                y = (self.candidates[i](x, shortcut=False) if self.shortcut
+                     else self.candidates[i](x))
             if y is None:  # the identity's branch under the shared shortcut: 0
                 continue
             y = m[i] * y
             out = y if out is None else out + y
+        if w_out is not None:
+            out = out * mix(w_out, self.out_masks).to(out.dtype)
         return out
 
 
@@ -142,20 +166,29 @@ class Supernet(nn.Module):
 
     def __init__(self, space: SearchSpace, costs: CostRows | None = None,
                  fixed_cost: float = 0.0, mode: str = "full",
-                 checkpoint_activations: bool = False, weights: str = "separate"):
+                 checkpoint_activations: bool = False, weights: str = "separate",
+                 width_costs: WidthCosts | None = None):
         super().__init__()
         self.space = space
         self.stem = space.macro.build_stem()
         layers = space.layers()
         cands = space.layer_candidates()
         self.weights = weights
-        self.mixed = nn.ModuleList(MixedOp(c, la.c_in, la.c_out, la.stride, weights)
-                                   for c, la in zip(cands, layers, strict=True))
+        # width search: per layer, the decisions its input and output widths come from
+        self.wiring = ([(din, dout) for din, _, dout, _ in space.layer_widths()]
+                       if space.searches_widths else None)
+        self.mixed = nn.ModuleList(
+            MixedOp(c, la.c_in, la.c_out, la.stride, weights,
+                    space.layer_widths()[la.index] if self.wiring else None)
+            for c, la in zip(cands, layers, strict=True))
         self.head = space.macro.build_head()
         init_weights(self)
-        # θ starts uniform: every candidate equally likely.
-        self.theta = nn.ParameterList(nn.Parameter(torch.zeros(len(c))) for c in cands)
+        # θ starts uniform: every candidate equally likely. One logit vector per decision:
+        # each layer's op, then each searched stage's width (SearchSpace.decision_candidates)
+        self.theta = nn.ParameterList(nn.Parameter(torch.zeros(len(c)))
+                                      for c in space.decision_candidates())
         self.set_costs(costs, fixed_cost)
+        self.width_costs = width_costs
         self.mode = mode
         self.checkpoint_activations = checkpoint_activations
 
@@ -257,17 +290,27 @@ class Supernet(nn.Module):
         return [getattr(self, f"cost_{li}") for li in range(len(self.mixed))]
 
     def dearest_path(self) -> list[int]:
-        """Each layer's most costly candidate (the first of equals): the sandwich rule's
-        largest network."""
-        return [int(torch.argmax(c)) for c in self.cost_rows()]
+        """Each decision's choice in the most costly architecture (each layer's most costly
+        candidate, the first of equals; with searched widths, the dearest under
+        `width_costs`, else the widest): the sandwich rule's largest network."""
+        if self.width_costs is not None:
+            return self.width_costs.dearest()
+        widest = [len(t) - 1 for t in self.theta[len(self.mixed):]]
+        return [*(int(torch.argmax(c)) for c in self.cost_rows()), *widest]
 
     def expected_cost(self, m: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Σ_l Σ_i m_li · cost_li + fixed cost."""
-        total = sum((mi * ci).sum() for mi, ci in zip(m, self.cost_rows(), strict=True))
+        """Σ_l Σ_i m_li · cost_li + fixed cost (with searched widths and their costs, the
+        exact expectation over the ops' and widths' weights: WidthCosts.expected)."""
+        n = len(self.mixed)
+        if self.width_costs is not None:
+            return self.width_costs.expected(m[:n], m[n:])
+        total = sum((mi * ci).sum() for mi, ci in zip(m[:n], self.cost_rows(), strict=True))
         return total + self.fixed_cost
 
     def cost_bounds(self) -> tuple[float, float]:
         """The cheapest and dearest architecture's cost under the installed table."""
+        if self.width_costs is not None:
+            return self.width_costs.bounds()
         rows = self.cost_rows()
         lo = sum(float(r.min()) for r in rows) + self.fixed_cost
         hi = sum(float(r.max()) for r in rows) + self.fixed_cost
@@ -318,8 +361,16 @@ class Supernet(nn.Module):
             sample = self.sample_path(tau, hard)
             m, active, cost_m = sample.m, sample.active, sample.cost_m
         y = self.stem(x)
-        for li, (op, mi) in enumerate(zip(self.mixed, m, strict=True)):
-            y = op(y, mi, None if active is None else active[li])
+        n = len(self.mixed)
+        if len(m) != len(self.theta):
+            raise FbnasError(f"supernet: {len(m)} weight vectors for {len(self.theta)} decisions")
+        for li, (op, mi) in enumerate(zip(self.mixed, m[:n], strict=True)):
+            if self.wiring is None:
+                y = op(y, mi, None if active is None else active[li])
+                continue
+            din, dout = self.wiring[li]
+            y = op(y, mi, None if active is None else active[li],
+                   None if din is None else m[n + din], None if dout is None else m[n + dout])
         return self.head(y), self.expected_cost(m if cost_m is None else cost_m)
 
     @torch.no_grad()

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from fbnas.arch import Architecture, arch_from_indices, sample_hard
+from fbnas.arch import Architecture, arch_from_indices, arch_indices, sample_hard
 from fbnas.config import Config
 from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
@@ -78,7 +78,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
                              f"{self.costs.fingerprint[:12]}); resume with the original table")
         self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
                               checkpoint_activations=s.checkpoint_activations,
-                              weights=s.weights).to(self.device)
+                              weights=s.weights, width_costs=self.costs.widths).to(self.device)
         self.prec.model(self.model)
         if s.compile:
             n = self.model.compile_blocks(s.compile_backend)
@@ -172,7 +172,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
 
     def _after_save(self) -> None:
         write_json_atomic(self.run_dir / "theta.json", {
-            "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.layer_candidates()],
+            "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.decision_candidates()],
             "theta": [t.detach().cpu().tolist() for t in self.net.theta]})
 
     @property
@@ -280,14 +280,14 @@ class SearchTrainer(SearchSteps, EpochRunner):
         arch = self.final_arch()
         if self.dist.is_main:
             arch.save(self.run_dir / "arch_hard.yaml")
+        indices = arch_indices(self.cfg.space, arch)
+        predicted = (self.costs.widths.of(indices) if self.costs.widths is not None else
+                     self.costs.fixed + sum(r[o] for r, o in zip(self.costs.rows, arch.ops,
+                                                                 strict=True)))
         result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
-                  "predicted_cost": self.costs.fixed + sum(
-                      r[o] for r, o in zip(self.costs.rows, arch.ops, strict=True))}
+                  "predicted_cost": predicted, "choices": arch.choices_text(self.cfg.space)}
         if self.data.val_loader is not None:  # the architecture returned, as a single path
-            cands = self.cfg.space.layer_candidates()
-            r = validate_weights(self.net, self.data, self.device,
-                                 *self.net.path([c.index(o) for c, o in zip(
-                                     cands, arch.ops, strict=True)]),
+            r = validate_weights(self.net, self.data, self.device, *self.net.path(indices),
                                  s.bn_calib_samples, self.dist)
             result["final_path_acc"] = r["acc"]
             self.log.info(f"final architecture as a path of the supernet (BN re-estimated): "
@@ -365,7 +365,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         return epoch_line(rec, self.cfg.search.epochs, self.costs.unit)
 
     def tb_scalars(self, w: SummaryWriter, rec: dict[str, Any]) -> None:
-        tb_scalars(w, rec, self.cfg.space.layer_candidates())
+        tb_scalars(w, rec, self.cfg.space.decision_candidates())
 
 
 __all__ = ["Interrupted", "NonFiniteLoss", "SearchTrainer", "TauSchedule"]

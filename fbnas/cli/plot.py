@@ -30,7 +30,7 @@ def check_run(run_dir: Path) -> None:
     cfg = load_yaml(cfg_path)
     if "space" not in cfg:
         raise FbnasError(f"{cfg_path}: missing key 'space' (is it a search run directory?)")
-    cands = SearchSpace.from_dict(cfg["space"], f"{cfg_path}: space").layer_candidates()
+    cands = SearchSpace.from_dict(cfg["space"], f"{cfg_path}: space").decision_candidates()
     hist = load_json(hist_path, expect=list)
     if not hist:
         raise FbnasError(f"{hist_path}: no epochs recorded yet")
@@ -48,9 +48,9 @@ def check_run(run_dir: Path) -> None:
         if (not isinstance(probs, list) or len(probs) != len(cands)
                 or not all(isinstance(p, list) and len(p) == len(c) and all(map(number, p))
                            for p, c in zip(probs, cands, strict=True))):
-            raise FbnasError(f"{where}.probs: expected one list of probabilities per layer of "
-                             f"search space '{cfg['space'].get('name')}' "
-                             f"({len(cands)} layers)")
+            raise FbnasError(f"{where}.probs: expected one list of probabilities per decision "
+                             f"of search space '{cfg['space'].get('name')}' "
+                             f"({len(cands)}: its layers' ops, then its searched widths)")
         for key in SERIES:
             if rec.get(key) is not None and not number(rec[key]):
                 raise FbnasError(f"{where}.{key}: expected a number, got {show(rec[key])}")

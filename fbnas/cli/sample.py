@@ -73,7 +73,7 @@ def run(args) -> int:
         arch = pick_measured(run_dir, cfg, theta, table, args.pick)
         path = out / "arch_picked.yaml"
         arch.save(path)
-        print(f"{path}: {' '.join(arch.ops)}")
+        print(f"{path}: {arch.choices_text(cfg.space)}")
         return 0
     if args.soft:
         archs = soft_archs(cfg, theta, args.n, args.seed)
@@ -90,5 +90,5 @@ def run(args) -> int:
                 if table is not None else "")
         print(f"{path}: p={m['probability']:.3g}{pred}  params {m['params'] / 1e6:.3f} M  "
               f"FLOPs {m['flops'] / 1e6:.1f} M  [{arch.short_hash}]")
-        print(f"  {' '.join(a.ops)}")
+        print(f"  {a.choices_text(cfg.space)}")
     return 0

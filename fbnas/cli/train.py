@@ -44,7 +44,7 @@ def run(args) -> int:
     if result is None:
         return 130  # interrupted after saving; the trainer said how to resume
     if ctx.is_main:
-        print(f"architecture: {' '.join(result['arch'])}")
+        print(f"architecture: {result['choices']}")
         print(f"written: {run_dir / 'arch_hard.yaml'}  (fbnas sample {run_dir} --soft -n 5 for "
               "more)")
     return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,16 @@ from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.fit.end_to_end import panel, time_archs
-from fbnas.fit.onto_target import cost_lists, cost_range, fit_to_target, measured_fit
+from fbnas.fit.onto_target import (
+    cost_lists,
+    cost_range,
+    fit_to_target,
+    fit_with_widths,
+    measured_fit,
+)
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
+from fbnas.latency.signature import layer_width_signatures, stem_signature
+from fbnas.search.width_costs import WidthCosts
 
 
 @dataclass
@@ -42,6 +50,28 @@ class CostSource:
     unit: str
     description: str
     table: Any = None  # the LatencyTable (or counted table) for predictions
+    widths: WidthCosts | None = None  # a width-searched space's costs (then `rows` are widest)
+
+
+def width_costs(space, table) -> WidthCosts | None:
+    """A width-searched space's costs from `table` (its calibration applied where it has one;
+    the fitted per-(layer, op) corrections are fitted at one width and do not carry over);
+    None for a space that searches no widths."""
+    if not space.searches_widths:
+        return None
+    table.require(space)
+    cal = table.calibration
+    a, b = (float(cal["a"]), float(cal["b"])) if cal else (1.0, 0.0)
+    rows, heads = layer_width_signatures(space)
+    return WidthCosts(space, [{k: a * table.value(s) for k, s in row.items()} for row in rows],
+                      [a * table.value(s) for s in heads],
+                      a * table.value(stem_signature(space.macro)) + b)
+
+
+def _source(cfg: Config, table, description: str) -> CostSource:
+    rows, fixed = table.costs_for(cfg.space)
+    return CostSource(rows, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit,
+                      description, table, width_costs(cfg.space, table))
 
 
 def cached_table_path(cfg: Config, timer: Timer | None = None) -> Path:
@@ -67,9 +97,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
         # a resumed run keeps the table it was searched with, whatever the cache holds now
         table = LatencyTable.load(saved)
         if table.cost == lat.cost:
-            rows, fixed = table.costs_for(space)
-            return CostSource(rows, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit,
-                              f"cost table {saved}", table)
+            return _source(cfg, table, f"cost table {saved}")
     if lat.table:
         table = LatencyTable.load(lat.table)
         if table.cost != lat.cost:
@@ -95,9 +123,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
             desc = f"latency table {cache} (measured now)"
     if run_dir is not None and save:
         table.save(run_dir / "cost_table.json")
-    rows, fixed = table.costs_for(space)
-    return CostSource(rows, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit, desc,
-                      table)
+    return _source(cfg, table, desc)
 
 
 def shared_costs(cfg: Config, dist: DistContext, log: Callable[[str], None], run_dir: Path,
@@ -117,7 +143,7 @@ def shared_costs(cfg: Config, dist: DistContext, log: Callable[[str], None], run
         try:
             costs = resolve()
             payload = ("ok", costs.rows, costs.fixed, costs.fingerprint, costs.unit,
-                       costs.description)
+                       costs.description, None, costs.widths)
         except FbnasError as e:
             payload = ("error", str(e))
             dist.broadcast_object(payload)
@@ -195,15 +221,17 @@ def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
     return None
 
 
-def fit_measurer(cfg: Config, table: LatencyTable) -> Callable[[list[int]], tuple[float, float]]:
-    """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices built
-    and timed end to end under the table's timer settings (threads, batch, dtype, allocator)
-    and drift compensation, in the table's units, interleaved with its `panel`."""
+def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
+                 ) -> Callable[[list[int]], tuple[float, float]]:
+    """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices (at
+    the choice of `widths` of a width-searched space) built and timed end to end under the
+    table's timer settings (threads, batch, dtype, allocator) and drift compensation, in the
+    table's units, interleaved with its `panel`."""
     timer = cfg.latency.for_timing(table.meta).make_timer()
     pan = panel(cfg.space, table)
 
     def measure(indices: list[int]) -> tuple[float, float]:
-        arch = arch_from_indices(cfg.space, indices, "fit")
+        arch = arch_from_indices(cfg.space, [*indices, *widths], "fit")
         s = time_archs(timer, {"fit": arch}, table, pan)["fit"]
         return s["median_us"], s["rel_iqr"]
 
@@ -219,57 +247,81 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     `search.fit_tolerance` (`measured_fit`). Returns its op indices and what to record in its
     meta (target, predicted, measured, every timed round)."""
     s = cfg.search
-    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
-    fit = fit_to_target(theta, rows, costs.fixed, target, s.fit_tolerance)
+    widths: tuple[int, ...] = ()
+    if costs.widths is not None:  # ops and widths fitted by the table; then ops at those widths
+        fit, widths = fit_with_widths(theta, costs.widths, target, s.fit_tolerance)
+        rows, fixed = costs.widths.rows_at(widths)
+        theta = theta[:len(rows)]
+    else:
+        rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
+        fit = fit_to_target(theta, rows, fixed, target, s.fit_tolerance)
     log(fit.describe(cfg.loss.target, target, costs.unit))
     meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
                             "cost_unit": costs.unit, "fitted_layers": fit.changes}
-    mode = fit_measure or s.fit_measure
+    if _measured_fit_mode(cfg, costs, fit_measure, log, run):
+        t0 = time.perf_counter()
+        measure = fit_measurer(cfg, costs.table, widths)
+        mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance, s.fit_rounds)
+        meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
+        return [*mf.fit.indices, *widths], meta
+    return [*fit.indices, *widths], meta
+
+
+def _measured_fit_mode(cfg: Config, costs: CostSource, fit_measure: str | None,
+                       log: Callable[[str], None], run: str) -> bool:
+    """Whether the final fit goes on to time networks (`search.fit_measure`, or
+    `fit_measure`): `on` where this machine cannot time the table's device is an error,
+    `auto` says why it skips."""
+    mode = fit_measure or cfg.search.fit_measure
     if mode == "off" or not is_measured(cfg.latency.cost):
-        return fit.indices, meta
+        return False
     why = cannot_time_here(cfg, costs.table)
     if why is not None:
         if mode == "on":
             raise FbnasError(f"search.fit_measure: on, but {why}")
         log(f"measured fit skipped: {why}; {BUNDLE_HINT.format(run=run)}")
-        return fit.indices, meta
-    t0 = time.perf_counter()
-    measure = fit_measurer(cfg, costs.table)
-    mf = measured_fit(theta, rows, costs.fixed, target, measure, s.fit_tolerance, s.fit_rounds)
+        return False
+    return True
+
+
+def _measured_meta(cfg: Config, mf, measure, target: float, unit: str,
+                   log: Callable[[str], None], t0: float) -> dict[str, Any]:
+    """The measured fit's rounds logged, the returned network timed once more, and what its
+    meta records."""
     cands = cfg.space.layer_candidates()
     for i, r in enumerate(mf.rounds):
         again = " (again)" if r.indices in {x.indices for x in mf.rounds[:i]} else ""
         log(f"measured fit round {i + 1}{again}: predicted {r.predicted:.1f}, measured "
-            f"{r.measured:.1f} {costs.unit} (IQR {r.rel_iqr:.1%}), "
+            f"{r.measured:.1f} {unit} (IQR {r.rel_iqr:.1%}), "
             f"{r.measured / target - 1:+.1%} from the target")
-    log(mf.describe(target, costs.unit))
+    log(mf.describe(target, unit))
     c = mf.chosen
     # the figure reported is timed once more, in a measurement no decision reads: the one that
     # chose the network stopped the fit because it landed in the band, so it leans inward
     med, iqr = measure(list(c.indices))
-    log(f"the returned network timed again: {med:.1f} {costs.unit} (IQR {iqr:.1%}), "
+    log(f"the returned network timed again: {med:.1f} {unit} (IQR {iqr:.1%}), "
         f"{med / target - 1:+.1%} from the target (it was chosen at {c.measured:.1f})")
-    meta.update(predicted=round(c.predicted, 3), measured=round(med, 3),
+    return dict(predicted=round(c.predicted, 3), measured=round(med, 3),
                 measured_rel_iqr=round(iqr, 4),
-                measured_inside=abs(med / target - 1) <= s.fit_tolerance,
+                measured_inside=abs(med / target - 1) <= cfg.search.fit_tolerance,
                 selection_measured=round(c.measured, 3), selection_rel_iqr=round(c.rel_iqr, 4),
                 selection_inside=c.inside, fitted_layers=mf.fit.changes,
                 fit_seconds=round(time.perf_counter() - t0, 2),
                 fit_rounds=[r.to_dict(cands) for r in mf.rounds])
-    return mf.fit.indices, meta
 
 
 # ---- a finished search run's θ, table and fitted architecture (fbnas sample, fbnas sweep) -------
 def load_search_run(run_dir: Path) -> tuple[dict[str, Any], Config, list[torch.Tensor]]:
-    """(checkpoint state, config, θ per layer) of a search run, θ checked against its space."""
+    """(checkpoint state, config, θ per decision) of a search run, θ checked against its
+    space (each layer's ops, then each searched stage's widths)."""
     ckpt = Path(run_dir) / "checkpoint.pt"
     state = load_checkpoint(ckpt, kind="search")
     cfg = config_from_dict(state["config"], str(ckpt))
     theta = []
-    for i, cands in enumerate(cfg.space.layer_candidates()):
+    for i, cands in enumerate(cfg.space.decision_candidates()):
         t = state["model"].get(f"theta.{i}")
         if t is None or t.ndim != 1 or len(t) != len(cands) or not t.is_floating_point():
-            raise FbnasError(f"{ckpt}: damaged checkpoint: model.theta.{i} does not fit layer "
+            raise FbnasError(f"{ckpt}: damaged checkpoint: model.theta.{i} does not fit decision "
                              f"{i} of its search space '{cfg.space.name}' ({len(cands)} "
                              "candidates)")
         theta.append(t)
@@ -283,13 +335,13 @@ def run_table(run_dir: Path) -> LatencyTable | None:
 
 
 def run_costs(cfg: Config, table: LatencyTable) -> CostSource:
-    row_maps, fixed = table.costs_for(cfg.space)
-    return CostSource(row_maps, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit,
-                      "the run's cost table", table)
+    return _source(cfg, table, "the run's cost table")
 
 
 def run_target(cfg: Config, costs: CostSource) -> float:
     """The run's loss.target in the table's units (a relative target over its space's range)."""
+    if costs.widths is not None:
+        return cfg.loss.build(costs.widths.bounds()).target
     rows = cost_lists(costs.rows, cfg.space.layer_candidates())
     return cfg.loss.build(cost_range(rows, costs.fixed)).target
 

@@ -121,6 +121,31 @@ def fit_to_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]]
                tol)
 
 
+def fit_with_widths(theta: Sequence[torch.Tensor], wc, target: float, tol: float = 0.03
+                    ) -> tuple[Fit, tuple[int, ...]]:
+    """`fit_to_target` for a width-searched space (`wc`: its WidthCosts): at each choice of
+    widths the costs are additive over layers again, so the op fit runs at every choice and
+    the most probable result inside the band is kept (log P of its ops plus its widths'), else
+    the one nearest the target. Returns the fit over the ops and the widths chosen."""
+    n = len(wc.wiring)
+    ops_theta, w_lp = theta[:n], [torch.log_softmax(t.detach().double().cpu(), -1).tolist()
+                                  for t in theta[n:]]
+    first = _argmax(theta)
+    best: tuple[tuple, Fit, tuple[int, ...]] | None = None
+    for widths in wc.width_combos():
+        rows, fixed = wc.rows_at(widths)
+        f = fit_to_target(ops_theta, rows, fixed, target, tol)
+        lp = log_prob(ops_theta, f.indices) + sum(lp[w] for lp, w in zip(w_lp, widths,
+                                                                          strict=True))
+        key = (f.hit, lp if f.hit else -abs(math.log(f.cost / target)))
+        if best is None or key > best[0]:
+            best = (key, f, widths)
+    assert best is not None
+    _, f, widths = best
+    changes = sum(a != b for a, b in zip([*f.indices, *widths], first, strict=True))
+    return dataclasses.replace(f, changes=changes), widths
+
+
 def _likeliest_in_band(logp: list[list[float]], rows: Sequence[Sequence[float]], fixed: float,
                        lo: float, hi: float, limit: int = 200_000
                        ) -> tuple[list[int], float] | None:

@@ -137,6 +137,10 @@ def near_target_bundle(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
     """The `k` most probable architectures predicted across target x (1 ± near), written as a
     runtime bundle `bundle`; the run remembers which bundle it wrote (NEAR_TARGET)."""
     check_bundle_target(cfg, table, run_dir, "--near-target")
+    if cfg.space.searches_widths:
+        raise FbnasError(f"sample --near-target: {run_dir} searched widths, and near-target "
+                         "bundles pick ops only so far; use sample --hard (the final fit "
+                         "moves widths and ops onto the target)")
     if not bundle:
         raise FbnasError("sample --near-target: give the bundle folder to write, --bundle DIR")
     if k < 1 or not 0 < near < 1:
@@ -199,5 +203,5 @@ def pick_measured(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
     arch = arch_from_indices(cfg.space, list(best.indices), f"{cfg.space.name}_picked", **meta)
     log(f"the most probable of {sum(r.inside for r in rounds)} inside ±{tol:.0%}: predicted "
         f"{best.predicted:.1f}, measured {best.measured:.1f} {costs.unit} "
-        f"({best.measured / target - 1:+.1%})  {' '.join(arch.ops)}")
+        f"({best.measured / target - 1:+.1%})  {arch.choices_text(cfg.space)}")
     return arch

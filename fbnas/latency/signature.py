@@ -11,6 +11,7 @@ Keys are short readable strings, e.g. `ir_k3_e6 c16-24 s1 32x32`, `stem k3 c3-16
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -113,13 +114,56 @@ def layer_signatures(space: SearchSpace) -> list[dict[str, Signature]]:
 
 
 def space_signatures(space: SearchSpace) -> list[Signature]:
-    """Every distinct signature `space` needs (stem, blocks in layer order, head), each once."""
+    """Every distinct signature `space` needs (stem, blocks in layer order, head; with
+    searched widths every (op, c_in, c_out) and head width they produce), each once."""
     out: dict[Signature, None] = {stem_signature(space.macro): None}
     for row in layer_signatures(space):
         for sig in row.values():
             out.setdefault(sig, None)
     out.setdefault(head_signature(space.macro), None)
+    if space.searches_widths:
+        for sig in width_signatures(space):
+            out.setdefault(sig, None)
     return list(out)
+
+
+def layer_width_signatures(space: SearchSpace
+                           ) -> tuple[list[dict[tuple[str, int, int], Signature]], list[Signature]]:
+    """Per layer: {(op, i, j): Signature} for every op and (input, output) width choice;
+    and per choice of the last stage's width, the head's signature."""
+    layers = space.layers()
+    rows = []
+    for la, (din, cin, dout, cout) in zip(layers, space.layer_widths(), strict=True):
+        h, w = la.h, la.w
+        row = {}
+        for (i, ci), (j, co) in itertools.product(enumerate(cin), enumerate(cout)):
+            if din is not None and din == dout and i != j:
+                continue  # one decision: the input and output widths are the same choice
+            for op in space.candidates(la):
+                row[(op, i, j)] = block_signature(op, ci, co, la.stride, h, w)
+        rows.append(row)
+    last = space.layer_widths()[-1][2:] if layers else (None, ())
+    heads = []
+    for j in range(max(1, len(last[1]))):
+        widths = [0] * len(space.width_stages())
+        if last[0] is not None:
+            widths = [len(space.width_choices(s)) - 1 for s in space.width_stages()]
+            widths[last[0]] = j
+        heads.append(head_signature(space.arch_macro(widths)))
+    return rows, heads
+
+
+def width_signatures(space: SearchSpace) -> list[Signature]:
+    """Every signature a width-searched space needs beyond the stem (blocks, heads), once."""
+    rows, heads = layer_width_signatures(space)
+    out: dict[Signature, None] = {}
+    for row in rows:
+        for sig in row.values():
+            out.setdefault(sig, None)
+    for sig in heads:
+        out.setdefault(sig, None)
+    return list(out)
+
 
 
 def arch_signatures(arch) -> list[Signature]:

@@ -177,7 +177,10 @@ class LatencyTable:
     def _pick_model(self, space: SearchSpace | None, model: str) -> str:
         if model not in MODELS:
             raise FbnasError(f"cost model must be one of {', '.join(MODELS)}; got {model!r}")
+        # corrections are per (layer, op) at one width: a width-searched space uses the
+        # calibration (fbnas.fit.costs.width_costs)
         fitted_ok = (self.corrections is not None and space is not None
+                     and not space.searches_widths
                      and self.corrections.get("space_hash") == space_hash(space))
         if model == "fitted" and not fitted_ok:
             why = ("has no fitted corrections" if self.corrections is None else

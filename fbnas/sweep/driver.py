@@ -145,7 +145,9 @@ def reference_archs(cfg: Config, config_path: str | Path | None,
     cands = space.layer_candidates()
     for op in REFERENCE_OPS:
         if all(op in c for c in cands):
-            a = arch_from_indices(space, [c.index(op) for c in cands], f"all_{op[3:]}")
+            widest = [len(space.width_choices(s)) - 1 for s in space.width_stages()]
+            a = arch_from_indices(space, [*(c.index(op) for c in cands), *widest],
+                                  f"all_{op[3:]}")
             out.setdefault(a.hash(), a)
     files: list[Path] = []
     if config_path is not None:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from scipy import stats
 
-from fbnas.arch import Architecture, random_archs
+from fbnas.arch import Architecture, arch_indices, random_archs
 from fbnas.bench.table import Bench
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
@@ -68,8 +68,7 @@ def supernet_accuracy(net: Supernet, arch: Architecture, cfg: Config, data,
     """Validation (accuracy, mean CE) of `arch`'s path on the supernet weights, BN
     re-estimated. The CE resolves what a few hundred images' accuracy cannot (two paths that
     get the same images right differ in how sure they are)."""
-    cands = cfg.space.layer_candidates()
-    m, active = net.path([c.index(op) for c, op in zip(cands, arch.ops, strict=True)])
+    m, active = net.path(arch_indices(cfg.space, arch))
     limit = cfg.search.bn_calib_samples
     if limit:
         net.recalibrate_bn(take_images(data.calib_loader, limit, device), m, active)

@@ -1,0 +1,71 @@
+"""Candidates computed at the layer's widest shape with their channels masked: width search
+(FBNetV2's channel masks, TuNAS's sampled ones; docs/widths.md).
+
+A layer whose input or output width is searched computes every candidate at the widest
+shape; the input already has zeros past its chosen width (the previous layer's mask), and
+the layer's output is multiplied by the mask of its chosen width. Inside an inverted residual
+block the expanded channels are c_in·e for the chosen c_in, so the block's own expanded
+activations are masked too, after each BatchNorm (a BatchNorm turns a zero channel into its
+bias). With one-hot width weights the path then computes exactly the child network of those
+widths: a conv reading zeros is the conv sliced to the channels in use, and a BatchNorm
+normalises each channel by its own batch statistics. Soft weights (`full`) mix the masks.
+
+Maskable: plain IRF blocks (dense 1x1 convs, no squeeze-excite: their hidden width is c_in·e
+and nothing pools across channels) and `skip`. Grouped 1x1 convs and channel shuffles are
+laid out by the width itself, so they are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from fbnas.blocks.irf import parse_irf
+from fbnas.errors import FbnasError
+
+
+def maskable(op: str) -> bool:
+    """Whether candidate `op` (canonical) can have its input and output widths searched."""
+    if op == "skip":
+        return True
+    if not op.startswith("ir_"):
+        return False
+    try:
+        spec = parse_irf(op)
+    except FbnasError:
+        return False
+    return spec.groups == 1 and not spec.se
+
+
+def expansion(op: str) -> int:
+    """The hidden width's multiple of c_in (0: a candidate with no hidden activation)."""
+    return 0 if op == "skip" else parse_irf(op).expansion
+
+
+def choice_masks(channels: Sequence[int], total: int) -> torch.Tensor:
+    """[len(channels), total] 0/1 rows: row j keeps the first channels[j] channels."""
+    idx = torch.arange(total)
+    return torch.stack([(idx < c).float() for c in channels])
+
+
+def mix(weights: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """The channel mask Σ_j w_j · mask_j, shaped to multiply an NCHW activation."""
+    return (weights.to(masks.dtype) @ masks).view(1, -1, 1, 1)
+
+
+def masked_branch(block: nn.Module, x: torch.Tensor, hidden: torch.Tensor | None
+                  ) -> torch.Tensor | None:
+    """The residual branch f(x) of a maskable candidate with its expanded channels
+    multiplied by `hidden` after each normalisation (None: no mask); None for the identity."""
+    if not hasattr(block, "pwl"):  # skip: the identity (no branch) or its projection
+        return block(x, shortcut=False)
+    h = block.pw(x)
+    if hidden is not None:
+        h = h * hidden.to(h.dtype)
+    for stage in block.dw:
+        h = stage(h)
+        if hidden is not None:
+            h = h * hidden.to(h.dtype)
+    return block.pwl(h)

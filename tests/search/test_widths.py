@@ -1,0 +1,165 @@
+"""Width search (issue 40): stage widths as decisions, masked candidates, coupled costs."""
+
+import itertools
+
+import pytest
+import torch
+from conftest import digits_run_config
+
+from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_child
+from fbnas.config import config_from_dict
+from fbnas.errors import FbnasError
+from fbnas.evaluate import supernet_child_state
+from fbnas.fit.costs import width_costs
+from fbnas.latency import build_cost_table
+from fbnas.latency.signature import space_signatures
+from fbnas.search.modes import MODES
+from fbnas.search.width_costs import WidthCosts
+from fbnas.search_space import SearchSpace
+from fbnas.supernet import Supernet
+
+# stem 8 -> [8, s1] -> [16 x2, s2, widths] -> [24, s2, widths] -> head
+WSPACE = {
+    "name": "wtiny", "input_size": 16, "in_channels": 3, "num_classes": 5,
+    "stem": {"channels": 8, "stride": 2}, "width_divisor": 4,
+    "candidates": ["ir_k3_e1", "ir_k5_e3", "ir_k3_e6", "skip"],
+    "stages": [{"channels": 8, "repeats": 1, "stride": 1},
+               {"channels": 16, "repeats": 2, "stride": 2, "widths": [0.5, 0.75, 1.0]},
+               {"channels": 24, "repeats": 1, "stride": 2, "widths": [0.5, 1.0]}],
+    "head": {"channels": 32},
+}
+
+
+def _space(**over) -> SearchSpace:
+    return SearchSpace.from_dict({**WSPACE, **over})
+
+
+def _randomise_bn(net: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(1)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g))
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+            m.weight.data.copy_(torch.randn(m.weight.shape, generator=g))
+            m.bias.data.copy_(torch.randn(m.bias.shape, generator=g))
+
+
+def test_width_choices_are_decisions_after_the_ops():
+    s = _space()
+    assert s.width_stages() == [1, 2]
+    assert s.width_choices(1) == (8, 12, 16) and s.width_choices(2) == (12, 24)
+    assert s.decision_candidates()[-2:] == [("c8", "c12", "c16"), ("c12", "c24")]
+    assert s.size() == 4 ** 4 * 3 * 2
+    assert SearchSpace.from_dict(s.to_dict()) == s
+    a = arch_from_indices(s, [0, 1, 2, 3, 1, 0], "a")
+    assert [st.channels for st in a.macro.stages] == [8, 12, 12]
+    assert arch_indices(s, a) == [0, 1, 2, 3, 1, 0]
+    # written and read back as a plain architecture whose macro has those widths
+    b = Architecture.from_dict(a.to_dict())
+    assert b == a and b.hash() == a.hash()
+    b.check_fits(s)
+    # an op-only architecture's hash is what it was (widths live in the macro)
+    assert arch_from_indices(s, [0, 0, 0, 0, 2, 1]).macro == s.macro
+
+
+def test_a_width_outside_the_space_is_a_one_line_error():
+    s = _space()
+    a = arch_from_indices(s, [0, 0, 0, 0, 0, 0], "a")
+    d = a.to_dict()
+    d["macro"]["stages"][1]["channels"] = 10
+    bad = Architecture.from_dict(d, "a.yaml")
+    with pytest.raises(FbnasError, match=r"a.yaml: macro.stages\[1\].channels is 10 but search "
+                                         r"space 'wtiny' has width choices 8, 12, 16"):
+        bad.check_fits(s, "a.yaml")
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"stages": [{"channels": 8, "repeats": 1, "widths": [0.5, 0.9]}]}, "lacks 1.0"),
+    ({"stages": [{"channels": 8, "repeats": 1, "widths": [0.5, 1.2]}]}, r"widths\[1\]"),
+    ({"stages": [{"channels": 8, "repeats": 1, "widths": [0.5, 0.5, 1]}]}, "listed twice"),
+    ({"width_divisor": 8}, "use a smaller space.width_divisor"),
+    ({"candidates": ["ir_k3_e1", "ir_k3_e1_g2"]}, "op 'ir_k3_e1_g2' cannot have its width"),
+    ({"stages": [{"channels": 8, "repeats": 1, "stride": 1, "widths": [0.5, 1.0]}]},
+     "residual shortcut would come and go"),
+])
+def test_widths_that_cannot_be_searched_are_refused(over, match):
+    with pytest.raises(FbnasError, match=match):
+        SearchSpace.from_dict({**WSPACE, **over}, "space")
+
+
+@pytest.mark.parametrize("weights", ["shared", "separate"])
+@pytest.mark.parametrize("indices", [[1, 2, 2, 0, 0, 0], [2, 1, 3, 1, 1, 1], [3, 0, 2, 2, 2, 0]])
+def test_a_width_path_equals_the_child_of_those_widths(weights, indices):
+    """One-hot width weights compute exactly the child network of those widths, with the
+    child's weights the leading channels of the supernet's (eval and train mode)."""
+    s = _space()
+    torch.manual_seed(0)
+    net = Supernet(s, weights=weights)
+    _randomise_bn(net)
+    arch = arch_from_indices(s, indices, "t")
+    child = build_child(arch)
+    cfg = config_from_dict(digits_run_config(space=WSPACE, search={"weights": weights}), "t")
+    child.load_state_dict(supernet_child_state(
+        {"config": cfg.resolved(), "model": net.state_dict()}, arch))
+    x = torch.randn(4, 3, 16, 16)
+    m, active = net.path(indices)
+    for train in (False, True):
+        net.train(train)
+        child.train(train)
+        with torch.no_grad():
+            torch.testing.assert_close(net(x, m=m, active=active)[0], child(x), rtol=0,
+                                       atol=1e-5)
+
+
+def _costs(s: SearchSpace) -> WidthCosts:
+    return width_costs(s, build_cost_table(s, "flops"))
+
+
+def test_the_expected_cost_is_exact_over_both_neighbours_widths():
+    s = _space()
+    wc = _costs(s)
+    n = len(s.layers())
+    g = torch.Generator().manual_seed(0)
+    probs = [torch.softmax(torch.randn(len(c), generator=g), -1)
+             for c in s.decision_candidates()]
+    # brute force: every architecture, its probability times its cost
+    want = 0.0
+    for idx in itertools.product(*(range(len(c)) for c in s.decision_candidates())):
+        p = 1.0
+        for d, i in enumerate(idx):
+            p *= float(probs[d][i])
+        want += p * wc.of(list(idx))
+    got = float(wc.expected(probs[:n], probs[n:]))
+    assert got == pytest.approx(want, rel=1e-5)
+    # an architecture's cost is its child's counted FLOPs
+    table = build_cost_table(s, "flops")
+    for idx in ([0, 1, 2, 3, 0, 1], [2, 2, 2, 2, 2, 1]):
+        arch = arch_from_indices(s, idx)
+        assert wc.of(idx) == pytest.approx(table.predict(arch))
+    lo, hi = wc.bounds()
+    costs = [wc.of(list(i)) for i in itertools.product(*(range(len(c))
+                                                         for c in s.decision_candidates()))]
+    assert (lo, hi) == (pytest.approx(min(costs)), pytest.approx(max(costs)))
+    assert wc.of(wc.dearest()) == pytest.approx(max(costs))
+
+
+def test_the_table_holds_every_signature_the_widths_produce():
+    s = _space()
+    sigs = {x.key() for x in space_signatures(s)}
+    # layer 1 (16-channel stage, first layer): 8 in, each of 8/12/16 out; layer 3: 8/12/16 in
+    assert "ir_k3_e6 c8-12 s2 8x8" in sigs and "ir_k3_e6 c12-24 s2 4x4" in sigs
+    assert "ir_k3_e6 c12-12 s1 4x4" in sigs and "ir_k3_e6 c12-16 s1 4x4" not in sigs
+    assert "head avg c12-32 2x2 cls5" in sigs and "head avg c24-32 2x2 cls5" in sigs
+
+
+@pytest.mark.parametrize("mode", sorted(MODES.choices()))
+def test_every_mode_samples_and_steps_the_widths(mode):
+    s = _space()
+    torch.manual_seed(0)
+    net = Supernet(s, mode=mode, weights="shared", width_costs=_costs(s))
+    p = net.sample_path(1.0)
+    logits, cost = net(torch.randn(4, 3, 16, 16), m=p.m, active=p.active, cost_m=p.cost_m)
+    (logits.logsumexp(-1).mean() + cost / 1e6).backward()
+    # the cost reaches every width decision's θ in every mode
+    for t in net.theta[len(s.layers()):]:
+        assert t.grad is not None and t.grad.abs().sum() > 0
