@@ -202,6 +202,13 @@ class SearchConfig:
     # `on`: an error where it cannot), timing at most `fit_rounds` networks
     fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"), resumable=True)
     fit_rounds: int = setting(6, "int", min=1, max=20, resumable=True)
+    # which network of the fitted cost the search returns: `theta`, θ's most probable one;
+    # `path`, of the `final_candidates` most probable predicted within ±fit_tolerance of it,
+    # the one whose path on the supernet reads the best validation accuracy (BN re-estimated;
+    # docs/bench.md: median regret 1.25 -> 0 points on the benchmark)
+    final_pick: str = setting("path", "str", choices=("theta", "path"), resumable=True,
+                              added="theta")
+    final_candidates: int = setting(8, "int", min=1, max=64, resumable=True)
     # torch.compile every block of the supernet (stem, each candidate, head) in place: one
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
     compile: bool = setting(False, "bool", resumable=True, added=False)

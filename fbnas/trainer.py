@@ -36,7 +36,7 @@ from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import validate_weights
-from fbnas.fit.costs import CostSource, final_fit, shared_costs
+from fbnas.fit.costs import CostSource, final_fit, pick_candidates, shared_costs
 from fbnas.fit.onto_target import range_warning
 from fbnas.io import write_json_atomic
 from fbnas.rng import rng_state, seed_everything
@@ -314,18 +314,20 @@ class SearchTrainer(SearchSteps, EpochRunner):
 
     def final_arch(self) -> Architecture:
         """argmax θ, fitted to the loss's target when there is one (`search.fit_target`): by
-        the table, then by timing it end to end where this machine can (`search.fit_measure`;
-        rank 0 measures, the other ranks receive its choice)."""
+        the table, with `search.final_pick: path` the best path on the supernet among the most
+        probable networks of that cost, then by timing it end to end where this machine can
+        (`search.fit_measure`; rank 0 measures, the other ranks receive its choice)."""
         name, meta = f"{self.cfg.space.name}_search", {"run": str(self.run_dir)}
         a = sample_hard(self.cfg.space, self.model.theta, name=name)
         target = getattr(self.loss, "target", None)
         if target is None or not self.cfg.search.fit_target:
             return Architecture(a.macro, a.ops, a.name, a.space, meta)
+        first = self._final_pick(target, meta)
         got: tuple = ()
         if self.dist.is_main:
             try:
                 got = ("ok", *final_fit(self.cfg, list(self.net.theta), self.costs, target,
-                                        self.log.info, str(self.run_dir)))
+                                        self.log.info, str(self.run_dir), first=first))
             except FbnasError as e:
                 got = ("error", str(e))
                 if self.dist.distributed:
@@ -338,6 +340,25 @@ class SearchTrainer(SearchSteps, EpochRunner):
         _, indices, fit_meta = got
         meta.update(fit_meta)
         return arch_from_indices(self.cfg.space, indices, name, **meta)
+
+    def _final_pick(self, target: float, meta: dict[str, Any]) -> list[int] | None:
+        """`search.final_pick: path`: of the most probable networks of the table fit's cost
+        (`pick_candidates`, the same on every rank), the one whose supernet path reads the best
+        validation accuracy (then CE), every rank evaluating; None with `theta` or without a
+        validation split."""
+        s = self.cfg.search
+        if s.final_pick != "path" or self.data.val_loader is None:
+            return None
+        cands = pick_candidates(self.cfg, list(self.net.theta), self.costs, target)
+        scores = [validate_weights(self.net, self.data, self.device, *self.net.path(c),
+                                   s.bn_calib_samples, self.dist) for c in cands]
+        best = max(range(len(cands)), key=lambda i: (scores[i]["acc"], -scores[i]["ce"]))
+        self.log.info(f"final pick: of {len(cands)} networks near the fitted cost, the best path "
+                      f"on the supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
+                      f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
+        meta["final_pick"] = {"candidates": len(cands), "chosen": best,
+                              "path_acc": [round(r["acc"], 4) for r in scores]}
+        return cands[best]
 
     # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
     def _setup_distributed(self, fresh: bool) -> None:

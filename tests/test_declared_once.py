@@ -43,7 +43,9 @@ OLD_SEARCH_RESUMABLE = {
     ("search", "checkpoint_activations"), ("search", "channels_last"),
     ("search", "fit_target"), ("search", "fit_tolerance"), ("search", "fit_measure"),
     ("search", "fit_rounds"), ("search", "compile"), ("search", "compile_backend"),
-    ("run", "nan_check")}
+    ("run", "nan_check"),
+    # declared since (issue 39): the final pick, applied after the last epoch
+    ("search", "final_pick"), ("search", "final_candidates")}
 OLD_SEARCH_ADDED = {
     ("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
     ("search", "warmup_sampling"): "mode", ("search", "checkpoint_activations"): False,
@@ -53,7 +55,8 @@ OLD_SEARCH_ADDED = {
     ("search", "weights"): "separate", ("search", "weight_sampling"): "mode",
     ("search", "uniform_paths"): 0,
     # declared since (issue 39): what runs before them did
-    ("search", "shared_update"): "all", ("search", "sandwich"): False}
+    ("search", "shared_update"): "all", ("search", "sandwich"): False,
+    ("search", "final_pick"): "theta"}
 OLD_RETRAIN_RESUMABLE = {
     ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
     ("run", "checkpoint_every_steps"), ("retrain", "device"),

@@ -29,11 +29,14 @@ from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.fit.end_to_end import panel, time_archs
 from fbnas.fit.onto_target import (
+    Fit,
     cost_lists,
     cost_range,
     fit_to_target,
     fit_with_widths,
     measured_fit,
+    near_target,
+    predicted_cost,
 )
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.signature import layer_width_signatures, stem_signature
@@ -238,30 +241,59 @@ def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
     return measure
 
 
+def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
+                    ) -> list[list[int]]:
+    """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
+    `target` and the next most probable ones predicted within ±fit_tolerance of its cost, at
+    most `search.final_candidates` (decision indices; a width-searched space's at the fit's
+    widths)."""
+    s = cfg.search
+    if costs.widths is not None:
+        fit, widths = fit_with_widths(theta, costs.widths, target, s.fit_tolerance)
+        rows, fixed = costs.widths.rows_at(widths)
+    else:
+        rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
+        fit, widths = fit_to_target(theta, rows, fixed, target, s.fit_tolerance), ()
+    ops = theta[:len(rows)]
+    near = near_target(ops, rows, fixed, fit.cost, s.final_candidates, s.fit_tolerance)
+    out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)]
+    return [[*i, *widths] for i in out[:s.final_candidates]]
+
+
 def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
-              log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None
-              ) -> tuple[list[int], dict[str, Any]]:
+              log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None,
+              first: Sequence[int] | None = None) -> tuple[list[int], dict[str, Any]]:
     """The architecture a search returns for `target`: θ's argmax fitted onto the target by
     the table (`fit_to_target`), then, where `search.fit_measure` allows and this machine can
     time the table's device, timed end to end and re-fitted until it measures within
     `search.fit_tolerance` (`measured_fit`). Returns its op indices and what to record in its
-    meta (target, predicted, measured, every timed round)."""
+    meta (target, predicted, measured, every timed round). `first`: the network to return
+    instead of the table's fit (the final pick's; decision indices), and the first to time."""
     s = cfg.search
     widths: tuple[int, ...] = ()
     if costs.widths is not None:  # ops and widths fitted by the table; then ops at those widths
         fit, widths = fit_with_widths(theta, costs.widths, target, s.fit_tolerance)
         rows, fixed = costs.widths.rows_at(widths)
-        theta = theta[:len(rows)]
     else:
         rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
         fit = fit_to_target(theta, rows, fixed, target, s.fit_tolerance)
+    n = len(rows)
+    if first is not None:
+        widths = tuple(first[n:])
+        rows, fixed = costs.widths.rows_at(widths) if costs.widths is not None else (rows, fixed)
+        cost = predicted_cost(rows, fixed, first[:n])
+        fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
+            first, [int(t.argmax()) for t in theta], strict=True)),
+            abs(cost / target - 1) <= s.fit_tolerance, s.fit_tolerance)
+    theta = theta[:n]
     log(fit.describe(cfg.loss.target, target, costs.unit))
     meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
                             "cost_unit": costs.unit, "fitted_layers": fit.changes}
     if _measured_fit_mode(cfg, costs, fit_measure, log, run):
         t0 = time.perf_counter()
         measure = fit_measurer(cfg, costs.table, widths)
-        mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance, s.fit_rounds)
+        mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance, s.fit_rounds,
+                          first=fit.indices)
         meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
         return [*mf.fit.indices, *widths], meta
     return [*fit.indices, *widths], meta

@@ -208,7 +208,7 @@ class MeasuredFit:
 
 def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
                  target: float, measure, tol: float = 0.03, max_rounds: int = 6,
-                 confirm: bool = True) -> MeasuredFit:
+                 confirm: bool = True, first: Sequence[int] | None = None) -> MeasuredFit:
     """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->
     (median, rel_iqr)` (in the table's units), and re-fitted until it measures in the inner
     third of the band, target ± `tol`/3: the user's own re-measurement moves by about 1% (sd)
@@ -225,12 +225,14 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     of three). Returns the most probable architecture measured (pooled) inside the inner
     third, else inside the middle half, else the one measured nearest to the target (near the
     band's edge a re-measurement is as likely outside as in: the nearest is the safest);
-    `rounds` holds every timing."""
+    `rounds` holds every timing. `first`: the network timed first (default: the table's fit;
+    the final pick's choice), kept where it measures on target."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     inner, middle = tol / 3, tol / 2
     rounds: list[Round] = []
-    fit = fit_to_target(theta, rows, fixed, target, tol)
-    key, networks = tuple(fit.indices), 1
+    if first is None:
+        first = fit_to_target(theta, rows, fixed, target, tol).indices
+    key, networks = tuple(first), 1
     while True:
         med, spread = measure(list(key))
         rounds.append(Round(key, predicted_cost(rows, fixed, key), float(med), float(spread),

@@ -23,11 +23,14 @@ FIT_SPACE = {
 
 
 def fake_run(tmp_path, **search):
+    """A search on the fake device under a 0.6x target, returning θ's fit (final_pick:
+    theta; the measured fit starting from the final pick: tests/fit/test_onto_target.py)."""
     d = digits_run_config(
         space=FIT_SPACE,
         latency={"cost": "latency", "device": "fake", "cache_dir": str(tmp_path / "cache")},
         loss={"kind": "target", "target": "0.6x", "lambda": 1.0},
-        search={"epochs": 2, "warmup_epochs": 1, "theta_lr": 0.5, **search})
+        search={"epochs": 2, "warmup_epochs": 1, "theta_lr": 0.5, "final_pick": "theta",
+                **search})
     for k in ("alpha", "beta"):
         d["loss"].pop(k, None)
     d["run"]["dir"] = str(tmp_path / "run")

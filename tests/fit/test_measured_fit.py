@@ -19,7 +19,7 @@ from fbnas.arch import Architecture, log_prob
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import final_fit
+from fbnas.fit.costs import final_fit, pick_candidates
 from fbnas.fit.onto_target import (
     fit_to_target,
     measured_fit,
@@ -353,3 +353,18 @@ def test_fit_measure_reads_yaml_booleans(tmp_path, raw, want):
         load_config(p, ["search.fit_measure=sometimes"])
 
 
+
+
+def test_the_measured_fit_times_the_final_pick_first(tmp_path):
+    cfg = fake_run(tmp_path)
+    t = SearchTrainer(cfg, tmp_path / "run")
+    close_logger(t.log)
+    target = t.loss.target
+    cands = pick_candidates(cfg, list(t.net.theta), t.costs, target)
+    assert len(cands) > 1
+    pick = cands[-1]  # not the table's own fit
+    idx, meta = final_fit(cfg, list(t.net.theta), t.costs, target, [].append, first=pick)
+    names = cfg.space.layer_candidates()
+    assert meta["fit_rounds"][0]["ops"] == [c[i] for c, i in zip(names, pick, strict=True)]
+    if meta["fit_rounds"][0]["inside"] and len({tuple(r["ops"]) for r in meta["fit_rounds"]}) == 1:
+        assert idx == pick  # measured on target: the pick is what the search returns

@@ -10,9 +10,11 @@ import math
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config
+from conftest import DIGITS_SPACE, digits_run_config
 
+from fbnas.arch import arch_indices
 from fbnas.config import config_from_dict
+from fbnas.fit.costs import pick_candidates
 from fbnas.fit.onto_target import fit_to_target, predicted_cost
 from fbnas.run import close_logger
 from fbnas.trainer import SearchTrainer
@@ -95,3 +97,44 @@ def test_a_target_outside_the_range_is_one_warning_line(tmp_path, caplog):
     finally:
         close_logger(t.log)
     assert len(lines) == 1 and "loss.target: 1000000000000.0" in lines[0]
+
+
+PICK_SPACE = {**DIGITS_SPACE, "candidates": ["ir_k3_e1", "ir_k3_e3", "ir_k5_e3", "ir_k3_e6",
+                                             "ir_k5_e6", "skip"],
+              "stages": [{"channels": 8, "repeats": 2, "stride": 1},
+                         {"channels": 16, "repeats": 2, "stride": 2}]}
+
+
+def test_the_final_pick_returns_the_best_path_among_the_likeliest_networks_of_the_cost(tmp_path):
+    t = _trainer(tmp_path, loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
+                 search={"mode": "reinforce", "weights": "shared", "epochs": 2,
+                         "warmup_epochs": 1, "final_candidates": 5}, space=PICK_SPACE)
+    try:
+        t.fit()
+        target = t.loss.target
+        cands = pick_candidates(t.cfg, list(t.net.theta), t.costs, target)
+        arch = t.final_arch()
+    finally:
+        close_logger(t.log)
+    rows = [list(r.values()) for r in t.costs.rows]
+    first = fit_to_target(list(t.net.theta), rows, t.costs.fixed, target, 0.03)
+    # the table fit first, then distinct networks predicted within ±3% of its cost
+    assert cands[0] == first.indices and 1 < len(cands) <= 5
+    assert len({tuple(c) for c in cands}) == len(cands)
+    for c in cands:
+        assert abs(predicted_cost(rows, t.costs.fixed, c) / first.cost - 1) <= 0.03 + 1e-9
+    pick = arch.meta["final_pick"]
+    accs = pick["path_acc"]
+    assert pick["candidates"] == len(cands) and accs[pick["chosen"]] == max(accs)
+    assert arch_indices(t.cfg.space, arch) == cands[pick["chosen"]]
+    # `theta` returns the table's fit, as before the final pick existed
+    t2 = _trainer(tmp_path / "b", loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
+                  search={"mode": "reinforce", "weights": "shared", "epochs": 2,
+                          "warmup_epochs": 1, "final_pick": "theta"}, space=PICK_SPACE)
+    try:
+        t2.fit()
+        a2 = t2.final_arch()
+        want = fit_to_target(list(t2.net.theta), rows, t2.costs.fixed, t2.loss.target, 0.03)
+    finally:
+        close_logger(t2.log)
+    assert "final_pick" not in a2.meta and arch_indices(t2.cfg.space, a2) == want.indices
