@@ -50,9 +50,15 @@ MAX_NETWORKS = 5000  # a benchmark trains every network: a larger space is a mis
 TIME_CHUNK = 32  # networks timed together among the probes
 
 
+def width_record(space, arch: Architecture) -> dict[str, list[int]]:
+    """What a benchmark records of a network's searched widths: its stages' channels."""
+    return ({"channels": [st.channels for st in arch.macro.stages]} if space.searches_widths
+            else {})
+
+
 def all_archs(space) -> list[Architecture]:
-    """Every architecture of `space`, in index order."""
-    cands = space.layer_candidates()
+    """Every architecture of `space` (every op and searched width), in index order."""
+    cands = space.decision_candidates()
     n = math.prod(len(c) for c in cands)
     if n > MAX_NETWORKS:
         raise FbnasError(f"space '{space.name}': {n} networks; a benchmark trains every one, "
@@ -184,7 +190,8 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         h = a.hash()
         if h not in bench.networks:
             stats = child_stats(a)
-            bench.networks[h] = {"ops": list(a.ops), "params": stats["params"],
+            bench.networks[h] = {"ops": list(a.ops), **width_record(space, a),
+                                 "params": stats["params"],
                                  "flops": stats["flops"],
                                  "predicted": round(table.predict(a, "auto", space), 3),
                                  "runs": {}}

@@ -12,7 +12,8 @@ and each network's latency: predicted by the space's table and measured end to e
     bench.front("val_acc")                   # the accuracy-latency Pareto front
 
 The file is gzip'd JSON (`BENCH_SCHEMA`), written atomically; `networks` maps an architecture's
-hash to {"ops", "params", "flops", "predicted", "measured", "runs": {seed: {budget: record}}}.
+hash to {"ops", "params", "flops", "predicted", "measured", "runs": {seed: {budget: record}}}
+(and "channels", the stages' widths, in a width-searched space).
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ class Bench:
         return h
 
     def arch(self, key: str) -> Architecture:
-        ops = self.networks[key]["ops"]
-        idx = [c.index(op) for c, op in zip(self.space.layer_candidates(), ops, strict=True)]
+        n = self.networks[key]
+        idx = [c.index(op) for c, op in zip(self.space.layer_candidates(), n["ops"], strict=True)]
+        if "channels" in n:  # a width-searched space: its stages' channels
+            idx += [self.space.width_choices(s).index(n["channels"][s])
+                    for s in self.space.width_stages()]
         return arch_from_indices(self.space, idx, f"{self.space.name}_{key[:12]}")
 
     def __iter__(self) -> Iterator[str]:

@@ -203,15 +203,20 @@ def sample_spanning(space: SearchSpace, n: int, rows: Sequence[dict[str, float]]
     the first two are the cheapest and the dearest architecture (the ends of the range);
     then even draws pick, per layer, the op at a target cost quantile q (stratified over
     [0, 1]) plus noise; odd draws restrict themselves to a random subset of ops (1 op up to
-    all).
+    all). In a width-searched space each stage's width is drawn alike (narrowest and widest
+    for the two ends, at the quantile q on even draws, uniformly on odd ones; `rows` are the
+    widest networks' costs).
     """
     rng = np.random.default_rng(seed)
     cands = space.layer_candidates()
     order = [sorted(range(len(c)), key=lambda i, c=c, r=r: r[c[i]]) for c, r in zip(
         cands, rows, strict=True)]
+    n_widths = [len(space.width_choices(s)) for s in space.width_stages()]
     out: dict[str, Architecture] = {}
-    for pick in ((lambda o: o[0]), (lambda o: o[-1]))[:n]:
-        arch = arch_from_indices(space, [pick(o) for o in order], f"{name}{len(out):03d}")
+    for end, pick in enumerate(((lambda o: o[0]), (lambda o: o[-1]))[:n]):
+        widths = [end * (k - 1) for k in n_widths]
+        arch = arch_from_indices(space, [*(pick(o) for o in order), *widths],
+                                 f"{name}{len(out):03d}")
         out.setdefault(arch.hash(), arch)
     qs = (np.arange(n * 4) + rng.random(n * 4)) / (n * 4)
     rng.shuffle(qs)
@@ -224,6 +229,8 @@ def sample_spanning(space: SearchSpace, n: int, rows: Sequence[dict[str, float]]
                 k = len(o)
                 j = int(np.clip(round(q * (k - 1) + rng.normal(0, 0.25 * k)), 0, k - 1))
                 idx.append(o[j])
+            idx += [int(np.clip(round(q * (k - 1) + rng.normal(0, 0.25 * k)), 0, k - 1))
+                    for k in n_widths]
         else:
             all_ops = sorted({op for c in cands for op in c})
             size = int(rng.integers(1, len(all_ops) + 1))
@@ -231,6 +238,7 @@ def sample_spanning(space: SearchSpace, n: int, rows: Sequence[dict[str, float]]
             for c in cands:
                 allowed = [i for i, op in enumerate(c) if op in subset] or list(range(len(c)))
                 idx.append(int(rng.choice(allowed)))
+            idx += [int(rng.integers(k)) for k in n_widths]
         tries += 1
         arch = arch_from_indices(space, idx, f"{name}{len(out):03d}")
         out.setdefault(arch.hash(), arch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,6 +132,17 @@ def test_bench_modes(tiny, capsys):
     out = run_main("bench_modes", ["--config", tiny, "--batch", "4", "--repeats", "1",
                                    "--mem-samples", "1"], capsys)
     assert "single_path speed-up over full:" in out and "supernet overhead ratio" in out
+
+
+@pytest.mark.slow
+def test_bench_widths(capsys):
+    out = run_main("bench_widths", ["--batch", "4", "--repeats", "1", "--mem-samples", "1",
+                                    "--modes", "full,reinforce"], capsys)
+    for mode in ("full", "reinforce"):
+        m = re.search(rf"^{mode}\s+.*\s(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)$",
+                      out, re.M)
+        assert m and float(m[1]) > 0 and float(m[2]) > 0 and float(m[3]) > 0, out
+    assert re.search(r"table of fbnetv2_imagenet: \d+ entries, \d+ without its widths", out)
 
 
 @pytest.mark.slow
