@@ -27,5 +27,8 @@ def run(args) -> int:
               f"{la.h:>4d}x{la.w:<4d}  {cands}")
     c_in, c_head, h, w, k = m.head_shape()
     print(f"head: {c_in} -> conv1x1 {c_head} at {h}x{w} -> {m.head.pool}pool -> fc {k}")
+    for st in space.width_stages():  # docs/widths.md
+        print(f"stage {st} width: one of {', '.join(map(str, space.width_choices(st)))} channels "
+              "(searched; the table shows the widest)")
     print(f"{space.num_layers} searchable layers, 10^{math.log10(space.size()):.1f} architectures")
     return 0

@@ -1,16 +1,20 @@
 """Width search (issue 40): stage widths as decisions, masked candidates, coupled costs."""
 
 import itertools
+import json
 
 import pytest
 import torch
+import yaml
 from conftest import digits_run_config
 
 from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_child
+from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.evaluate import supernet_child_state
 from fbnas.fit.costs import width_costs
+from fbnas.fit.onto_target import fit_with_widths
 from fbnas.latency import build_cost_table
 from fbnas.latency.signature import space_signatures
 from fbnas.search.modes import MODES
@@ -163,3 +167,50 @@ def test_every_mode_samples_and_steps_the_widths(mode):
     # the cost reaches every width decision's θ in every mode
     for t in net.theta[len(s.layers()):]:
         assert t.grad is not None and t.grad.abs().sum() > 0
+
+
+def test_the_fit_moves_widths_and_ops_into_the_band_whenever_one_is_there():
+    s = _space()
+    wc = _costs(s)
+    combos = list(itertools.product(*(range(len(c)) for c in s.decision_candidates())))
+    costs = {c: wc.of(list(c)) for c in combos}
+    lo, hi = wc.bounds()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        theta = [torch.randn(len(c), generator=g) for c in s.decision_candidates()]
+        target = lo + float(torch.rand(1, generator=g)) * (hi - lo)
+        fit, widths = fit_with_widths(theta, wc, target, 0.03)
+        idx = (*fit.indices, *widths)
+        assert fit.cost == pytest.approx(costs[idx])
+        reachable = any(abs(c / target - 1) <= 0.03 for c in costs.values())
+        assert fit.hit == reachable
+
+
+def test_a_width_search_runs_through_sample_retrain_and_plot(tmp_path):
+    d = digits_run_config(
+        space={**WSPACE, "in_channels": 1, "input_size": 8, "num_classes": 10},
+        loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
+        search={"mode": "reinforce", "weights": "shared", "epochs": 2, "warmup_epochs": 1})
+    for k in ("alpha", "beta"):
+        d["loss"].pop(k, None)
+    d["run"]["dir"] = str(tmp_path / "run")
+    cfg_path = tmp_path / "w.yaml"
+    cfg_path.write_text(yaml.safe_dump(d))
+    assert main(["train", "--config", str(cfg_path)]) == 0
+    space = config_from_dict(d, "w").space
+    arch = Architecture.load(tmp_path / "run" / "arch_hard.yaml")
+    arch.check_fits(space)
+    assert arch.meta["final_pick"]["candidates"] >= 1
+    assert main(["sample", str(tmp_path / "run"), "--soft", "-n", "3"]) == 0
+    for p in (tmp_path / "run" / "samples").glob("arch_soft_*.yaml"):
+        Architecture.load(p).check_fits(space)
+    assert main(["retrain", "--arch", str(tmp_path / "run" / "arch_hard.yaml"), "--config",
+                 str(cfg_path), "--init-from-supernet", str(tmp_path / "run"),
+                 "--set", "retrain.epochs=1", "--set", "retrain.warmup_epochs=0",
+                 "--set", "retrain.measure_latency=false",
+                 "--set", f"run.dir={tmp_path / 'child'}"]) == 0
+    res = json.loads(next((tmp_path / "child").glob("retrain-*/results.json")).read_text())
+    assert res["arch"]["hash"] == arch.hash() and res["init_from"]
+    pytest.importorskip("matplotlib")
+    assert main(["plot", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "plots" / "widths_final.png").is_file()
