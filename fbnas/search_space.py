@@ -377,7 +377,8 @@ class SearchSpace:
         space = cls(name, macro, tuple(cands), tuple(widths), divisor)
         macro.layers(where)  # shape-inference errors surface at load time, naming the file
         for si in space.width_stages():
-            got = space.width_choices(si)
+            # as the layers see them: after the macro's width_mult, which rounds again
+            got = tuple(macro.scaled(c) for c in space.width_choices(si))
             if sorted(set(got)) != list(got):  # a duplicate, or one rounded above the widest
                 raise FbnasError(f"{where}.stages[{si}].widths: {show(list(widths[si]))} of "
                                  f"{macro.stages[si].channels} channels round to "

@@ -143,22 +143,37 @@ class MixedOp(nn.Module):
     def _mix(self, x: torch.Tensor, m: torch.Tensor, active: Sequence[int] | None,
              w_in: torch.Tensor | None = None, w_out: torch.Tensor | None = None
              ) -> torch.Tensor:
+        if self.masked:
+            return self._masked_mix(x, m, active, w_in, w_out)
         out = x if self.shortcut else None
         for i in range(len(self.candidates)) if active is None else active:
-            if self.masked:
-                h = getattr(self, f"hidden_{i}", None)
-                y = masked_branch(self.candidates[i], x,
-                                  None if h is None or w_in is None else mix(w_in, h))
-            else:
-                y = (self.candidates[i](x, shortcut=False) if self.shortcut
-                     else self.candidates[i](x))
+            y = (self.candidates[i](x, shortcut=False) if self.shortcut
+                 else self.candidates[i](x))
             if y is None:  # the identity's branch under the shared shortcut: 0
                 continue
             y = m[i] * y
             out = y if out is None else out + y
-        if w_out is not None:
-            out = out * mix(w_out, self.out_masks).to(out.dtype)
         return out
+
+    def _masked_mix(self, x: torch.Tensor, m: torch.Tensor, active: Sequence[int] | None,
+                    w_in: torch.Tensor | None, w_out: torch.Tensor | None) -> torch.Tensor:
+        """A width-searched layer (fbnas.blocks.masked): Σ_i m_i f_i(x) with each candidate's
+        expanded channels masked by the input's width, times the output's width mask; under
+        the shared shortcut x is added unmasked (the same decision masked it already)."""
+        out = None
+        for i in range(len(self.candidates)) if active is None else active:
+            h = getattr(self, f"hidden_{i}", None)
+            y = masked_branch(self.candidates[i], x,
+                              None if h is None or w_in is None else mix(w_in, h))
+            if y is None:  # the identity's branch under the shared shortcut: 0
+                continue
+            y = m[i] * y
+            out = y if out is None else out + y
+        if out is not None and w_out is not None:
+            out = out * mix(w_out, self.out_masks).to(out.dtype)
+        if not self.shortcut:
+            return out
+        return x if out is None else x + out
 
 
 class Supernet(nn.Module):

@@ -357,7 +357,8 @@ class SearchTrainer(SearchSteps, EpochRunner):
                       f"on the supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
                       f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
         meta["final_pick"] = {"candidates": len(cands), "chosen": best,
-                              "path_acc": [round(r["acc"], 4) for r in scores]}
+                              "path_acc": [round(r["acc"], 4) for r in scores],
+                              "candidates_indices": [list(map(int, c)) for c in cands]}
         return cands[best]
 
     # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------

@@ -24,30 +24,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fbnas.bench.score import score_run
 from fbnas.bench.table import Bench
-from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET
-
-
-def search(config: str, run: Path, sets: list[str]) -> None:
-    """One `fbnas train` in a process of its own (one thread), unless `run` has finished."""
-    if (run / "arch_hard.yaml").is_file():
-        return
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "fbnas", "train", "--config", config,
-           "--set", f"run.dir={run}", "--set", "search.fit_measure=off",
-           *(x for s in [*QUIET, *sets] for x in ("--set", s))]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+from scripts.common import BENCH_CONFIG, BENCH_FILE, search_process
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(a.keep or tmp)
         runs = {g: root / "-".join(map(str, g)) for g in grid}
         with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-            list(pool.map(lambda g: search(a.config, runs[g], [
+            list(pool.map(lambda g: search_process(a.config, runs[g], [
                 f"search.mode={g[0]}", f"search.weights={g[1]}", f"search.seed={g[2]}",
                 f"loss.target={g[3]}", *a.sets]), grid))
         print(f"searches of {a.config} {' '.join(a.sets)} scored on {a.bench} "

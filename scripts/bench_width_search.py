@@ -35,8 +35,7 @@ from fbnas.bench.table import Bench
 from fbnas.config import load_config
 from fbnas.fit.costs import resolve_costs
 from fbnas.fit.end_to_end import panel, time_archs
-from scripts.bench_regret import search
-from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET, ROOT
+from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET, ROOT, search_process
 
 WIDTH_CONFIG = ROOT / "configs" / "bench_digits_widths.yaml"
 
@@ -84,12 +83,12 @@ def main(argv: list[str] | None = None) -> None:
         ops = {g: ops_root / f"reinforce-shared-{g[0]}-{g[1]}" for g in grid}
         wide = {g: root / f"widths-{g[0]}-{g[1]}" for g in grid}
         with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-            list(pool.map(lambda g: search(a.ops_config, ops[g], [
+            list(pool.map(lambda g: search_process(a.ops_config, ops[g], [
                 "search.mode=reinforce", "search.weights=shared", f"search.seed={g[0]}",
                 f"loss.target={g[1]}", *a.sets]), grid))
             targets = {g: Architecture.load(ops[g] / "arch_hard.yaml").meta["target"]
                        for g in grid}
-            list(pool.map(lambda g: search(a.config, wide[g], [
+            list(pool.map(lambda g: search_process(a.config, wide[g], [
                 f"search.seed={g[0]}", f"loss.target={targets[g]}", *a.sets]), grid))
             archs = {g: Architecture.load(wide[g] / "arch_hard.yaml") for g in grid}
             jobs = [(g, s) for g in grid for s in bench.seeds]

@@ -335,6 +335,22 @@ class SavedBytes:
         self.handles = []
 
 
+# ---- searches in processes of their own ----------------------------------------------------------
+def search_process(config: str | Path, run: Path, sets: Sequence[str]) -> None:
+    """One `fbnas train` in a process of its own (one thread), its networks fitted to the
+    target by the table (search.fit_measure off: concurrent searches must not time networks),
+    unless `run` has finished (an arch_hard.yaml)."""
+    if (run / "arch_hard.yaml").is_file():
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fbnas", "train", "--config", str(config),
+           "--set", f"run.dir={run}", "--set", "search.fit_measure=off",
+           *(x for s in [*QUIET, *sets] for x in ("--set", s))]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+
+
 # ---- another checkout's fbnas --------------------------------------------------------------------
 def fbnas_root() -> Path:
     """The checkout the imported fbnas comes from."""

@@ -244,9 +244,10 @@ def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
 def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
                     ) -> list[list[int]]:
     """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
-    `target` and the next most probable ones predicted within ±fit_tolerance of its cost, at
-    most `search.final_candidates` (decision indices; a width-searched space's at the fit's
-    widths)."""
+    `target` and the next most probable ones predicted within ±fit_tolerance of the target
+    (where the target cannot be reached: near the fit's cost and no further from the target
+    than it), at most `search.final_candidates` (decision indices; a width-searched space's at
+    the fit's widths)."""
     s = cfg.search
     if costs.widths is not None:
         fit, widths = fit_with_widths(theta, costs.widths, target, s.fit_tolerance)
@@ -255,8 +256,13 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
         rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
         fit, widths = fit_to_target(theta, rows, fixed, target, s.fit_tolerance), ()
     ops = theta[:len(rows)]
-    near = near_target(ops, rows, fixed, fit.cost, s.final_candidates, s.fit_tolerance)
-    out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)]
+    # on target where the fit is; else no further from it than the fit (the nearest there is)
+    reach = max(s.fit_tolerance, abs(fit.cost / target - 1))
+    near = near_target(ops, rows, fixed, target if fit.hit else fit.cost, s.final_candidates,
+                       s.fit_tolerance)
+    out = [list(fit.indices)] + [
+        i for i in near if i != list(fit.indices)
+        and abs(predicted_cost(rows, fixed, i) / target - 1) <= reach * (1 + 1e-9)]
     return [[*i, *widths] for i in out[:s.final_candidates]]
 
 
@@ -285,7 +291,7 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
         fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
             first, [int(t.argmax()) for t in theta], strict=True)),
             abs(cost / target - 1) <= s.fit_tolerance, s.fit_tolerance)
-    theta = theta[:n]
+    full, theta = theta, theta[:n]
     log(fit.describe(cfg.loss.target, target, costs.unit))
     meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
                             "cost_unit": costs.unit, "fitted_layers": fit.changes}
@@ -295,7 +301,10 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
         mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance, s.fit_rounds,
                           first=fit.indices)
         meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
-        return [*mf.fit.indices, *widths], meta
+        chosen = [*mf.fit.indices, *widths]
+        meta["fitted_layers"] = sum(a != int(t.argmax()) for a, t in zip(chosen, full,
+                                                                          strict=True))
+        return chosen, meta
     return [*fit.indices, *widths], meta
 
 
@@ -390,6 +399,24 @@ def fit_search_run(run_dir: Path, fit_measure: str | None = None,
     if table is None or cfg.loss.target is None or not cfg.search.fit_target:
         return Architecture(a.macro, a.ops, a.name, a.space, {"run": str(run_dir)})
     costs = run_costs(cfg, table)
+    first, pick = recorded_pick(run_dir, cfg)
     indices, meta = final_fit(cfg, theta, costs, run_target(cfg, costs), log, str(run_dir),
-                              fit_measure)
+                              fit_measure, first=first)
+    if pick is not None:
+        meta["final_pick"] = pick
     return arch_from_indices(cfg.space, indices, a.name, run=str(run_dir), **meta)
+
+
+def recorded_pick(run_dir: Path, cfg: Config) -> tuple[list[int] | None, dict | None]:
+    """The network the run's final pick chose (`search.final_pick: path`, recorded in its
+    arch_hard.yaml: a re-fit starts from it, as the search's fit did) and the pick's record;
+    (None, None) where the run made none."""
+    path = Path(run_dir) / "arch_hard.yaml"
+    if not path.is_file():
+        return None, None
+    a = Architecture.load(path)
+    pick = a.meta.get("final_pick")
+    if not isinstance(pick, dict) or not 0 <= int(pick.get("chosen", -1)) < len(
+            pick.get("candidates_indices") or []):
+        return None, None
+    return list(pick["candidates_indices"][int(pick["chosen"])]), pick

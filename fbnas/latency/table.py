@@ -57,10 +57,14 @@ MEANINGFUL_META = ("backend", "device_name", "cpu_model", "gpu_name", "threads",
 
 
 def space_hash(space: SearchSpace) -> str:
-    """sha256 of a space's per-layer candidate signatures (what corrections are fitted to)."""
+    """sha256 of a space's per-layer candidate signatures (what corrections are fitted to),
+    and of its width choices where it searches widths."""
     rows = [[(op, s.key()) for op, s in row.items()] for row in layer_signatures(space)]
-    blob = json.dumps({"stem": stem_signature(space.macro).key(), "layers": rows,
-                       "head": head_signature(space.macro).key()}, separators=(",", ":"))
+    d = {"stem": stem_signature(space.macro).key(), "layers": rows,
+         "head": head_signature(space.macro).key()}
+    if space.searches_widths:  # its networks (probes, corrections) differ from its widest twin's
+        d["widths"] = [space.width_choices(s) for s in range(len(space.macro.stages))]
+    blob = json.dumps(d, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

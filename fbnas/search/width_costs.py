@@ -56,6 +56,11 @@ class WidthCosts(nn.Module):
         self.head_dec = self.wiring[-1][1] if self.wiring else None
         self.register_buffer("head", torch.tensor([float(v) for v in heads]), persistent=False)
         self.stem = float(stem)
+        # host copies for what is computed on the host (an architecture's cost, the fit, the
+        # range): plain attributes, which .to(device) leaves where they are
+        self._host = [t.double().clone() for t in self.tables()]
+        self._host_head = [float(v) for v in heads]
+        self._range: dict[str, tuple[float, list[int]]] = {}
 
     def tables(self) -> list[torch.Tensor]:
         return [getattr(self, f"layer_{li}") for li in range(self.n_layers)]
@@ -64,7 +69,13 @@ class WidthCosts(nn.Module):
     def expected(self, m_ops: Sequence[torch.Tensor], m_widths: Sequence[torch.Tensor]
                  ) -> torch.Tensor:
         """The exact expected cost under per-layer op weights and per-decision width
-        weights (soft, one-hot or probabilities)."""
+        weights (soft, one-hot or probabilities), in float32 whatever autocast is on (a
+        FLOPs table's counts would overflow float16)."""
+        with torch.autocast(self.head.device.type, enabled=False):
+            return self._expected([m.float() for m in m_ops], [w.float() for w in m_widths])
+
+    def _expected(self, m_ops: Sequence[torch.Tensor], m_widths: Sequence[torch.Tensor]
+                  ) -> torch.Tensor:
         total = self.head.new_tensor(self.stem)
         for (din, dout), t, m in zip(self.wiring, self.tables(), m_ops, strict=True):
             m = m.to(t.dtype)
@@ -81,24 +92,18 @@ class WidthCosts(nn.Module):
     def of(self, indices: Sequence[int]) -> float:
         """The cost of the architecture with these decision choices (ops, then widths)."""
         ops, widths = indices[:self.n_layers], indices[self.n_layers:]
-        total = self.stem
-        for (din, dout), t, o in zip(self.wiring, self.tables(), ops, strict=True):
-            if din is not None and din == dout:
-                total += float(t[o, widths[dout]])
-            else:
-                total += float(t[o, 0 if din is None else widths[din],
-                                 0 if dout is None else widths[dout]])
-        return total + float(self.head[0 if self.head_dec is None else widths[self.head_dec]])
+        rows, fixed = self.rows_at(widths)
+        return fixed + sum(r[o] for r, o in zip(rows, ops, strict=True))
 
     def rows_at(self, widths: Sequence[int]) -> tuple[list[list[float]], float]:
         """(rows, fixed): the per-(layer, op) costs and stem + head at one choice of widths,
         where costs are additive over layers again (what the op fit works on)."""
         rows = []
-        for (din, dout), t in zip(self.wiring, self.tables(), strict=True):
+        for (din, dout), t in zip(self.wiring, self._host, strict=True):
             col = (t[:, widths[dout]] if din is not None and din == dout else
                    t[:, 0 if din is None else widths[din], 0 if dout is None else widths[dout]])
-            rows.append([float(v) for v in col])
-        head = float(self.head[0 if self.head_dec is None else widths[self.head_dec]])
+            rows.append(col.tolist())
+        head = self._host_head[0 if self.head_dec is None else widths[self.head_dec]]
         return rows, self.stem + head
 
     def width_combos(self) -> list[tuple[int, ...]]:
@@ -112,7 +117,9 @@ class WidthCosts(nn.Module):
     # ---- the space's range ------------------------------------------------------------------
     def _extremes(self, pick) -> tuple[float, list[int]]:
         """The cheapest (pick=min) or dearest (max) architecture: every width combination,
-        each layer's best op under it."""
+        each layer's best op under it (computed once: the tables do not change)."""
+        if pick.__name__ in self._range:
+            return self._range[pick.__name__]
         best: tuple[float, list[int]] | None = None
         for widths in self.width_combos():
             rows, total = self.rows_at(widths)
@@ -121,6 +128,7 @@ class WidthCosts(nn.Module):
             if best is None or pick(total, best[0]) != best[0]:
                 best = (total, [*ops, *widths])
         assert best is not None
+        self._range[pick.__name__] = best
         return best
 
     def bounds(self) -> tuple[float, float]:
@@ -128,4 +136,4 @@ class WidthCosts(nn.Module):
 
     def dearest(self) -> list[int]:
         """The dearest architecture's decision choices (the sandwich rule's largest path)."""
-        return self._extremes(max)[1]
+        return list(self._extremes(max)[1])

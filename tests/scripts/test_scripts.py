@@ -367,3 +367,15 @@ def test_bench_reproduce(tiny_bench, capsys):
     k = random.Random(0).sample(sorted(b), 1)[0]
     test = float(out.splitlines()[-2].split()[-6])
     assert test == pytest.approx(100 * b.networks[k]["runs"]["0"]["1"]["test_acc"], abs=0.006)
+
+
+@pytest.mark.slow
+def test_bench_width_search(tmp_path, capsys):
+    out = run_main("bench_width_search", [
+        "--seeds", "0", "--targets", "0.5x", "--jobs", "2", "--keep", str(tmp_path),
+        "--set", "search.epochs=2", "--set", "search.warmup_epochs=1", "--set", "data.limit=200",
+        "--set", "retrain.epochs=1", "--set", "retrain.warmup_epochs=0",
+        "--set", f"latency.cache_dir={tmp_path / 'tables'}"], capsys)
+    assert re.search(r"^\s+0\s+0.5x\s+\d+\.\d\s+0\.\d+\s+\d+\.\d\s+0\.\d+\s+[-+]\d", out, re.M), out
+    assert re.search(r"dominate .*: [01]/1; median accuracy difference", out)
+

@@ -13,10 +13,11 @@ from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.evaluate import supernet_child_state
-from fbnas.fit.costs import width_costs
+from fbnas.fit.costs import fit_search_run, width_costs
 from fbnas.fit.onto_target import fit_with_widths
 from fbnas.latency import build_cost_table
 from fbnas.latency.signature import space_signatures
+from fbnas.latency.table import space_hash
 from fbnas.search.modes import MODES
 from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace
@@ -201,6 +202,9 @@ def test_a_width_search_runs_through_sample_retrain_and_plot(tmp_path):
     arch = Architecture.load(tmp_path / "run" / "arch_hard.yaml")
     arch.check_fits(space)
     assert arch.meta["final_pick"]["candidates"] >= 1
+    # a re-fit starts from the recorded final pick, as the search's fit did
+    again = fit_search_run(tmp_path / "run", "off", log=lambda m: None)
+    assert again.hash() == arch.hash() and again.meta["final_pick"] == arch.meta["final_pick"]
     assert main(["sample", str(tmp_path / "run"), "--soft", "-n", "3"]) == 0
     for p in (tmp_path / "run" / "samples").glob("arch_soft_*.yaml"):
         Architecture.load(p).check_fits(space)
@@ -214,3 +218,23 @@ def test_a_width_search_runs_through_sample_retrain_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     assert main(["plot", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "plots" / "widths_final.png").is_file()
+
+
+def test_the_expected_cost_stays_float32_under_autocast():
+    s = _space()
+    wc = _costs(s)
+    probs = [torch.softmax(torch.randn(len(c)), -1) for c in s.decision_candidates()]
+    n = len(s.layers())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = wc.expected(probs[:n], probs[n:])
+    assert got.dtype == torch.float32
+    assert float(got) == pytest.approx(float(wc.expected(probs[:n], probs[n:])), rel=1e-6)
+
+
+def test_widths_that_width_mult_rounds_together_are_refused_and_a_width_space_hashes_apart():
+    with pytest.raises(FbnasError, match="not distinct"):
+        SearchSpace.from_dict({**WSPACE, "width_divisor": 4, "width_mult": 0.5}, "space")
+    twin = {**WSPACE, "stages": [{k: v for k, v in st.items() if k != "widths"}
+                                 for st in WSPACE["stages"]]}
+    twin.pop("width_divisor")
+    assert space_hash(_space()) != space_hash(SearchSpace.from_dict(twin))
