@@ -244,10 +244,11 @@ def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
 def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
                     ) -> list[list[int]]:
     """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
-    `target` and the next most probable ones predicted within ±fit_tolerance of the target
-    (where the target cannot be reached: near the fit's cost and no further from the target
-    than it), at most `search.final_candidates` (decision indices; a width-searched space's at
-    the fit's widths)."""
+    `target` and the next most probable ones predicted within ±fit_tolerance of the fit's
+    cost and no slower than target·(1 + fit_tolerance) (or than the fit, where even it is
+    slower): a network somewhat cheaper than the band and more accurate is a better answer to
+    a latency budget, a slower one is not. At most `search.final_candidates` (decision
+    indices; a width-searched space's at the fit's widths)."""
     s = cfg.search
     if costs.widths is not None:
         fit, widths = fit_with_widths(theta, costs.widths, target, s.fit_tolerance)
@@ -256,13 +257,11 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
         rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
         fit, widths = fit_to_target(theta, rows, fixed, target, s.fit_tolerance), ()
     ops = theta[:len(rows)]
-    # on target where the fit is; else no further from it than the fit (the nearest there is)
-    reach = max(s.fit_tolerance, abs(fit.cost / target - 1))
-    near = near_target(ops, rows, fixed, target if fit.hit else fit.cost, s.final_candidates,
-                       s.fit_tolerance)
-    out = [list(fit.indices)] + [
-        i for i in near if i != list(fit.indices)
-        and abs(predicted_cost(rows, fixed, i) / target - 1) <= reach * (1 + 1e-9)]
+    # never slower than the band's upper edge (or than the fit, where it is above the band)
+    ceiling = max(target * (1 + s.fit_tolerance), fit.cost) * (1 + 1e-9)
+    near = near_target(ops, rows, fixed, fit.cost, s.final_candidates, s.fit_tolerance)
+    out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)
+                                 and predicted_cost(rows, fixed, i) <= ceiling]
     return [[*i, *widths] for i in out[:s.final_candidates]]
 
 
@@ -284,15 +283,19 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
         rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
         fit = fit_to_target(theta, rows, fixed, target, s.fit_tolerance)
     n = len(rows)
+    log(fit.describe(cfg.loss.target, target, costs.unit))
     if first is not None:
+        table_fit = [*fit.indices, *widths]
         widths = tuple(first[n:])
         rows, fixed = costs.widths.rows_at(widths) if costs.widths is not None else (rows, fixed)
         cost = predicted_cost(rows, fixed, first[:n])
         fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
             first, [int(t.argmax()) for t in theta], strict=True)),
             abs(cost / target - 1) <= s.fit_tolerance, s.fit_tolerance)
+        if list(first) != table_fit:
+            log(f"returned: the final pick's network, predicted {cost:.1f} {costs.unit} "
+                f"({cost / target - 1:+.1%} from the target)")
     full, theta = theta, theta[:n]
-    log(fit.describe(cfg.loss.target, target, costs.unit))
     meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
                             "cost_unit": costs.unit, "fitted_layers": fit.changes}
     if _measured_fit_mode(cfg, costs, fit_measure, log, run):

@@ -178,6 +178,8 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
     if progress is True:
         bar = MeasureProgress(len(archs) * max(1, repeats), p.rounds, f"validate {space.name}")
         progress = bar.passes(len(archs))
+    elif progress is False:  # `fbnas latency validate --quiet`
+        progress = None
     desched0 = getattr(timer, "wall_s", 0.0), getattr(timer, "cpu_s", 0.0)
     for r in range(max(1, repeats)):
         pr = Protocol(**{**p.__dict__, "seed": p.seed + 1000 * (r + 1)})

@@ -59,6 +59,10 @@ def test_build_show_predict_measure_validate(files, capsys):
     assert open(png, "rb").read(4) == b"\x89PNG"
     saved = LatencyTable.load(out)
     assert saved.calibration is not None and saved.corrections is not None
+    # --quiet: no progress at all (it once passed progress=False on as a callback)
+    assert main(["latency", "validate", "--config", cfg, "--table", out, "-n", "6", "--quiet",
+                 "--report", str(d / "q.json"), *FAST]) == 0
+    assert "Spearman" in capsys.readouterr().out
 
 
 def test_flops_table_needs_no_device(files, capsys):
