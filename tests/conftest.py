@@ -87,6 +87,18 @@ def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
         close_logger(t.log)
 
 
+def randomise_bn(net: torch.nn.Module) -> None:
+    """Random BatchNorm statistics and affine parameters (seeded): a path that equals its child
+    network must equal it with every BN doing something."""
+    g = torch.Generator().manual_seed(1)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g))
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+            m.weight.data.copy_(torch.randn(m.weight.shape, generator=g))
+            m.bias.data.copy_(torch.randn(m.bias.shape, generator=g))
+
+
 def digits_run_config(retrain: dict | None = None, **sections: dict) -> dict:
     """A fresh copy of the tiny digits run config; each of `sections` (space, data, latency,
     loss, search, run) updates that section's keys, and `retrain`, when given, is the whole

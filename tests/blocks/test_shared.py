@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY_SPACE, digits_run_config
+from conftest import TINY_SPACE, digits_run_config, randomise_bn
 
 from fbnas.arch import arch_from_indices, build_child
 from fbnas.blocks.shared import SlicedIRF, UsedSlices, child_state, sharable
@@ -20,16 +20,6 @@ from fbnas.trainer import SearchTrainer
 
 SPACE = {**TINY_SPACE, "in_channels": 3,
          "candidates": ["ir_k3_e1", "ir_k5_e3", "ir_k3_e6", "ir_k5_e6_se", "ir_k3_e1_g2", "skip"]}
-
-
-def _randomise_bn(net: torch.nn.Module) -> None:
-    g = torch.Generator().manual_seed(1)
-    for m in net.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g))
-            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-            m.weight.data.copy_(torch.randn(m.weight.shape, generator=g))
-            m.bias.data.copy_(torch.randn(m.bias.shape, generator=g))
 
 
 def test_which_ops_share():
@@ -78,7 +68,7 @@ def test_a_path_equals_the_child_built_from_its_sliced_weights(indices):
     space = SearchSpace.from_dict(SPACE)
     torch.manual_seed(0)
     net = Supernet(space, weights="shared")
-    _randomise_bn(net)
+    randomise_bn(net)
     net.eval()
     arch = arch_from_indices(space, indices, "t")
     child = build_child(arch)

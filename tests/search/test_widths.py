@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config
+from conftest import digits_run_config, randomise_bn
 
 from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_child
 from fbnas.cli import main
@@ -37,16 +37,6 @@ WSPACE = {
 
 def _space(**over) -> SearchSpace:
     return SearchSpace.from_dict({**WSPACE, **over})
-
-
-def _randomise_bn(net: torch.nn.Module) -> None:
-    g = torch.Generator().manual_seed(1)
-    for m in net.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g))
-            m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-            m.weight.data.copy_(torch.randn(m.weight.shape, generator=g))
-            m.bias.data.copy_(torch.randn(m.bias.shape, generator=g))
 
 
 def test_width_choices_are_decisions_after_the_ops():
@@ -100,7 +90,7 @@ def test_a_width_path_equals_the_child_of_those_widths(weights, indices):
     s = _space()
     torch.manual_seed(0)
     net = Supernet(s, weights=weights)
-    _randomise_bn(net)
+    randomise_bn(net)
     arch = arch_from_indices(s, indices, "t")
     child = build_child(arch)
     cfg = config_from_dict(digits_run_config(space=WSPACE, search={"weights": weights}), "t")
