@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fbnas.blocks.irf import parse_irf
@@ -51,21 +52,54 @@ def choice_masks(channels: Sequence[int], total: int) -> torch.Tensor:
 
 
 def mix(weights: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """The channel mask Σ_j w_j · mask_j, shaped to multiply an NCHW activation."""
-    return (weights.to(masks.dtype) @ masks).view(1, -1, 1, 1)
+    """The channel mask Σ_j w_j · mask_j, a [C] vector."""
+    return weights.to(masks.dtype) @ masks
 
 
-def masked_branch(block: nn.Module, x: torch.Tensor, hidden: torch.Tensor | None
-                  ) -> torch.Tensor | None:
-    """The residual branch f(x) of a maskable candidate with its expanded channels
-    multiplied by `hidden` after each normalisation (None: no mask); None for the identity."""
+def _batch_norm(bn: nn.BatchNorm2d, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`bn(x)` with its affine weight and bias multiplied by `scale` ([C], >= 0): the output
+    times `scale` without touching the activation (and, ahead of a ReLU, the same value:
+    ReLU(a·z) = a·ReLU(z) for a >= 0). BatchNorm2d's own forward otherwise: running statistics
+    and num_batches_tracked updated alike."""
+    momentum = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        if bn.momentum is None:  # cumulative moving average
+            momentum = 1.0 / float(bn.num_batches_tracked)
+    use_batch = bn.training or (bn.running_mean is None and bn.running_var is None)
+    track = not bn.training or bn.track_running_stats
+    return F.batch_norm(x, bn.running_mean if track else None,
+                        bn.running_var if track else None, bn.weight * scale,
+                        bn.bias * scale, use_batch, momentum, bn.eps)
+
+
+def _conv_bn(seq: nn.Sequential, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """A conv -> BatchNorm [-> ReLU] sequence with its output channels masked: folded into
+    the BatchNorm's affine parameters where the mask needs no gradient (weight steps, scored
+    θ steps), else multiplied after (the gradient of a masked-out channel's weight is then
+    what adding it would do, as FBNetV2's)."""
+    if mask is None:
+        return seq(x)
+    conv, bn, *rest = seq
+    if mask.requires_grad:
+        y = seq(x)
+        return y * mask.to(y.dtype).view(1, -1, 1, 1)
+    y = _batch_norm(bn, conv(x), mask.to(bn.weight.dtype))
+    for m in rest:
+        y = m(y)
+    return y
+
+
+def masked_branch(block: nn.Module, x: torch.Tensor, hidden: torch.Tensor | None,
+                  out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The residual branch f(x) of a maskable candidate with its expanded channels masked by
+    `hidden` after each normalisation and its output by `out` ([C] vectors; None: no mask);
+    None for the identity."""
     if not hasattr(block, "pwl"):  # skip: the identity (no branch) or its projection
-        return block(x, shortcut=False)
-    h = block.pw(x)
-    if hidden is not None:
-        h = h * hidden.to(h.dtype)
+        if getattr(block, "proj", None) is None:
+            return None
+        return _conv_bn(block.proj, x, out)
+    h = _conv_bn(block.pw, x, hidden)
     for stage in block.dw:
-        h = stage(h)
-        if hidden is not None:
-            h = h * hidden.to(h.dtype)
-    return block.pwl(h)
+        h = _conv_bn(stage, h, hidden)
+    return _conv_bn(block.pwl, h, out)

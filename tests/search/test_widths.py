@@ -228,3 +228,28 @@ def test_widths_that_width_mult_rounds_together_are_refused_and_a_width_space_ha
                                  for st in WSPACE["stages"]]}
     twin.pop("width_divisor")
     assert space_hash(_space()) != space_hash(SearchSpace.from_dict(twin))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_mask_folded_into_batchnorm_computes_what_a_multiplied_one_does(train):
+    """Without a gradient the masks scale the BatchNorms' affine parameters (no activation-
+    sized multiply); with one they multiply the activations: the same values, soft or hard,
+    and the same running statistics."""
+    s = _space()
+    torch.manual_seed(0)
+    net = Supernet(s, weights="shared")
+    randomise_bn(net)
+    net.train(train)
+    x = torch.randn(4, 3, 16, 16)
+    soft = [torch.softmax(torch.randn(len(c)), -1) for c in s.decision_candidates()]
+    stats = []
+    outs = []
+    for grad in (False, True):
+        copy = {k: v.clone() for k, v in net.state_dict().items()}
+        m = [t.clone().requires_grad_(grad) for t in soft]
+        outs.append(net(x, m=m)[0].detach())
+        stats.append({k: v.clone() for k, v in net.state_dict().items() if "running" in k})
+        net.load_state_dict(copy)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    for k in stats[0]:
+        torch.testing.assert_close(stats[0][k], stats[1][k])
