@@ -24,7 +24,8 @@ from fbnas.cost_kinds import count_flops as _count_flops
 from fbnas.cost_kinds import count_params
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, show, write_yaml_atomic
-from fbnas.search_space import MacroSpec, SearchSpace, parse_macro
+from fbnas.macro import MacroSpec, parse_macro
+from fbnas.search_space import SearchSpace
 from fbnas.settings import Fields
 
 ARCH_SCHEMA = 1

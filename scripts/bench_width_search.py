@@ -15,6 +15,8 @@ networks that dominate (at least as accurate and no slower than 1% above) and th
 accuracy difference.
 
     python -m scripts.bench_width_search --ops-runs runs/regret --jobs 2
+    python -m scripts.bench_width_search --bench none --ops-config configs/quickstart.yaml \
+        --config configs/quickstart_widths.yaml --seeds 0 --jobs 2   # the quickstart's space
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ def retrain(config: str, arch: Path, seed: int, out: Path, sets: list[str]) -> f
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bench", default=str(BENCH_FILE))
+    ap.add_argument("--bench", default=str(BENCH_FILE),
+                    help="the op-only space's benchmark ('none': the op-only networks are "
+                         "retrained here too, under --retrain-seeds)")
+    ap.add_argument("--retrain-seeds", default="0,1", help="without a benchmark")
     ap.add_argument("--ops-config", default=str(BENCH_CONFIG))
     ap.add_argument("--config", default=str(WIDTH_CONFIG))
     ap.add_argument("--ops-runs", help="bench_regret --keep DIR of the op-only searches "
@@ -73,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], dest="sets",
                     help="a config override for every search and retrain")
     a = ap.parse_args(argv)
-    bench = Bench.load(a.bench)
+    bench = None if a.bench == "none" else Bench.load(a.bench)
+    seeds = bench.seeds if bench is not None else [int(x) for x in a.retrain_seeds.split(",")]
     grid = [(int(s), t) for s in a.seeds.split(",") for t in a.targets.split(",")]
     wcfg = load_config(a.config, a.sets)
     costs = resolve_costs(wcfg)  # measured once here, not by two searches at once
@@ -91,26 +97,30 @@ def main(argv: list[str] | None = None) -> None:
             list(pool.map(lambda g: search_process(a.config, wide[g], [
                 f"search.seed={g[0]}", f"loss.target={targets[g]}", *a.sets]), grid))
             archs = {g: Architecture.load(wide[g] / "arch_hard.yaml") for g in grid}
-            jobs = [(g, s) for g in grid for s in bench.seeds]
+            runs = {"widths": (a.config, wide)}
+            if bench is None:
+                runs["ops"] = (a.ops_config, ops)
+            jobs = [(k, g, s) for k in runs for g in grid for s in seeds]
             accs = dict(zip(jobs, pool.map(lambda j: retrain(
-                a.config, wide[j[0]] / "arch_hard.yaml", int(j[1]),
-                root / "retrain" / f"{j[0][0]}-{j[0][1]}-{j[1]}", a.sets), jobs), strict=True))
-        mine = {("ops", g): bench.arch(bench.key(Architecture.load(ops[g] / "arch_hard.yaml")))
-                for g in grid}
+                runs[j[0]][0], runs[j[0]][1][j[1]] / "arch_hard.yaml", int(j[2]),
+                root / f"retrain-{j[0]}" / f"{j[1][0]}-{j[1][1]}-{j[2]}", a.sets), jobs),
+                strict=True))
+        mine = {("ops", g): Architecture.load(ops[g] / "arch_hard.yaml") for g in grid}
         mine.update({("widths", g): archs[g] for g in grid})
         labels = {f"{k[0]} {k[1][0]} {k[1][1]}": v for k, v in mine.items()}
         timer = wcfg.latency.for_timing(costs.table.meta).make_timer()
         timed = time_archs(timer, labels, costs.table, panel(wcfg.space, costs.table))
     print(f"op-only searches ({a.ops_config}) against op+width searches ({a.config}) at the "
-          f"op-only run's target; accuracy: mean test top-1 over seeds {bench.seeds} "
-          "(op-only: the benchmark; widths: retrained here); latency: timed side by side (µs)")
+          f"op-only run's target; accuracy: mean test top-1 over seeds {seeds} "
+          f"(op-only: {'the benchmark' if bench else 'retrained here'}; widths: retrained "
+          "here); latency: timed side by side (µs)")
     print(f"{'seed':>4s} {'target':>6s} {'ops µs':>7s} {'ops acc':>7s} {'widths µs':>9s} "
           f"{'w acc':>6s} {'Δacc pt':>7s}  widths network")
     dom, diffs = 0, []
     for g in grid:
-        k_ops = bench.key(mine[("ops", g)])
-        acc_o = bench.mean(k_ops, "test_acc")
-        acc_w = statistics.fmean(accs[(g, s)] for s in bench.seeds)
+        acc_o = (bench.mean(bench.key(mine[("ops", g)]), "test_acc") if bench is not None
+                 else statistics.fmean(accs[("ops", g, s)] for s in seeds))
+        acc_w = statistics.fmean(accs[("widths", g, s)] for s in seeds)
         lat_o = timed[f"ops {g[0]} {g[1]}"]["median_us"]
         lat_w = timed[f"widths {g[0]} {g[1]}"]["median_us"]
         diffs.append(100 * (acc_w - acc_o))

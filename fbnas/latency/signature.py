@@ -19,7 +19,8 @@ from torch import nn
 
 from fbnas.blocks import ConvBN, build_block, canonical_op, init_weights
 from fbnas.errors import FbnasError
-from fbnas.search_space import Head, MacroSpec, SearchSpace
+from fbnas.macro import Head, MacroSpec
+from fbnas.search_space import SearchSpace
 from fbnas.settings import Fields
 
 KINDS = ("block", "stem", "head")
