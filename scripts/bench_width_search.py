@@ -5,10 +5,12 @@ For every --seeds x --targets: the op-only search on the benchmark's space (its 
 `bench_regret --keep DIR`, or run here) and the op+width search on --config
 (configs/bench_digits_widths.yaml: the same space with its stages' widths searched) under the
 op-only run's target in µs (a relative target means another latency in a space whose range
-differs). Each returned network is judged by the same recipe: the op-only one by the
-benchmark (mean test top-1 over its seeds at the full budget), the width-searched one
-retrained here under the benchmark's seeds with `fbnas retrain` (the recipe the benchmark
-recorded). Then every returned network is timed end to end in one measurement, side by side
+differs; op-only searches run here read the width space's table, which holds their entries,
+so that both aim by one measurement). Each returned network is judged by the same recipe:
+the op-only one by the benchmark (mean test top-1 over its seeds at the full budget), the
+width-searched one retrained here under the benchmark's seeds with `fbnas retrain` (the
+recipe the benchmark recorded; `--bench none`: both retrained under --retrain-seeds). Then
+every returned network is timed end to end in one measurement, side by side
 (the measured fit's protocol, the width space's table and probes; nothing else running).
 Printed: per run both networks' measured latency and accuracy; the number of width-searched
 networks that dominate (at least as accurate and no slower than 1% above) and the median
@@ -35,7 +37,7 @@ from pathlib import Path
 from fbnas.arch import Architecture
 from fbnas.bench.table import Bench
 from fbnas.config import load_config
-from fbnas.fit.costs import resolve_costs
+from fbnas.fit.costs import cached_table_path, resolve_costs
 from fbnas.fit.end_to_end import panel, time_archs
 from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET, ROOT, search_process
 
@@ -83,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     grid = [(int(s), t) for s in a.seeds.split(",") for t in a.targets.split(",")]
     wcfg = load_config(a.config, a.sets)
     costs = resolve_costs(wcfg)  # measured once here, not by two searches at once
+    # the op-only searches run here read the same table (it holds their widest entries): a
+    # table cached hours earlier on this VM can read 15% slow, and the width searches aim at
+    # the op-only runs' targets in µs
+    same_table = f"latency.table={cached_table_path(wcfg)}"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.keep or tmp)
         ops_root = Path(a.ops_runs or root / "ops")
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         with ThreadPoolExecutor(max(1, a.jobs)) as pool:
             list(pool.map(lambda g: search_process(a.ops_config, ops[g], [
                 "search.mode=reinforce", "search.weights=shared", f"search.seed={g[0]}",
-                f"loss.target={g[1]}", *a.sets]), grid))
+                f"loss.target={g[1]}", same_table, *a.sets]), grid))
             targets = {g: Architecture.load(ops[g] / "arch_hard.yaml").meta["target"]
                        for g in grid}
             list(pool.map(lambda g: search_process(a.config, wide[g], [
