@@ -241,6 +241,19 @@ def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
     return measure
 
 
+def table_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
+              ) -> tuple[Fit, tuple[int, ...], list[list[float]], float]:
+    """θ fitted onto `target` by the table: (the fit over the ops, the widths chosen, and the
+    per-(layer, op) rows and fixed cost at those widths); a width-searched space fits ops and
+    widths (`fit_with_widths`), an op-only one ops at its one width."""
+    tol = cfg.search.fit_tolerance
+    if costs.widths is not None:
+        fit, widths = fit_with_widths(theta, costs.widths, target, tol)
+        return (fit, tuple(widths), *costs.widths.rows_at(widths))
+    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
+    return fit_to_target(theta, rows, costs.fixed, target, tol), (), rows, costs.fixed
+
+
 def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
                     ) -> list[list[int]]:
     """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
@@ -250,12 +263,7 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
     a latency budget, a slower one is not. At most `search.final_candidates` (decision
     indices; a width-searched space's at the fit's widths)."""
     s = cfg.search
-    if costs.widths is not None:
-        fit, widths = fit_with_widths(theta, costs.widths, target, s.fit_tolerance)
-        rows, fixed = costs.widths.rows_at(widths)
-    else:
-        rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
-        fit, widths = fit_to_target(theta, rows, fixed, target, s.fit_tolerance), ()
+    fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
     ops = theta[:len(rows)]
     # never slower than the band's upper edge (or than the fit, where it is above the band)
     ceiling = max(target * (1 + s.fit_tolerance), fit.cost) * (1 + 1e-9)
@@ -275,24 +283,18 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     meta (target, predicted, measured, every timed round). `first`: the network to return
     instead of the table's fit (the final pick's; decision indices), and the first to time."""
     s = cfg.search
-    widths: tuple[int, ...] = ()
-    if costs.widths is not None:  # ops and widths fitted by the table; then ops at those widths
-        fit, widths = fit_with_widths(theta, costs.widths, target, s.fit_tolerance)
-        rows, fixed = costs.widths.rows_at(widths)
-    else:
-        rows, fixed = cost_lists(costs.rows, cfg.space.layer_candidates()), costs.fixed
-        fit = fit_to_target(theta, rows, fixed, target, s.fit_tolerance)
+    fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
     n = len(rows)
     log(fit.describe(cfg.loss.target, target, costs.unit))
     if first is not None:
-        table_fit = [*fit.indices, *widths]
+        fitted = [*fit.indices, *widths]
         widths = tuple(first[n:])
         rows, fixed = costs.widths.rows_at(widths) if costs.widths is not None else (rows, fixed)
         cost = predicted_cost(rows, fixed, first[:n])
         fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
             first, [int(t.argmax()) for t in theta], strict=True)),
             abs(cost / target - 1) <= s.fit_tolerance, s.fit_tolerance)
-        if list(first) != table_fit:
+        if list(first) != fitted:
             log(f"returned: the final pick's network, predicted {cost:.1f} {costs.unit} "
                 f"({cost / target - 1:+.1%} from the target)")
     full, theta = theta, theta[:n]
