@@ -34,8 +34,8 @@ from fbnas.fit.onto_target import (
     cost_range,
     fit_to_target,
     fit_with_widths,
+    likeliest_in_band,
     measured_fit,
-    near_target,
     predicted_cost,
 )
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
@@ -258,18 +258,19 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
                     ) -> list[list[int]]:
     """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
     `target` and the next most probable ones predicted within ±fit_tolerance of the fit's
-    cost and no slower than target·(1 + fit_tolerance) (or than the fit, where even it is
-    slower): a network somewhat cheaper than the band and more accurate is a better answer to
-    a latency budget, a slower one is not. At most `search.final_candidates` (decision
-    indices; a width-searched space's at the fit's widths)."""
+    cost (exactly, in a space of up to 200,000 networks: `likeliest_in_band`) and no slower
+    than target·(1 + fit_tolerance) (or than the fit, where even it is slower): a network
+    somewhat cheaper than the band and more accurate is a better answer to a latency budget,
+    a slower one is not. At most `search.final_candidates` (decision indices; a
+    width-searched space's at the fit's widths)."""
     s = cfg.search
     fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
     ops = theta[:len(rows)]
     # never slower than the band's upper edge (or than the fit, where it is above the band)
     ceiling = max(target * (1 + s.fit_tolerance), fit.cost) * (1 + 1e-9)
-    near = near_target(ops, rows, fixed, fit.cost, s.final_candidates, s.fit_tolerance)
-    out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)
-                                 and predicted_cost(rows, fixed, i) <= ceiling]
+    near = likeliest_in_band(ops, rows, fixed, fit.cost * (1 - s.fit_tolerance),
+                             min(fit.cost * (1 + s.fit_tolerance), ceiling), s.final_candidates)
+    out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)]
     return [[*i, *widths] for i in out[:s.final_candidates]]
 
 
