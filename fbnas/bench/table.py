@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from scipy.stats import kendalltau
 
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.errors import FbnasError
@@ -172,6 +175,20 @@ class Bench:
         if v is None:
             raise FbnasError(f"the benchmark has no {which} latency for {arch}")
         return float(v)
+
+    def seed_tau(self, metric: str = "val_acc", budget: int | None = None) -> float:
+        """Kendall τ between the first two seeds' `metric` over the complete networks at
+        `budget`: how well a second full training of every network reproduces the first's
+        ranking, the yardstick for an estimator's τ against this benchmark (against the mean
+        over seeds, an independent training would read somewhat higher; NaN with one
+        seed)."""
+        b = str(self._budget(budget))
+        if len(self.seeds) < 2:
+            return math.nan
+        s0, s1 = (str(s) for s in self.seeds[:2])
+        done = [self.networks[k]["runs"] for k in self if self.complete(k)]
+        return float(kendalltau([float(r[s0][b][metric]) for r in done],
+                                [float(r[s1][b][metric]) for r in done]).statistic)
 
     def front(self, metric: str = "val_acc", budget: int | None = None,
               latency: str = "predicted") -> list[str]:

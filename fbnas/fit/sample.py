@@ -30,7 +30,7 @@ from fbnas.arch import (
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import fit_search_run, run_costs, run_target
+from fbnas.fit.costs import fit_search_run, run_costs, run_target, table_fit
 from fbnas.fit.onto_target import Round, choose, cost_lists, near_target, predicted_cost
 from fbnas.io import write_json_atomic
 from fbnas.latency import LatencyTable
@@ -137,10 +137,6 @@ def near_target_bundle(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
     """The `k` most probable architectures predicted across target x (1 ± near), written as a
     runtime bundle `bundle`; the run remembers which bundle it wrote (NEAR_TARGET)."""
     check_bundle_target(cfg, table, run_dir, "--near-target")
-    if cfg.space.searches_widths:
-        raise FbnasError(f"sample --near-target: {run_dir} searched widths, and near-target "
-                         "bundles pick ops only so far; use sample --hard (the final fit "
-                         "moves widths and ops onto the target)")
     if not bundle:
         raise FbnasError("sample --near-target: give the bundle folder to write, --bundle DIR")
     if k < 1 or not 0 < near < 1:
@@ -148,9 +144,11 @@ def near_target_bundle(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
                          "(0, 1)")
     costs = run_costs(cfg, table)
     target = run_target(cfg, costs)
-    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
-    picks = near_target(theta, rows, costs.fixed, target, k, near)
-    archs = [arch_from_indices(cfg.space, idx, f"near_{i + 1}") for i, idx in enumerate(picks)]
+    # a width-searched run's networks at the widths the table's fit chooses for the target
+    _, widths, rows, fixed = table_fit(cfg, theta, costs, target)
+    picks = near_target(theta[:len(rows)], rows, fixed, target, k, near)
+    archs = [arch_from_indices(cfg.space, [*idx, *widths], f"near_{i + 1}")
+             for i, idx in enumerate(picks)]
     purpose = {"near_target": {"run": str(run_dir.resolve()), "target": target,
                                "unit": costs.unit, "tolerance": cfg.search.fit_tolerance,
                                "table": table.fingerprint()}}
@@ -160,7 +158,7 @@ def near_target_bundle(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
     write_json_atomic(run_dir / NEAR_TARGET, {"bundle": man["bundle_id"],
                                               "folder": str(Path(bundle).resolve())})
     for a, idx in zip(archs, picks, strict=True):
-        log(f"  {a.name}: predicted {predicted_cost(rows, costs.fixed, idx):.1f} "
+        log(f"  {a.name}: predicted {predicted_cost(rows, fixed, idx):.1f} "
             f"{costs.unit}, p={math.exp(arch_log_prob(cfg.space, theta, a)):.3g}  "
             f"{' '.join(a.ops)}")
     return archs
@@ -180,14 +178,16 @@ def pick_measured(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
                          f"{run_dir}'s --near-target bundle is {mine!r}")
     costs = run_costs(cfg, table)
     target, tol = run_target(cfg, costs), cfg.search.fit_tolerance
-    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
     cands = cfg.space.layer_candidates()
-    rounds = []
+    rounds, choices = [], {}
     for a, med, iqr in network_latencies_us(res, man).values():
-        idx = arch_indices(cfg.space, a)
-        r = Round(tuple(idx), predicted_cost(rows, costs.fixed, idx), med, iqr,
-                  arch_log_prob(cfg.space, theta, a), abs(med / target - 1) <= tol)
+        idx = arch_indices(cfg.space, a)  # ops, then widths where the run searched them
+        pred = (costs.widths.of(idx) if costs.widths is not None else
+                predicted_cost(cost_lists(costs.rows, cands), costs.fixed, idx))
+        r = Round(tuple(idx[:len(cands)]), pred, med, iqr, arch_log_prob(cfg.space, theta, a),
+                  abs(med / target - 1) <= tol)
         rounds.append(r)
+        choices[id(r)] = idx
         log(f"  {a.name}: predicted {r.predicted:.1f}, measured {med:.1f} {costs.unit} "
             f"({med / target - 1:+.1%} from {target:.1f}){'  inside' if r.inside else ''}")
     best = choose(rounds, target, (tol,))
@@ -200,7 +200,7 @@ def pick_measured(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
             "predicted": round(best.predicted, 3), "measured": round(best.measured, 3),
             "measured_rel_iqr": round(best.rel_iqr, 4), "measured_on": res["device"],
             "bundle": man["bundle_id"], "fit_rounds": [r.to_dict(cands) for r in rounds]}
-    arch = arch_from_indices(cfg.space, list(best.indices), f"{cfg.space.name}_picked", **meta)
+    arch = arch_from_indices(cfg.space, choices[id(best)], f"{cfg.space.name}_picked", **meta)
     log(f"the most probable of {sum(r.inside for r in rounds)} inside ±{tol:.0%}: predicted "
         f"{best.predicted:.1f}, measured {best.measured:.1f} {costs.unit} "
         f"({best.measured / target - 1:+.1%})  {arch.choices_text(cfg.space)}")

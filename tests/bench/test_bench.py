@@ -107,6 +107,18 @@ def test_cli_query_and_show(built, tmp_path, capsys):
     assert main(["bench", "show", str(out)]) == 0
     said = capsys.readouterr().out
     assert "4 networks, 4 complete" in said and "spread / seed sd" in said
+    assert f"seed 0 vs seed 1 {b.seed_tau('val_acc', 2):.3f}" in said
+
+
+def test_seed_tau_is_the_rank_agreement_of_the_first_two_seeds(built):
+    from scipy.stats import kendalltau
+    b = Bench.load(built[2])
+    keys = [k for k in b if b.complete(k)]
+    per = {s: [next(r["val_ce"] for r in b.records(k) if r["seed"] == s and r["budget"] == 2)
+               for k in keys] for s in b.seeds[:2]}
+    want = kendalltau(per[b.seeds[0]], per[b.seeds[1]]).statistic
+    assert b.seed_tau("val_ce", 2) == pytest.approx(want)
+    assert -1.0 <= b.seed_tau() <= 1.0
 
 
 @pytest.mark.slow

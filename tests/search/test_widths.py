@@ -253,3 +253,56 @@ def test_a_mask_folded_into_batchnorm_computes_what_a_multiplied_one_does(train)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     for k in stats[0]:
         torch.testing.assert_close(stats[0][k], stats[1][k])
+
+
+def test_a_near_target_bundle_of_a_width_search_carries_the_fits_widths(tmp_path, monkeypatch,
+                                                                         capsys):
+    """`sample --near-target` on a width-searched run: its networks at the widths the table's
+    fit chooses for the target; `--pick` returns the most probable one the device measured
+    inside the band, widths and all (the bundle's writing and the device's results faked)."""
+    import fbnas.fit.sample as sample
+    from fbnas.latency import LatencyTable
+
+    d = digits_run_config(
+        space={**WSPACE, "in_channels": 1, "input_size": 8, "num_classes": 10},
+        latency={"cost": "latency", "device": "fake", "cache_dir": str(tmp_path / "cache")},
+        loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
+        search={"mode": "reinforce", "weights": "shared", "epochs": 2, "warmup_epochs": 1,
+                "fit_measure": "off"})
+    for k in ("alpha", "beta"):
+        d["loss"].pop(k, None)
+    run = tmp_path / "run"
+    d["run"]["dir"] = str(run)
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump(d))
+    assert main(["train", "--config", str(tmp_path / "w.yaml")]) == 0
+    table = LatencyTable.load(run / "cost_table.json")
+    table.meta.update(imported_from="phone/results.json", backend="executorch")
+    table.save(run / "cost_table.json")
+    space = config_from_dict(d, "w").space
+    wrote = {}
+    monkeypatch.setattr(sample, "write_bundle", lambda *a, networks, purpose, **k: wrote.update(
+        networks=list(networks), purpose=purpose) or {"bundle_id": "b" * 16})
+    assert main(["sample", str(run), "--near-target", "3", "--bundle",
+                 str(tmp_path / "nb")]) == 0
+    nets = wrote["networks"]
+    n = len(space.layer_candidates())
+    widths = {tuple(arch_indices(space, a)[n:]) for a in nets}
+    assert len(nets) == 3 and len(widths) == 1  # one choice of widths: the fit's
+    for a in nets:
+        a.check_fits(space)
+    target = wrote["purpose"]["near_target"]["target"]
+    measured = {f"network {a.name}": (a, target * (1 + m), 0.01)
+                for a, m in zip(nets, (0.08, -0.01, 0.02), strict=True)}
+    monkeypatch.setattr(sample, "read_results", lambda p: ({"device": "phone"},
+                                                           {"bundle_id": "b" * 16}))
+    monkeypatch.setattr(sample, "network_latencies_us", lambda res, man: measured)
+    capsys.readouterr()
+    assert main(["sample", str(run), "--pick", str(tmp_path / "results.json"), "--out",
+                 str(tmp_path / "p")]) == 0
+    picked = Architecture.load(tmp_path / "p" / "arch_picked.yaml")
+    inside = [a for a, m in zip(nets, (0.08, -0.01, 0.02), strict=True) if abs(m) <= 0.03]
+    from fbnas.arch import arch_log_prob
+    theta = [torch.tensor(t) for t in json.loads((run / "theta.json").read_text())["theta"]]
+    best = max(inside, key=lambda a: arch_log_prob(space, theta, a))
+    assert picked.hash() == best.hash() and picked.meta["measured"] == pytest.approx(
+        target * (1 + (-0.01 if best is nets[1] else 0.02)), abs=1e-3)

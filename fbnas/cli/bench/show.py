@@ -38,7 +38,10 @@ def run(args) -> int:
         print(f"budget {budget}: mean {args.metric} {min(means):.4f}-{max(means):.4f} "
               f"(spread {spread:.4f}, sd across networks {statistics.stdev(means):.4f}); "
               f"seed-to-seed sd {sd:.4f} (mean over networks): spread / seed sd "
-              f"{spread / sd if sd > 0 else float('inf'):.1f}")
+              f"{spread / sd if sd > 0 else float('inf'):.1f}; Kendall τ seed "
+              f"{b.seeds[0]} vs seed {b.seeds[1] if len(b.seeds) > 1 else '-'} "
+              f"{b.seed_tau(args.metric, budget):.3f} (two full trainings of every network "
+              "agree this far: the yardstick for a supernet's τ)")
     front = b.front(args.metric)
     unit = m["latency"]["unit"]
     print(f"front ({len(front)} networks, predicted {unit}):")
