@@ -264,6 +264,27 @@ class Supernet(nn.Module):
         return len(mods)
 
     # ---- parameters, told apart by identity -----------------------------------------------
+    def load_search_state(self, state: dict[str, torch.Tensor], where: str) -> None:
+        """Load a search checkpoint's `model` state; one that does not fit is a one-line error
+        naming `where`: a shared-weight run written before grouped candidates shared their
+        layer's superkernel (2026-11-26) holds their own convolutions, which this supernet
+        has no place for (dropping them would change what those paths compute mid-run)."""
+        mine = self.state_dict()
+        extra = [k for k in state if k not in mine]
+        missing = [k for k in mine if k not in state]
+        if self.weights == "shared" and extra and all(
+                k.startswith("mixed.") and k.endswith(("pw.0.weight", "dw.0.0.weight",
+                                                       "pwl.0.weight")) for k in extra):
+            raise FbnasError(f"{where}: written before grouped candidates shared their layer's "
+                             f"superkernel: it holds their own convolutions ({extra[0]}, "
+                             f"{len(extra)} in all), which a shared-weight supernet no longer "
+                             "has; search again (its children still retrain and load)")
+        if extra or missing:
+            raise FbnasError(f"{where}: its weights do not fit this supernet ({len(extra)} "
+                             f"unexpected, e.g. {extra[:1]}; {len(missing)} missing, e.g. "
+                             f"{missing[:1]})")
+        self.load_state_dict(state)
+
     def arch_parameters(self) -> list[nn.Parameter]:
         return list(self.theta)
 

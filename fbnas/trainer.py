@@ -144,7 +144,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         super()._check_resume(state)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        self.net.load_search_state(state["model"], str(self.run_dir / CHECKPOINT))
         self.w_opt.load_state_dict(state["w_opt"])
         self.theta_opt.load_state_dict(state["theta_opt"])
         for opt in (self.w_opt, self.theta_opt):  # this run's kernels, whatever wrote it

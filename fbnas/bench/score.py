@@ -111,7 +111,7 @@ def supernet_ranking(run_dir: Path, bench: Bench, keys: list[str]) -> dict[str, 
         raise FbnasError(f"{run_dir}: searched space '{cfg.space.name}', not the benchmark's "
                          f"'{bench.space.name}'")
     net = Supernet(cfg.space, mode=cfg.search.mode, weights=cfg.search.weights)
-    net.load_state_dict(state["model"])
+    net.load_search_state(state["model"], str(run_dir / CHECKPOINT))
     data = build_search_data(cfg.data, cfg.space.macro.input_size, cfg.space.macro.in_channels,
                              cfg.space.macro.num_classes, seed=cfg.search.seed)
     device = torch.device("cpu")

@@ -119,7 +119,7 @@ class Fidelity:
         device = torch.device("cpu")
         net = Supernet(self.cfg.space, mode=self.cfg.search.mode,  # costs play no part here
                        weights=self.cfg.search.weights)
-        net.load_state_dict(self.state["model"])
+        net.load_search_state(self.state["model"], str(self.run_dir / CHECKPOINT))
         data = build_search_data(self.cfg.data, self.cfg.space.macro.input_size,
                                  self.cfg.space.macro.in_channels,
                                  self.cfg.space.macro.num_classes, seed=self.cfg.search.seed)

@@ -205,3 +205,25 @@ def test_shared_update_reaches_the_trainers_weight_step(tmp_path):
     assert isinstance(t._w_update().sparse, UsedSlices)
     t2 = _tiny_search(tmp_path / "b", mode="reinforce", shared_update="all")
     assert t2._w_update().sparse is None
+
+
+def test_an_old_shared_checkpoint_with_grouped_candidates_is_a_one_line_error():
+    """Before grouped candidates shared the superkernel, a shared-weight run saved their own
+    convolutions: resuming (or scoring) it says so in one line instead of torch's key list."""
+    space = SearchSpace.from_dict(SPACE)
+    net = Supernet(space, weights="shared")
+    state = net.state_dict()
+    again = Supernet(space, weights="shared")
+    again.load_search_state(state, "ck.pt")  # its own state loads
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in state.items())
+    g = space.layer_candidates()[0].index("ir_k3_e1_g2")
+    old = {**state, **{f"mixed.0.candidates.{g}.{k}": torch.zeros(1)
+                       for k in ("pw.0.weight", "dw.0.0.weight", "pwl.0.weight")}}
+    with pytest.raises(FbnasError) as e:
+        again.load_search_state(old, "runs/x/checkpoint.pt")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("runs/x/checkpoint.pt: written before grouped")
+    other = dict(state)
+    other.pop(next(iter(other)))
+    with pytest.raises(FbnasError, match=r"ck.pt: its weights do not fit .* 1 missing"):
+        again.load_search_state(other, "ck.pt")
