@@ -205,7 +205,7 @@ class SearchConfig:
     # which network of the fitted cost the search returns: `theta`, θ's most probable one;
     # `path`, of the `final_candidates` most probable predicted within ±fit_tolerance of it,
     # the one whose path on the supernet reads the best validation accuracy (BN re-estimated;
-    # docs/bench.md: median regret 1.25 -> 0 points on the benchmark)
+    # docs/bench.md: median regret 1.25 -> 0.56 points on the benchmark)
     final_pick: str = setting("path", "str", choices=("theta", "path"), resumable=True,
                               added="theta")
     final_candidates: int = setting(8, "int", min=1, max=64, resumable=True)

@@ -9,7 +9,8 @@ preferring a change that lands inside T·(1 ± tol). Each change is one op in on
 architecture stays the most probable one that θ allows at that cost, to a greedy
 approximation. Where the greedy steps stop short of the band and the space is small enough
 (≤ 200,000 architectures, as the quickstart's 7^6), the most probable architecture inside the
-band is found exhaustively.
+band is found exhaustively, and where the band holds none, the most probable one within `tol`
+of the nearest cost any architecture has.
 """
 
 from __future__ import annotations
