@@ -283,6 +283,12 @@ class Supernet(nn.Module):
             raise FbnasError(f"{where}: its weights do not fit this supernet ({len(extra)} "
                              f"unexpected, e.g. {extra[:1]}; {len(missing)} missing, e.g. "
                              f"{missing[:1]})")
+        shape = next((k for k, v in state.items() if tuple(v.shape) != tuple(mine[k].shape)),
+                     None)
+        if shape is not None:
+            raise FbnasError(f"{where}: its weights do not fit this supernet ({shape}: "
+                             f"{tuple(state[shape].shape)} saved, {tuple(mine[shape].shape)} "
+                             "here)")
         self.load_state_dict(state)
 
     def arch_parameters(self) -> list[nn.Parameter]:

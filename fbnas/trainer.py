@@ -322,12 +322,12 @@ class SearchTrainer(SearchSteps, EpochRunner):
         target = getattr(self.loss, "target", None)
         if target is None or not self.cfg.search.fit_target:
             return Architecture(a.macro, a.ops, a.name, a.space, meta)
-        first = self._final_pick(target, meta)
+        prefer = self._final_pick(target, meta)
         got: tuple = ()
         if self.dist.is_main:
             try:
                 got = ("ok", *final_fit(self.cfg, list(self.net.theta), self.costs, target,
-                                        self.log.info, str(self.run_dir), first=first))
+                                        self.log.info, str(self.run_dir), prefer=prefer))
             except FbnasError as e:
                 got = ("error", str(e))
                 if self.dist.distributed:
@@ -341,25 +341,26 @@ class SearchTrainer(SearchSteps, EpochRunner):
         meta.update(fit_meta)
         return arch_from_indices(self.cfg.space, indices, name, **meta)
 
-    def _final_pick(self, target: float, meta: dict[str, Any]) -> list[int] | None:
-        """`search.final_pick: path`: of the most probable networks of the table fit's cost
-        (`pick_candidates`, the same on every rank), the one whose supernet path reads the best
-        validation accuracy (then CE), every rank evaluating; None with `theta` or without a
-        validation split."""
+    def _final_pick(self, target: float, meta: dict[str, Any]) -> list[list[int]]:
+        """`search.final_pick: path`: the most probable networks of the table fit's cost
+        (`pick_candidates`, the same on every rank), ranked by the validation accuracy (then
+        CE) of their paths on the supernet, every rank evaluating; [] with `theta` or without
+        a validation split."""
         s = self.cfg.search
         if s.final_pick != "path" or self.data.val_loader is None:
-            return None
+            return []
         cands = pick_candidates(self.cfg, list(self.net.theta), self.costs, target)
         scores = [validate_weights(self.net, self.data, self.device, *self.net.path(c),
                                    s.bn_calib_samples, self.dist) for c in cands]
-        best = max(range(len(cands)), key=lambda i: (scores[i]["acc"], -scores[i]["ce"]))
+        ranked = sorted(range(len(cands)), key=lambda i: (-scores[i]["acc"], scores[i]["ce"]))
+        best = ranked[0]
         self.log.info(f"final pick: of {len(cands)} networks near the fitted cost, the best path "
                       f"on the supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
                       f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
-        meta["final_pick"] = {"candidates": len(cands), "chosen": best,
+        meta["final_pick"] = {"candidates": len(cands), "chosen": best, "ranked": ranked,
                               "path_acc": [round(r["acc"], 4) for r in scores],
                               "candidates_indices": [list(map(int, c)) for c in cands]}
-        return cands[best]
+        return [cands[i] for i in ranked]
 
     # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
     def _setup_distributed(self, fresh: bool) -> None:

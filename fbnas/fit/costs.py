@@ -257,36 +257,38 @@ def table_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
 def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
                     ) -> list[list[int]]:
     """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
-    `target` and the next most probable ones predicted within ±fit_tolerance of the fit's
-    cost (exactly, in a space of up to 200,000 networks: `likeliest_in_band`) and no slower
-    than target·(1 + fit_tolerance) (or than the fit, where even it is slower): a network
-    somewhat cheaper than the band and more accurate is a better answer to a latency budget,
-    a slower one is not. At most `search.final_candidates` (decision indices; a
+    `target` and the next most probable ones predicted within ±fit_tolerance of the target
+    (of the fit's cost where no network lies that near: a gap in the space's costs), no
+    slower than target·(1 + fit_tolerance) or the fit; exactly, in a space of up to 200,000
+    networks (`likeliest_in_band`). At most `search.final_candidates` (decision indices; a
     width-searched space's at the fit's widths)."""
     s = cfg.search
     fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
     ops = theta[:len(rows)]
     # never slower than the band's upper edge (or than the fit, where it is above the band)
     ceiling = max(target * (1 + s.fit_tolerance), fit.cost) * (1 + 1e-9)
-    near = likeliest_in_band(ops, rows, fixed, fit.cost * (1 - s.fit_tolerance),
-                             min(fit.cost * (1 + s.fit_tolerance), ceiling), s.final_candidates)
+    centre = fit.cost
+    near = likeliest_in_band(ops, rows, fixed, centre * (1 - s.fit_tolerance),
+                             min(centre * (1 + s.fit_tolerance), ceiling), s.final_candidates)
     out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)]
     return [[*i, *widths] for i in out[:s.final_candidates]]
 
 
 def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
               log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None,
-              first: Sequence[int] | None = None) -> tuple[list[int], dict[str, Any]]:
+              prefer: Sequence[Sequence[int]] = ()) -> tuple[list[int], dict[str, Any]]:
     """The architecture a search returns for `target`: θ's argmax fitted onto the target by
     the table (`fit_to_target`), then, where `search.fit_measure` allows and this machine can
     time the table's device, timed end to end and re-fitted until it measures within
     `search.fit_tolerance` (`measured_fit`). Returns its op indices and what to record in its
-    meta (target, predicted, measured, every timed round). `first`: the network to return
-    instead of the table's fit (the final pick's; decision indices), and the first to time."""
+    meta (target, predicted, measured, every timed round). `prefer`: the final pick's networks,
+    best first (decision indices, one choice of widths): the first is returned instead of
+    the table's fit and timed first, and the measured fit prefers them (`measured_fit`)."""
     s = cfg.search
     fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
     n = len(rows)
     log(fit.describe(cfg.loss.target, target, costs.unit))
+    first = list(prefer[0]) if prefer else None
     if first is not None:
         fitted = [*fit.indices, *widths]
         widths = tuple(first[n:])
@@ -305,7 +307,7 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
         t0 = time.perf_counter()
         measure = fit_measurer(cfg, costs.table, widths)
         mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance, s.fit_rounds,
-                          first=fit.indices)
+                          first=fit.indices, prefer=[list(p[:n]) for p in prefer])
         meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
         chosen = [*mf.fit.indices, *widths]
         meta["fitted_layers"] = sum(a != int(t.argmax()) for a, t in zip(chosen, full,
@@ -405,24 +407,26 @@ def fit_search_run(run_dir: Path, fit_measure: str | None = None,
     if table is None or cfg.loss.target is None or not cfg.search.fit_target:
         return Architecture(a.macro, a.ops, a.name, a.space, {"run": str(run_dir)})
     costs = run_costs(cfg, table)
-    first, pick = recorded_pick(run_dir, cfg)
+    prefer, pick = recorded_pick(run_dir, cfg)
     indices, meta = final_fit(cfg, theta, costs, run_target(cfg, costs), log, str(run_dir),
-                              fit_measure, first=first)
+                              fit_measure, prefer=prefer)
     if pick is not None:
         meta["final_pick"] = pick
     return arch_from_indices(cfg.space, indices, a.name, run=str(run_dir), **meta)
 
 
-def recorded_pick(run_dir: Path, cfg: Config) -> tuple[list[int] | None, dict | None]:
-    """The network the run's final pick chose (`search.final_pick: path`, recorded in its
-    arch_hard.yaml: a re-fit starts from it, as the search's fit did) and the pick's record;
-    (None, None) where the run made none."""
+def recorded_pick(run_dir: Path, cfg: Config) -> tuple[list[list[int]], dict | None]:
+    """The networks the run's final pick ranked (`search.final_pick: path`, recorded in its
+    arch_hard.yaml), best first: a re-fit starts from them, as the search's fit did (a record
+    from before the ranking was kept holds the chosen one only); ([], None) where the run made
+    none."""
     path = Path(run_dir) / "arch_hard.yaml"
     if not path.is_file():
-        return None, None
+        return [], None
     a = Architecture.load(path)
     pick = a.meta.get("final_pick")
-    if not isinstance(pick, dict) or not 0 <= int(pick.get("chosen", -1)) < len(
-            pick.get("candidates_indices") or []):
-        return None, None
-    return list(pick["candidates_indices"][int(pick["chosen"])]), pick
+    cands = pick.get("candidates_indices") or [] if isinstance(pick, dict) else []
+    if not cands or not 0 <= int(pick.get("chosen", -1)) < len(cands):
+        return [], None
+    order = pick.get("ranked") or [int(pick["chosen"])]
+    return [list(cands[int(i)]) for i in order], pick

@@ -9,8 +9,8 @@ preferring a change that lands inside T·(1 ± tol). Each change is one op in on
 architecture stays the most probable one that θ allows at that cost, to a greedy
 approximation. Where the greedy steps stop short of the band and the space is small enough
 (≤ 200,000 architectures, as the quickstart's 7^6), the most probable architecture inside the
-band is found exhaustively, and where the band holds none, the most probable one within `tol`
-of the nearest cost any architecture has.
+band is found exhaustively, and where the band holds none, the band widened by the nearest
+network's distance (`_likeliest_in_band`).
 """
 
 from __future__ import annotations
@@ -131,17 +131,17 @@ def fit_with_widths(theta: Sequence[torch.Tensor], wc, target: float, tol: float
     ops_theta, w_lp = theta[:n], [torch.log_softmax(t.detach().double().cpu(), -1).tolist()
                                   for t in theta[n:]]
     first = _argmax(theta)
-    best: tuple[tuple, Fit, tuple[int, ...]] | None = None
+    fits: list[tuple[float, Fit, tuple[int, ...]]] = []
     for widths in wc.width_combos():
         rows, fixed = wc.rows_at(widths)
         f = fit_to_target(ops_theta, rows, fixed, target, tol)
-        lp = log_prob(ops_theta, f.indices) + sum(lp[w] for lp, w in zip(w_lp, widths,
-                                                                          strict=True))
-        key = (f.hit, lp if f.hit else -abs(math.log(f.cost / target)))
-        if best is None or key > best[0]:
-            best = (key, f, widths)
-    assert best is not None
-    _, f, widths = best
+        fits.append((log_prob(ops_theta, f.indices)
+                     + sum(lp[w] for lp, w in zip(w_lp, widths, strict=True)), f, widths))
+    near = [x for x in fits if x[1].hit]
+    if not near:  # no choice of widths lands: as `fit_to_target` in a gap, across the choices
+        gap = [abs(math.log(f.cost / target)) for _, f, _ in fits]
+        near = [x for x, g in zip(fits, gap, strict=True) if g <= min(gap) + math.log1p(tol)]
+    _, f, widths = max(near, key=lambda x: x[0])
     changes = sum(a != b for a, b in zip([*f.indices, *widths], first, strict=True))
     return dataclasses.replace(f, changes=changes), widths
 
@@ -153,18 +153,19 @@ def _likeliest_in_band(logp: list[list[float]], rows: Sequence[Sequence[float]],
     exhaustive search of a space of at most `limit` architectures (a dynamic program over
     layers would need the costs on a grid); None where the space is larger. Where no
     architecture lies in that band (a space's costs can have gaps: in the benchmark's, none
-    between 613 and 676 µs), the most probable one within the same tolerance of the nearest
-    cost any architecture has, on either side: a fit that cannot land must not end at a
-    further, less probable network than the space allows (it once returned +6.7% over a
-    0.8x target where a network at -3.4% existed)."""
+    between 613 and 676 µs), the band is widened by the distance of the nearest architecture:
+    the most probable one whose |log(cost / target)| is within log(1 + tol) of the smallest any
+    architecture has, on either side (the greedy steps once returned +6.7% over a 0.8x target
+    where θ preferred a network at -5%, beside one at -3.4%). A more probable architecture on
+    the far side can win: with the nearest at -3.4% and tol 3%, one up to +6.6%."""
     if math.prod(len(r) for r in rows) > limit:
         return None
     costs, scores = every_cost(rows, fixed), every_cost(logp, 0.0)
-    inside = (costs >= target * (1 - tol)) & (costs <= target * (1 + tol))
-    if not inside.any():  # no network in the band: widen it around the nearest cost
+    ok = np.flatnonzero((costs >= target * (1 - tol)) & (costs <= target * (1 + tol)))
+    if not len(ok):  # no network in the band: widen it by the nearest one's distance
         gap = np.abs(np.log(np.maximum(costs, 1e-300) / target))
-        inside = gap <= gap.min() + math.log1p(tol) + 1e-12
-    i = int(np.argmax(np.where(inside, scores, -np.inf)))
+        ok = np.flatnonzero(gap <= gap.min() + math.log1p(tol) + 1e-12)
+    i = int(ok[np.argmax(scores[ok])])
     idx = np.unravel_index(i, [len(r) for r in rows])
     return [int(j) for j in idx], predicted_cost(rows, fixed, [int(j) for j in idx])
 
@@ -213,7 +214,8 @@ class MeasuredFit:
 
 def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
                  target: float, measure, tol: float = 0.03, max_rounds: int = 6,
-                 confirm: bool = True, first: Sequence[int] | None = None) -> MeasuredFit:
+                 confirm: bool = True, first: Sequence[int] | None = None,
+                 prefer: Sequence[Sequence[int]] = ()) -> MeasuredFit:
     """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->
     (median, rel_iqr)` (in the table's units), and re-fitted until it measures in the inner
     third of the band, target ± `tol`/3: the user's own re-measurement moves by about 1% (sd)
@@ -230,13 +232,18 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     of three). Returns the most probable architecture measured (pooled) inside the inner
     third, else inside the middle half, else the one measured nearest to the target (near the
     band's edge a re-measurement is as likely outside as in: the nearest is the safest);
-    `rounds` holds every timing. `first`: the network timed first (default: the table's fit;
-    the final pick's choice), kept where it measures on target."""
+    `rounds` holds every timing. `first`: the network timed first (default: the first of
+    `prefer`, else the table's fit), kept where it measures on target. `prefer`: networks
+    ranked best first (the final pick's, by their paths on the supernet): while re-fitting,
+    the best-ranked untried one predicted within ±tol/3 of the goal is timed before θ's own
+    fit, and in the band that decides, a ranked network beats an unranked one, the better
+    ranked first (then the more probable)."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     inner, middle = tol / 3, tol / 2
+    rank = {tuple(p): i for i, p in enumerate(prefer)}
     rounds: list[Round] = []
     if first is None:
-        first = fit_to_target(theta, rows, fixed, target, tol).indices
+        first = prefer[0] if prefer else fit_to_target(theta, rows, fixed, target, tol).indices
     key, networks = tuple(first), 1
     while True:
         med, spread = measure(list(key))
@@ -255,23 +262,30 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
             break
         goal = _goal(est, target)
         reach = min(abs(r.predicted / goal - 1) for r in est)
-        nxt = _next(theta, rows, fixed, goal, inner, {r.indices for r in est}, reach)
+        tried = {r.indices for r in est}
+        nxt = next((k for k in rank if k not in tried
+                    and abs(predicted_cost(rows, fixed, k) / goal - 1) <= inner), None)
+        if nxt is None:
+            nxt = _next(theta, rows, fixed, goal, inner, tried, reach)
         if nxt is None:
             break
         key, networks = nxt, networks + 1
-    chosen = choose(_pooled(rounds, lo, hi), target, (inner, middle))
+    chosen = choose(_pooled(rounds, lo, hi), target, (inner, middle), rank)
     idx = list(chosen.indices)
     changes = sum(a != b for a, b in zip(idx, _argmax(theta), strict=True))
     return MeasuredFit(Fit(idx, chosen.predicted, changes, chosen.inside, tol), rounds, chosen)
 
 
-def choose(est: Sequence[Round], target: float, bands: Sequence[float]) -> Round:
+def choose(est: Sequence[Round], target: float, bands: Sequence[float],
+           rank: dict[tuple[int, ...], int] | None = None) -> Round:
     """The most probable network measured within the narrowest of `bands` (relative distances
-    to `target`) that holds one, else the one measured nearest to the target."""
+    to `target`) that holds one (of those, a network `rank`ed before the others, the best
+    ranked first), else the one measured nearest to the target."""
+    rank = rank or {}
     for band in sorted(bands):
         inside = [r for r in est if abs(r.measured / target - 1) <= band]
         if inside:
-            return max(inside, key=lambda r: r.log_prob)
+            return max(inside, key=lambda r: (-rank.get(r.indices, len(rank)), r.log_prob))
     return min(est, key=lambda r: abs(math.log(r.measured / target)))
 
 

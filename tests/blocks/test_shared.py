@@ -227,3 +227,6 @@ def test_an_old_shared_checkpoint_with_grouped_candidates_is_a_one_line_error():
     other.pop(next(iter(other)))
     with pytest.raises(FbnasError, match=r"ck.pt: its weights do not fit .* 1 missing"):
         again.load_search_state(other, "ck.pt")
+    k = next(k for k, v in state.items() if v.dim() == 4)
+    with pytest.raises(FbnasError, match=rf"ck.pt: its weights do not fit .*\({k}: "):
+        again.load_search_state({**state, k: torch.zeros(1, 1, 1, 1)}, "ck.pt")

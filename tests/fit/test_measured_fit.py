@@ -355,6 +355,30 @@ def test_fit_measure_reads_yaml_booleans(tmp_path, raw, want):
 
 
 
+def test_the_measured_fit_prefers_the_final_picks_ranked_networks():
+    """The pick (ranked first) measures +2% on a device 2% slower than its table: the fit
+    times next the best-ranked network predicted near the corrected goal, not θ's own fit,
+    and returns it, though θ finds it the least probable of the networks there."""
+    rows, theta = _space(2)
+    combos = list(itertools.product(range(5), repeat=6))
+    cost = {c: predicted_cost(rows, 0.0, c) for c in combos}
+    target = sorted(cost.values())[len(cost) // 2]
+
+    def measure(idx):
+        return 1.02 * predicted_cost(rows, 0.0, idx), 0.01
+
+    first = next(c for c in combos if abs(cost[c] / target - 1) <= 0.002)
+    goal = target / 1.02
+    near_goal = [c for c in combos if abs(cost[c] / goal - 1) <= 0.003]
+    second = min(near_goal, key=lambda c: log_prob(theta, c))
+    mf = measured_fit(theta, rows, 0.0, target, measure, prefer=[list(first), list(second)])
+    timed = list(dict.fromkeys(r.indices for r in mf.rounds))
+    assert timed[:2] == [first, second]
+    assert mf.hit and mf.fit.indices == list(second)
+    plain = measured_fit(theta, rows, 0.0, target, measure, first=list(first))
+    assert plain.fit.indices != list(second)  # without the ranking θ's choice wins
+
+
 def test_the_measured_fit_times_the_final_pick_first(tmp_path):
     cfg = fake_run(tmp_path)
     t = SearchTrainer(cfg, tmp_path / "run")
@@ -363,7 +387,7 @@ def test_the_measured_fit_times_the_final_pick_first(tmp_path):
     cands = pick_candidates(cfg, list(t.net.theta), t.costs, target)
     assert len(cands) > 1
     pick = cands[-1]  # not the table's own fit
-    idx, meta = final_fit(cfg, list(t.net.theta), t.costs, target, [].append, first=pick)
+    idx, meta = final_fit(cfg, list(t.net.theta), t.costs, target, [].append, prefer=[pick])
     names = cfg.space.layer_candidates()
     assert meta["fit_rounds"][0]["ops"] == [c[i] for c, i in zip(names, pick, strict=True)]
     if meta["fit_rounds"][0]["inside"] and len({tuple(r["ops"]) for r in meta["fit_rounds"]}) == 1:

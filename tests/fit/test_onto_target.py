@@ -60,9 +60,9 @@ def test_fit_never_ends_further_from_the_target():
 
 def test_fit_into_a_gap_takes_the_likeliest_network_near_the_nearest_cost():
     """A space whose costs have a gap around the target (the benchmark's has none between 613
-    and 676 µs): the fit returns the most probable network within the tolerance of the nearest
-    cost any network has, not where the greedy steps stopped (once +6.7% over a 0.8x target
-    where a network at -3.4% existed)."""
+    and 676 µs): the band is widened by the nearest network's distance, and the fit returns
+    the most probable network in it, not where the greedy steps stopped (once +6.7% over a
+    0.8x target where a network at -3.4% existed)."""
     g = torch.Generator().manual_seed(1)
     gapped = 0
     for _ in range(300):

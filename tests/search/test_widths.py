@@ -287,7 +287,12 @@ def test_a_near_target_bundle_of_a_width_search_carries_the_fits_widths(tmp_path
     nets = wrote["networks"]
     n = len(space.layer_candidates())
     widths = {tuple(arch_indices(space, a)[n:]) for a in nets}
-    assert len(nets) == 3 and len(widths) == 1  # one choice of widths: the fit's
+    from fbnas.fit.costs import run_costs, table_fit
+    cfg = config_from_dict(d, "w")
+    theta = [torch.tensor(t) for t in json.loads((run / "theta.json").read_text())["theta"]]
+    fitted = table_fit(cfg, theta, run_costs(cfg, table),
+                       wrote["purpose"]["near_target"]["target"])[1]
+    assert len(nets) == 3 and widths == {tuple(fitted)}  # one choice of widths: the fit's
     for a in nets:
         a.check_fits(space)
     target = wrote["purpose"]["near_target"]["target"]
@@ -302,7 +307,6 @@ def test_a_near_target_bundle_of_a_width_search_carries_the_fits_widths(tmp_path
     picked = Architecture.load(tmp_path / "p" / "arch_picked.yaml")
     inside = [a for a, m in zip(nets, (0.08, -0.01, 0.02), strict=True) if abs(m) <= 0.03]
     from fbnas.arch import arch_log_prob
-    theta = [torch.tensor(t) for t in json.loads((run / "theta.json").read_text())["theta"]]
     best = max(inside, key=lambda a: arch_log_prob(space, theta, a))
     assert picked.hash() == best.hash() and picked.meta["measured"] == pytest.approx(
         target * (1 + (-0.01 if best is nets[1] else 0.02)), abs=1e-3)
