@@ -257,19 +257,17 @@ def table_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
 def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
                     ) -> list[list[int]]:
     """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
-    `target` and the next most probable ones predicted within ±fit_tolerance of the target
-    (of the fit's cost where no network lies that near: a gap in the space's costs), no
-    slower than target·(1 + fit_tolerance) or the fit; exactly, in a space of up to 200,000
-    networks (`likeliest_in_band`). At most `search.final_candidates` (decision indices; a
+    `target` and the next most probable ones predicted within ±fit_tolerance of the fit's
+    cost, no slower than target·(1 + fit_tolerance) or the fit; exactly, in a space of up to
+    200,000 networks (`likeliest_in_band`). At most `search.final_candidates` (decision indices; a
     width-searched space's at the fit's widths)."""
     s = cfg.search
     fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
     ops = theta[:len(rows)]
     # never slower than the band's upper edge (or than the fit, where it is above the band)
     ceiling = max(target * (1 + s.fit_tolerance), fit.cost) * (1 + 1e-9)
-    centre = fit.cost
-    near = likeliest_in_band(ops, rows, fixed, centre * (1 - s.fit_tolerance),
-                             min(centre * (1 + s.fit_tolerance), ceiling), s.final_candidates)
+    near = likeliest_in_band(ops, rows, fixed, fit.cost * (1 - s.fit_tolerance),
+                             min(fit.cost * (1 + s.fit_tolerance), ceiling), s.final_candidates)
     out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)]
     return [[*i, *widths] for i in out[:s.final_candidates]]
 

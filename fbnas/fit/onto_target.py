@@ -330,6 +330,12 @@ def every_cost(rows: Sequence[Sequence[float]], fixed: float) -> np.ndarray:
     return out
 
 
+def every_log_prob(theta: Sequence[torch.Tensor]) -> np.ndarray:
+    """log P_θ of every architecture, flat in `every_cost`'s order."""
+    return every_cost([torch.log_softmax(t.detach().double().cpu(), -1).numpy() for t in theta],
+                      0.0)
+
+
 def _nearest_untried(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
                      fixed: float, goal: float, spreads: Sequence[float], slack: float,
                      tried: set[tuple[int, ...]], limit: int = 200_000
@@ -350,8 +356,7 @@ def _nearest_untried(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[floa
             ok = np.flatnonzero(dist <= spread)
             if len(ok):
                 if lp is None:
-                    lp = every_cost([torch.log_softmax(t.detach().double().cpu(), -1).numpy()
-                                     for t in theta], 0.0)
+                    lp = every_log_prob(theta)
                 near = ok[dist[ok] <= dist[ok].min() + slack]
                 best = near[np.argmax(lp[near])]
                 return tuple(int(i) for i in np.unravel_index(best, shape))
@@ -418,10 +423,7 @@ def likeliest_in_band(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[flo
         mid, half = (lo + hi) / 2, (hi - lo) / (hi + lo)
         return [i for i in near_target(theta, rows, fixed, mid, 2 * k, half)
                 if lo <= predicted_cost(rows, fixed, i) <= hi][:k]
-    costs = every_cost(rows, fixed)
-    lp = every_cost([torch.log_softmax(t.detach().double().cpu(), -1).numpy() for t in theta],
-                    0.0)
+    costs, lp = every_cost(rows, fixed), every_log_prob(theta)
     ok = np.flatnonzero((costs >= lo) & (costs <= hi))
     best = ok[np.argsort(-lp[ok], kind="stable")[:k]]
     return [[int(j) for j in np.unravel_index(i, shape)] for i in best]
-
