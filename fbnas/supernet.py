@@ -158,23 +158,19 @@ class MixedOp(nn.Module):
     def _masked_mix(self, x: torch.Tensor, m: torch.Tensor, active: Sequence[int] | None,
                     w_in: torch.Tensor | None, w_out: torch.Tensor | None) -> torch.Tensor:
         """A width-searched layer (fbnas.blocks.masked): Σ_i m_i f_i(x) with each candidate's
-        expanded channels masked by the input's width and its output by the output's (in each
-        candidate's last BatchNorm; with a mask that needs a gradient, once on the sum); under
-        the shared shortcut x is added unmasked (the same decision masked it already)."""
+        expanded channels masked by the input's width and its output by the output's (folded
+        into each candidate's last BatchNorm); under the shared shortcut x is added unmasked
+        (the same decision masked it already)."""
         mask = None if w_out is None else mix(w_out, self.out_masks)
-        late = mask is not None and mask.requires_grad
         out = None
         for i in range(len(self.candidates)) if active is None else active:
             h = getattr(self, f"hidden_{i}", None)
             y = masked_branch(self.candidates[i], x,
-                              None if h is None or w_in is None else mix(w_in, h),
-                              None if late else mask)
+                              None if h is None or w_in is None else mix(w_in, h), mask)
             if y is None:  # the identity's branch under the shared shortcut: 0
                 continue
             y = m[i] * y
             out = y if out is None else out + y
-        if out is not None and late:
-            out = out * mask.to(out.dtype).view(1, -1, 1, 1)
         if not self.shortcut:
             return out
         return x if out is None else x + out

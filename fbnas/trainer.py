@@ -36,7 +36,14 @@ from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import validate_weights
-from fbnas.fit.costs import CostSource, final_fit, pick_candidates, shared_costs
+from fbnas.fit.costs import (
+    CostSource,
+    TableFit,
+    final_fit,
+    pick_candidates,
+    shared_costs,
+    table_fit,
+)
 from fbnas.fit.onto_target import range_warning
 from fbnas.io import write_json_atomic
 from fbnas.rng import rng_state, seed_everything
@@ -322,12 +329,14 @@ class SearchTrainer(SearchSteps, EpochRunner):
         target = getattr(self.loss, "target", None)
         if target is None or not self.cfg.search.fit_target:
             return Architecture(a.macro, a.ops, a.name, a.space, meta)
-        prefer = self._final_pick(target, meta)
+        fitted = table_fit(self.cfg, list(self.net.theta), self.costs, target)
+        prefer = self._final_pick(target, meta, fitted)
         got: tuple = ()
         if self.dist.is_main:
             try:
                 got = ("ok", *final_fit(self.cfg, list(self.net.theta), self.costs, target,
-                                        self.log.info, str(self.run_dir), prefer=prefer))
+                                        self.log.info, str(self.run_dir), prefer=prefer,
+                                        fitted=fitted))
             except FbnasError as e:
                 got = ("error", str(e))
                 if self.dist.distributed:
@@ -341,7 +350,8 @@ class SearchTrainer(SearchSteps, EpochRunner):
         meta.update(fit_meta)
         return arch_from_indices(self.cfg.space, indices, name, **meta)
 
-    def _final_pick(self, target: float, meta: dict[str, Any]) -> list[list[int]]:
+    def _final_pick(self, target: float, meta: dict[str, Any], fitted: TableFit
+                    ) -> list[list[int]]:
         """`search.final_pick: path`: the most probable networks of the table fit's cost
         (`pick_candidates`, the same on every rank), ranked by the validation accuracy (then
         CE) of their paths on the supernet, every rank evaluating; [] with `theta` or without
@@ -349,7 +359,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         s = self.cfg.search
         if s.final_pick != "path" or self.data.val_loader is None:
             return []
-        cands = pick_candidates(self.cfg, list(self.net.theta), self.costs, target)
+        cands = pick_candidates(self.cfg, list(self.net.theta), self.costs, target, fitted)
         scores = [validate_weights(self.net, self.data, self.device, *self.net.path(c),
                                    s.bn_calib_samples, self.dist) for c in cands]
         ranked = sorted(range(len(cands)), key=lambda i: (-scores[i]["acc"], scores[i]["ce"]))

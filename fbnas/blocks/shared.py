@@ -184,9 +184,11 @@ class _SlicedConv(nn.Module):
         self.stride, self.padding = stride, spec.kernel // 2 if depthwise else 0
         self.groups = c_in * spec.expansion if depthwise else spec.groups
 
+    def conv_weight(self) -> torch.Tensor:
+        return self.store.slices(self.spec, self.c_in)[self.key]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.store.slices(self.spec, self.c_in)[self.key]
-        return F.conv2d(x, w, None, self.stride, self.padding, 1, self.groups)
+        return F.conv2d(x, self.conv_weight(), None, self.stride, self.padding, 1, self.groups)
 
 
 class SlicedIRF(nn.Module):

@@ -241,8 +241,11 @@ def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
     return measure
 
 
+TableFit = tuple[Fit, tuple[int, ...], list[list[float]], float]
+
+
 def table_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
-              ) -> tuple[Fit, tuple[int, ...], list[list[float]], float]:
+              ) -> TableFit:
     """θ fitted onto `target` by the table: (the fit over the ops, the widths chosen, and the
     per-(layer, op) rows and fixed cost at those widths); a width-searched space fits ops and
     widths (`fit_with_widths`), an op-only one ops at its one width."""
@@ -254,15 +257,16 @@ def table_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     return fit_to_target(theta, rows, costs.fixed, target, tol), (), rows, costs.fixed
 
 
-def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
-                    ) -> list[list[int]]:
+def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
+                    fitted: TableFit | None = None) -> list[list[int]]:
     """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
     `target` and the next most probable ones predicted within ±fit_tolerance of the fit's
     cost, no slower than target·(1 + fit_tolerance) or the fit; exactly, in a space of up to
     200,000 networks (`likeliest_in_band`). At most `search.final_candidates` (decision indices; a
-    width-searched space's at the fit's widths)."""
+    width-searched space's at the fit's widths). `fitted`: `table_fit`'s result, where the
+    caller has it already."""
     s = cfg.search
-    fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
+    fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
     ops = theta[:len(rows)]
     # never slower than the band's upper edge (or than the fit, where it is above the band)
     ceiling = max(target * (1 + s.fit_tolerance), fit.cost) * (1 + 1e-9)
@@ -274,16 +278,18 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
 
 def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
               log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None,
-              prefer: Sequence[Sequence[int]] = ()) -> tuple[list[int], dict[str, Any]]:
+              prefer: Sequence[Sequence[int]] = (), fitted: TableFit | None = None
+              ) -> tuple[list[int], dict[str, Any]]:
     """The architecture a search returns for `target`: θ's argmax fitted onto the target by
     the table (`fit_to_target`), then, where `search.fit_measure` allows and this machine can
     time the table's device, timed end to end and re-fitted until it measures within
     `search.fit_tolerance` (`measured_fit`). Returns its op indices and what to record in its
     meta (target, predicted, measured, every timed round). `prefer`: the final pick's networks,
     best first (decision indices, one choice of widths): the first is returned instead of
-    the table's fit and timed first, and the measured fit prefers them (`measured_fit`)."""
+    the table's fit and timed first, and the measured fit prefers them (`measured_fit`).
+    `fitted`: `table_fit`'s result, where the caller has it already."""
     s = cfg.search
-    fit, widths, rows, fixed = table_fit(cfg, theta, costs, target)
+    fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
     n = len(rows)
     log(fit.describe(cfg.loss.target, target, costs.unit))
     first = list(prefer[0]) if prefer else None

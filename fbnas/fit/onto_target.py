@@ -114,7 +114,7 @@ def fit_to_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]]
             _, layer, j, cost = best
         idx[layer] = j
     if not lo <= cost <= hi:  # greedy steps got stuck short of the band
-        best = _likeliest_in_band(logp, rows, fixed, target, tol)
+        best = _likeliest_in_band(theta, rows, fixed, target, tol)
         if best is not None:
             idx, cost = best
     return Fit(idx, cost, sum(a != b for a, b in zip(idx, first, strict=True)), lo <= cost <= hi,
@@ -146,28 +146,29 @@ def fit_with_widths(theta: Sequence[torch.Tensor], wc, target: float, tol: float
     return dataclasses.replace(f, changes=changes), widths
 
 
-def _likeliest_in_band(logp: list[list[float]], rows: Sequence[Sequence[float]], fixed: float,
-                       target: float, tol: float, limit: int = 200_000
+def _likeliest_in_band(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
+                       fixed: float, target: float, tol: float, limit: int = 200_000
                        ) -> tuple[list[int], float] | None:
     """The most probable architecture whose cost is within a factor 1 ± `tol` of `target`, by
-    exhaustive search of a space of at most `limit` architectures (a dynamic program over
-    layers would need the costs on a grid); None where the space is larger. Where no
-    architecture lies in that band (a space's costs can have gaps: in the benchmark's, none
-    between 613 and 676 µs), the band is widened by the distance of the nearest architecture:
-    the most probable one whose |log(cost / target)| is within log(1 + tol) of the smallest any
-    architecture has, on either side (the greedy steps once returned +6.7% over a 0.8x target
-    where θ preferred a network at -5%, beside one at -3.4%). A more probable architecture on
-    the far side can win: with the nearest at -3.4% and tol 3%, one up to +6.6%."""
+    exhaustive search of a space of at most `limit` architectures (`likeliest_in_band`; a
+    dynamic program over layers would need the costs on a grid); None where the space is
+    larger. Where no architecture lies in that band (a space's costs can have gaps: in the
+    benchmark's, none between 613 and 676 µs), the band is widened by the distance of the
+    nearest architecture: the most probable one whose |log(cost / target)| is within
+    log(1 + tol) of the smallest any architecture has, on either side (the greedy steps once
+    returned +6.7% over a 0.8x target where θ preferred a network at -5%, beside one at
+    -3.4%). A more probable architecture on the far side can win: with the nearest at -3.4%
+    and tol 3%, one up to +6.6%."""
     if math.prod(len(r) for r in rows) > limit:
         return None
-    costs, scores = every_cost(rows, fixed), every_cost(logp, 0.0)
-    ok = np.flatnonzero((costs >= target * (1 - tol)) & (costs <= target * (1 + tol)))
-    if not len(ok):  # no network in the band: widen it by the nearest one's distance
-        gap = np.abs(np.log(np.maximum(costs, 1e-300) / target))
-        ok = np.flatnonzero(gap <= gap.min() + math.log1p(tol) + 1e-12)
-    i = int(ok[np.argmax(scores[ok])])
-    idx = np.unravel_index(i, [len(r) for r in rows])
-    return [int(j) for j in idx], predicted_cost(rows, fixed, [int(j) for j in idx])
+    lo, hi = target * (1 - tol), target * (1 + tol)
+    costs = every_cost(rows, fixed)
+    if not np.any((costs >= lo) & (costs <= hi)):  # widen by the nearest one's distance
+        reach = (np.abs(np.log(np.maximum(costs, 1e-300) / target)).min() + math.log1p(tol)
+                 + 1e-12)
+        lo, hi = target * math.exp(-reach), target * math.exp(reach)
+    idx = likeliest_in_band(theta, rows, fixed, lo, hi, 1, limit)[0]
+    return idx, predicted_cost(rows, fixed, idx)
 
 
 # ---- the measured fit: the network returned, timed, and re-fitted until it is on target -------

@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 from conftest import digits_run_config, randomise_bn
+from torch import nn
 
 from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_child
 from fbnas.cli import main
@@ -253,6 +254,93 @@ def test_a_mask_folded_into_batchnorm_computes_what_a_multiplied_one_does(train)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     for k in stats[0]:
         torch.testing.assert_close(stats[0][k], stats[1][k])
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_a_mask_that_needs_a_gradient_gets_the_multiplied_masks_gradient(relu):
+    """A θ step's masks need a gradient. Where no ReLU follows (the projection) the mask is
+    folded into the BatchNorm all the same, with the gradient of mask·BN(conv(x)) for every
+    channel, masked-out ones included; ahead of a ReLU it multiplies the activation, so a
+    masked-out channel's gradient is what adding it would do (folded, ReLU'(0) would zero
+    it)."""
+    from fbnas.blocks.masked import _conv_bn, choice_masks, mix
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Conv2d(3, 6, 1, bias=False), nn.BatchNorm2d(6),
+                        *([nn.ReLU()] if relu else [])).train()
+    with torch.no_grad():
+        seq[1].weight.uniform_(0.5, 1.5)
+        seq[1].bias.uniform_(0.1, 0.5)
+    x, g = torch.randn(4, 3, 5, 5), torch.randn(4, 6, 5, 5)
+    masks = choice_masks([2, 4, 6], 6)
+    grads, saved = [], []
+    for fold in (True, False):
+        soft = torch.tensor([0.2, 0.5, 0.3], requires_grad=True)
+        w = torch.nn.functional.one_hot(torch.tensor(0), 3).float() + soft - soft.detach()
+        seq.zero_grad()
+        kept: dict[int, int] = {}  # bytes saved for backward, by storage
+        def keep(t, kept=kept):
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            y = (_conv_bn(seq, x, mix(w, masks)) if fold
+                 else seq(x) * mix(w, masks).view(1, -1, 1, 1))
+        saved.append(sum(kept.values()))
+        (y * g).sum().backward()
+        grads.append((y.detach(), soft.grad.clone(), seq[0].weight.grad.clone(),
+                      seq[1].weight.grad.clone()))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert grads[0][1][1:].abs().min() > 0  # the masked-out widths hear the CE
+    # folded, no masked copy of the activation is kept for backward
+    assert (saved[0] < saved[1] - x.numel() * 4) if not relu else saved[0] == saved[1]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_hidden_mask_that_needs_a_gradient_is_folded_into_the_convs_that_read_it(shared):
+    """In a relaxation's θ step the expanded channels' mask (by the input's width) is folded
+    into the weights of the depthwise and projection convs, not multiplied into the
+    activations: the values and every gradient are those of mask·ReLU(BN(·)) after each
+    normalisation, and less is kept for backward."""
+    from fbnas.blocks.irf import IRFBlock, parse_irf
+    from fbnas.blocks.masked import choice_masks, masked_branch, mix
+    from fbnas.blocks.shared import build_shared
+    torch.manual_seed(0)
+    spec = parse_irf("ir_k3_e3")
+    if shared:  # a slice of a superkernel the block does not own
+        store, sliced = build_shared(["ir_k3_e3", "ir_k3_e1"], 8, 8, 1)
+        block = sliced[0].train()
+        params = [*block.parameters(), *store.parameters()]
+    else:
+        block = IRFBlock(8, 8, 1, spec).train()
+        params = list(block.parameters())
+    x, g = torch.randn(4, 8, 6, 6), torch.randn(4, 8, 6, 6)
+    hidden, outs = choice_masks([12, 18, 24], 24), choice_masks([4, 6, 8], 8)
+
+    def reference(h_mask, o_mask):  # the activations multiplied, as before the fold
+        h = block.pw(x) * h_mask.view(1, -1, 1, 1)
+        for stage in block.dw:
+            h = stage(h) * h_mask.view(1, -1, 1, 1)
+        return block.pwl(h) * o_mask.view(1, -1, 1, 1)
+
+    got = []
+    for fn in (masked_branch, None):
+        soft = torch.tensor([0.2, 0.3, 0.5], requires_grad=True)
+        for p in params:
+            p.grad = None
+        kept: dict[int, int] = {}
+        def keep(t, kept=kept):
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            h_mask, o_mask = mix(soft, hidden), mix(soft, outs)
+            y = (fn(block, x, h_mask, o_mask) if fn else reference(h_mask, o_mask))
+        (y * g).sum().backward()
+        got.append((sum(kept.values()), y.detach(), soft.grad.clone(),
+                    *[p.grad.clone() for p in params]))
+    assert len(got[0]) == len(got[1]) == 3 + 9  # 3 convs' weights, 3 BatchNorms' γ and β
+    for a, b in zip(got[0][1:], got[1][1:], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert got[0][0] < got[1][0] - 2 * 4 * 24 * 6 * 6 * 4  # two expanded activations fewer
 
 
 def test_a_near_target_bundle_of_a_width_search_carries_the_fits_widths(tmp_path, monkeypatch,
