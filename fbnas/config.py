@@ -203,9 +203,9 @@ class SearchConfig:
     fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"), resumable=True)
     fit_rounds: int = setting(6, "int", min=1, max=20, resumable=True)
     # which network of the fitted cost the search returns: `theta`, θ's most probable one;
-    # `path`, of the `final_candidates` most probable predicted within ±fit_tolerance of it,
-    # the one whose path on the supernet reads the best validation accuracy (BN re-estimated;
-    # docs/bench.md: median regret 1.25 -> 0.56 points on the benchmark)
+    # `path`, of the fit and the `final_candidates` most probable predicted from
+    # 2·fit_tolerance under the target to fit_tolerance over it, the one whose path on the
+    # supernet reads the best validation accuracy (BN re-estimated; docs/bench.md)
     final_pick: str = setting("path", "str", choices=("theta", "path"), resumable=True,
                               added="theta")
     final_candidates: int = setting(8, "int", min=1, max=64, resumable=True)

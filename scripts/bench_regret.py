@@ -6,7 +6,10 @@ true accuracy among networks no slower, minus its own; points), its percentile a
 networks within ±3% of its latency, Kendall τ of the supernet's path accuracy against the
 truth over every network of the space (computed on the --tau-at target's runs only: it costs a
 BN re-estimation per network), the search's wall seconds; beside them the baselines: a random
-network of matched latency (mean regret) and random search given the search's wall time.
+network of matched latency (mean regret) and random search given the search's wall time; and
+what the target allows: the returned network's measured latency against the target, and the
+lowest regret among the networks a fit to that target may return (within ±3% of it, or the
+fit's rule in a gap: `fbnas.bench.score.on_target`).
 Then per (mode, weights): the median regret, how many runs landed in the top 10% of their
 latency-matched networks, how many beat matched random, the median τ.
 
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"searches of {a.config} {' '.join(a.sets)} scored on {a.bench} "
               f"({len(bench)} networks)")
         print(f"{'mode':10s} {'weights':8s} {'seed':>4s} {'target':>6s} {'regret':>6s} "
-              f"{'pct':>5s} {'tau':>5s} {'rnd':>5s} {'rndS':>5s} {'sec':>5s}  network")
+              f"{'pct':>5s} {'tau':>5s} {'rnd':>5s} {'rndS':>5s} {'lat':>6s} {'onT':>5s} "
+              f"{'sec':>5s}  network")
         rows = {}
         for g in grid:
             rank = a.tau_at == "all" or g[3] == a.tau_at
@@ -70,12 +74,14 @@ def main(argv: list[str] | None = None) -> None:
             rows[g] = s
             print(f"{g[0]:10s} {g[1]:8s} {g[2]:4d} {g[3]:>6s} {100 * s.regret:6.2f} "
                   f"{s.percentile:5.0f} {s.kendall_tau:5.2f} {100 * s.random_regret:5.2f} "
-                  f"{100 * s.random_search_regret:5.2f} {s.search_seconds:5.0f}  "
+                  f"{100 * s.random_search_regret:5.2f} {s.latency / s.target - 1:+6.1%} "
+                  f"{100 * s.on_target_regret:5.2f} {s.search_seconds:5.0f}  "
                   + " ".join(o.replace("ir_", "") for o in s.ops), flush=True)
     print("\nper mode (regret in points; top10: percentile >= 90; >rnd: regret below the "
           "matched random network's mean)")
     print(f"{'mode':10s} {'weights':8s} {'runs':>4s} {'med regret':>10s} {'top10':>5s} "
-          f"{'>rnd':>4s} {'med tau':>7s} {'med rnd':>7s} {'med rndS':>8s} {'med sec':>7s}")
+          f"{'>rnd':>4s} {'med tau':>7s} {'med rnd':>7s} {'med rndS':>8s} {'med onT':>7s} "
+          f"{'med sec':>7s}")
     for mode, weights in dict.fromkeys((g[0], g[1]) for g in grid):
         ss = [s for g, s in rows.items() if g[:2] == (mode, weights)]
         taus = [s.kendall_tau for s in ss if s.kendall_tau == s.kendall_tau]
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{statistics.median(taus) if taus else float('nan'):7.2f} "
               f"{100 * statistics.median(s.random_regret for s in ss):7.2f} "
               f"{100 * statistics.median(s.random_search_regret for s in ss):8.2f} "
+              f"{100 * statistics.median(s.on_target_regret for s in ss):7.2f} "
               f"{statistics.median(s.search_seconds for s in ss):7.0f}")
 
 

@@ -5,6 +5,9 @@ For the run's returned network (its arch_hard.yaml):
 - regret: the best true accuracy among networks measured no slower than it, minus its own;
 - percentile: the share of networks within ±`near` of its measured latency that it is at least
   as accurate as (100: the best of them);
+- on-target regret: the lowest regret among the networks a fit to the run's target may return
+  (`on_target`: measured within ±search.fit_tolerance of it, or, in a gap of the space's costs,
+  within the nearest one's distance plus the tolerance): what the latency asked for allows;
 - the supernet's ranking of every network of the space: Kendall τ and Spearman ρ between the
   path accuracy on the supernet's weights (BN re-estimated, as `fbnas fidelity` computes it) and
   the networks' mean validation accuracy, and Kendall τ between the two validation CEs.
@@ -34,7 +37,7 @@ from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
-from fbnas.io import load_json
+from fbnas.io import load_json, load_yaml
 from fbnas.run import CHECKPOINT
 from fbnas.supernet import Supernet
 from fbnas.sweep.fidelity import supernet_accuracy
@@ -55,6 +58,9 @@ class Score:
     spearman_rho: float
     kendall_tau_ce: float
     search_seconds: float
+    target: float  # the run's latency target (nan: none recorded)
+    on_target_regret: float  # the lowest regret a network the fit may return has (`on_target`)
+    on_target: int  # how many networks the fit may return
     random_regret: float
     random_regret_sd: float
     random_search_regret: float
@@ -86,6 +92,25 @@ def regret(t: dict[str, dict[str, float]], k: str) -> float:
 
 def matched(t: dict[str, dict[str, float]], lat: float, near: float) -> list[str]:
     return [j for j, v in t.items() if abs(v["latency"] / lat - 1) <= near]
+
+
+def on_target(t: dict[str, dict[str, float]], target: float, tol: float) -> list[str]:
+    """The networks a fit to `target` may return: those measured within ±`tol` of it, or, where
+    none is (a gap of the space's costs), those within the nearest one's distance plus
+    log(1 + tol) in log-latency, the fit's rule in a gap (`fbnas.fit.onto_target`)."""
+    ks = [j for j, v in t.items() if abs(v["latency"] / target - 1) <= tol]
+    if ks:
+        return ks
+    gap = {j: abs(math.log(v["latency"] / target)) for j, v in t.items()}
+    reach = min(gap.values()) + math.log1p(tol) + 1e-12
+    return [j for j, d in gap.items() if d <= reach]
+
+
+def _fit_tolerance(run_dir: Path) -> float:
+    """The run's search.fit_tolerance (its config.yaml), else the default."""
+    p = run_dir / "config.yaml"
+    raw = load_yaml(p) if p.is_file() else {}
+    return float(((raw or {}).get("search") or {}).get("fit_tolerance", 0.03))
 
 
 def random_search(bench: Bench, pool: list[str], seconds: float, rng: random.Random
@@ -139,6 +164,8 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     pct = 100.0 * sum(t[j]["acc"] <= mine for j in pool) / len(pool)
     regrets = [regret(t, j) for j in pool]
     secs = search_seconds(run_dir)
+    target = float(arch.meta.get("target", math.nan))
+    feasible = ([] if math.isnan(target) else on_target(t, target, _fit_tolerance(run_dir)))
     rng = random.Random(seed)
     found = [random_search(bench, pool, secs, rng) for _ in range(trials)]
     tau = rho = tau_ce = math.nan
@@ -154,7 +181,9 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     return Score(
         run=str(run_dir), ops=list(arch.ops), latency=lat, true_acc=mine,
         regret=regret(t, k), percentile=pct, matched=len(pool), kendall_tau=tau,
-        spearman_rho=rho, kendall_tau_ce=tau_ce, search_seconds=secs,
+        spearman_rho=rho, kendall_tau_ce=tau_ce, search_seconds=secs, target=target,
+        on_target_regret=min((regret(t, j) for j in feasible), default=math.nan),
+        on_target=len(feasible),
         random_regret=statistics.fmean(regrets),
         random_regret_sd=statistics.pstdev(regrets),
         random_search_regret=statistics.fmean(regret(t, j) for j, _ in found),

@@ -201,6 +201,16 @@ def test_score_reads_regret_and_percentile_off_the_truth(built, searched, tmp_pa
     assert -1 <= s.kendall_tau <= 1 and -1 <= s.spearman_rho <= 1
     assert s.search_seconds > 0 and s.random_search_networks >= 1
     assert s.random_regret >= 0 and s.random_search_regret >= 0
+    # what the run's target allows: the networks measured within ±3% of it, else the nearest's
+    # distance plus 3%; the best of them by regret
+    target = s.target
+    lats = {j: la for j, (la, _) in t.items()}
+    allowed = [j for j, la in lats.items() if abs(la / target - 1) <= 0.03] or [
+        j for j, la in lats.items() if abs(math.log(la / target)) <= min(
+            abs(math.log(x / target)) for x in lats.values()) + math.log(1.03) + 1e-9]
+    assert s.on_target == len(allowed) >= 1
+    assert s.on_target_regret == pytest.approx(min(
+        max(a for la, a in t.values() if la <= lats[j]) - t[j][1] for j in allowed))
     # the best network of the space has no regret and tops its latency band
     best = max(t, key=lambda j: t[j][1])
     b.arch(best).save(searched / "arch_hard.yaml")
@@ -210,6 +220,18 @@ def test_score_reads_regret_and_percentile_off_the_truth(built, searched, tmp_pa
                  "--trials", "5", "--json", str(tmp_path / "s.json")]) == 0
     assert "regret 0.00 pt, percentile 100" in capsys.readouterr().out
     assert json.loads((tmp_path / "s.json").read_text())[0]["regret"] == 0
+
+
+def test_on_target_is_the_band_else_the_fits_rule_in_a_gap():
+    from fbnas.bench.score import on_target
+    t = {k: {"latency": la, "acc": 0.9} for k, la in
+         {"a": 90.0, "b": 96.0, "c": 98.5, "d": 104.0, "e": 110.0}.items()}
+    assert sorted(on_target(t, 100.0, 0.03)) == ["c"]
+    assert sorted(on_target(t, 100.0, 0.05)) == ["b", "c", "d"]
+    # nothing within ±3% of 86: the nearest is 90 (+4.7%), so up to 90 × 1.03 counts
+    assert sorted(on_target(t, 86.0, 0.03)) == ["a"]
+    t["f"] = {"latency": 92.5, "acc": 0.9}
+    assert sorted(on_target(t, 86.0, 0.03)) == ["a", "f"]
 
 
 @pytest.mark.slow

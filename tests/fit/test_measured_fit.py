@@ -21,6 +21,8 @@ from fbnas.config import config_from_dict, load_config
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import final_fit, pick_candidates
 from fbnas.fit.onto_target import (
+    Round,
+    choose,
     fit_to_target,
     measured_fit,
     near_target,
@@ -377,6 +379,22 @@ def test_the_measured_fit_prefers_the_final_picks_ranked_networks():
     assert mf.hit and mf.fit.indices == list(second)
     plain = measured_fit(theta, rows, 0.0, target, measure, first=list(first))
     assert plain.fit.indices != list(second)  # without the ranking θ's choice wins
+
+
+def test_in_a_gap_the_measured_fit_chooses_as_the_table_fit_does():
+    """Nothing measured within ±tol: of the networks within the nearest one's distance plus
+    the tolerance, the best-ranked (then the most probable) is returned, not the nearest."""
+    def rnd(i, measured, lp):
+        return Round((i,), measured, measured, 0.01, lp, abs(measured / 100 - 1) <= 0.03)
+
+    pick, refit, far = rnd(0, 94.0, -5.0), rnd(1, 96.4, -1.0), rnd(2, 108.0, 0.0)
+    est, bands = [pick, refit, far], (0.01, 0.015)
+    assert choose(est, 100.0, bands, {(0,): 0}, tol=0.03) == pick
+    assert choose(est, 100.0, bands, {}, tol=0.03) == refit  # unranked: the most probable
+    assert choose(est, 100.0, bands, {(0,): 0}) == refit  # without tol: the nearest
+    assert choose([*est, rnd(3, 92.0, 9.0)], 100.0, bands, {}, tol=0.03).indices == (1,)
+    inside = rnd(4, 97.5, -9.0)  # within ±tol, outside the bands: the nearest, as before
+    assert choose([*est, inside], 100.0, bands, {(0,): 0}, tol=0.03) == inside
 
 
 def test_the_measured_fit_times_the_final_pick_first(tmp_path):

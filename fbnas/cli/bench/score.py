@@ -44,6 +44,10 @@ def run(args) -> int:
         print(f"  random matched network: regret {100 * s.random_regret:.2f} ± "
               f"{100 * s.random_regret_sd:.2f} pt; random search ({s.random_search_networks:.1f}"
               f" networks in the same time): regret {100 * s.random_search_regret:.2f} pt")
+        if s.on_target:
+            print(f"  its target {s.target:.1f} {bench.meta['latency']['unit']} allows "
+                  f"{s.on_target} network(s) (measured within the fit's tolerance, or its rule in "
+                  f"a gap); the best of them: regret {100 * s.on_target_regret:.2f} pt")
     if args.json:
         write_json_atomic(args.json, [s.to_dict() for s in scores])
     if len(scores) > 1:
