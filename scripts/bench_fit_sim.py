@@ -1,0 +1,100 @@
+"""What does a measuring run return on the benchmark? (issue 39)
+
+`bench_regret` fits by the table alone (concurrent searches cannot time networks). This
+re-runs each kept run's final pick and measured fit (`search.fit_measure: on`) with the timing
+drawn from the benchmark instead of a clock: a network measures its end-to-end latency in the
+benchmark times exp(N(0, --sigma)) (the VM's re-measurement sd is about 1%), under --draws
+noise seeds per run. Prints per run the mean regret of what the measured fit returns (points),
+the share of draws in the top 10% of its latency, its measured offset from the target and
+the share whose next re-measurement falls outside ±fit_tolerance; then the median and mean
+regret over the runs. No timing, so it can share the machine.
+
+    python -m scripts.bench_regret --keep runs/regret
+    python -m scripts.bench_fit_sim runs/regret/*
+    python -m scripts.bench_fit_sim --bench configs/bench_digits_b.json.gz runs/regret-b/*
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+from pathlib import Path
+
+import fbnas.fit.costs as fit_costs
+from fbnas.arch import arch_from_indices
+from fbnas.bench.score import matched, regret, truth
+from fbnas.bench.table import Bench
+from fbnas.checkpoint import load_checkpoint
+from fbnas.config import config_from_dict
+from fbnas.run import close_logger
+from fbnas.trainer import SearchTrainer
+from scripts.common import BENCH_FILE
+
+
+def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str, float]:
+    t = truth(bench)
+    state = load_checkpoint(run_dir / "checkpoint.pt", kind="search")
+    state["config"]["search"]["fit_measure"] = "on"
+    cfg = config_from_dict(state["config"], str(run_dir))
+    tol = cfg.search.fit_tolerance
+    tr = SearchTrainer(cfg, run_dir, resume=True)
+    try:
+        theta, target = list(tr.net.theta), tr.loss.target
+        fitted = fit_costs.table_fit(cfg, theta, tr.costs, target)
+        prefer = tr._final_pick(target, {}, fitted)
+    finally:
+        close_logger(tr.log)
+
+    def key(idx):
+        return bench.key(arch_from_indices(cfg.space, list(idx), "sim"))
+
+    real = fit_costs.fit_measurer
+    regs, top, offs, outside = [], [], [], []
+    try:
+        for d in range(draws):
+            rng = random.Random(d)
+            fit_costs.fit_measurer = lambda *_a, rng=rng, **_k: (
+                lambda net: (t[key(net)]["latency"] * math.exp(rng.gauss(0, sigma)), 0.02))
+            idx, _ = fit_costs.final_fit(cfg, theta, tr.costs, target, lambda s: None,
+                                         fit_measure="on", prefer=prefer, fitted=fitted)
+            k = key(idx)
+            near = matched(t, t[k]["latency"], 0.03)
+            regs.append(100 * regret(t, k))
+            top.append(sum(t[j]["acc"] <= t[k]["acc"] for j in near) >= 0.9 * len(near))
+            offs.append(t[k]["latency"] / target - 1)
+            again = random.Random(10_000 + d)
+            outside.append(statistics.fmean(
+                abs(t[k]["latency"] * math.exp(again.gauss(0, sigma)) / target - 1) > tol
+                for _ in range(200)))
+    finally:
+        fit_costs.fit_measurer = real
+    return {"regret": statistics.fmean(regs), "top10": statistics.fmean(top),
+            "offset": statistics.median(offs), "outside": statistics.fmean(outside)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="run directories kept by bench_regret")
+    ap.add_argument("--bench", default=str(BENCH_FILE))
+    ap.add_argument("--draws", type=int, default=20, help="noise seeds per run")
+    ap.add_argument("--sigma", type=float, default=0.01, help="sd of a timing's log")
+    a = ap.parse_args(argv)
+    bench = Bench.load(a.bench)
+    rows = []
+    print(f"{'run':28s} {'regret':>6s} {'top10':>5s} {'offset':>7s} {'outside':>7s}")
+    for rd in sorted(Path(p) for p in a.runs):
+        r = simulate(bench, rd, a.draws, a.sigma)
+        rows.append(r)
+        print(f"{rd.name:28s} {r['regret']:6.2f} {r['top10']:5.2f} {r['offset']:+7.1%} "
+              f"{r['outside']:7.0%}", flush=True)
+    regs = [r["regret"] for r in rows]
+    print(f"{len(rows)} runs, {a.draws} draws each (sigma {a.sigma:.1%}): median regret "
+          f"{statistics.median(regs):.2f} pt, mean {statistics.fmean(regs):.2f}, top 10% "
+          f"{sum(r['top10'] for r in rows):.1f}/{len(rows)}, re-measured outside the "
+          f"tolerance {statistics.fmean(r['outside'] for r in rows):.0%}")
+
+
+if __name__ == "__main__":
+    main()
