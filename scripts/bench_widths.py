@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from fbnas.latency.signature import space_signatures
 from fbnas.search.modes import MODES
+from fbnas.search.steps import frozen_weights
 from fbnas.search_space import SearchSpace
 from scripts.common import (
     ROOT,
@@ -55,12 +57,15 @@ def without_widths(space: SearchSpace) -> SearchSpace:
 
 
 def activations(t, x, y, draws: int, seed: int) -> float:
-    """Mean MiB saved for backward by a θ step's forward over `draws` sampled paths."""
+    """Mean MiB saved for backward by a θ step's forward over `draws` sampled paths (the
+    weights frozen, as `SearchSteps.theta_step` runs it; `reinforce` scores paths without a
+    gradient: nothing)."""
     out = []
     for k in range(1 if t.cfg.search.mode == "full" else draws):
         torch.manual_seed(seed + k)
         p = t.net.sample_path(t.tau, t.cfg.search.hard)
-        with SavedBytes(t.net) as meter:
+        scored = torch.no_grad() if t.net.search_mode.score_paths else nullcontext()
+        with frozen_weights(t.net.weight_parameters()), scored, SavedBytes(t.net) as meter:
             logits, cost = t.net(x, m=p.m, active=p.active, cost_m=p.cost_m)
             t.loss(logits, y, cost)
         out.append(meter.total() / MIB)
@@ -114,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         w, o = Spread.of(times[(mode, "widths")]), Spread.of(times[(mode, "ops only")])
         mw, mo = mem[(mode, "widths")], mem[(mode, "ops only")]
         print(f"{mode:12s} {w.range('.1f', 1e3):>24s} {o.range('.1f', 1e3):>24s} "
-              f"{w.median / o.median:6.2f} {mw:8.2f} {mo:8.2f} {mw / mo:6.2f}")
+              f"{w.median / o.median:6.2f} {mw:8.2f} {mo:8.2f} "
+              f"{format(mw / mo, '6.2f') if mo > 0 else '     -'}")
     table_sizes([p for p in a.table_config.split(",") if p])
 
 

@@ -9,6 +9,9 @@ optimizers, `noise`, `tau` and `cfg`, all set up by SearchTrainer._setup.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from fbnas.blocks.shared import UsedSlices
@@ -111,7 +114,8 @@ class SearchSteps:
         if self.net.search_mode.score_paths:
             return self._score_theta_step(x, y, self.net.search_mode.score_paths)
         theta = self.net.arch_parameters()
-        with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:
+        with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u, \
+                frozen_weights(self.net.weight_parameters()):
             p = self._sample()
             with self.prec.autocast():
                 logits, cost = self.model(self.prec.input(x), m=p.m, active=p.active,
@@ -119,9 +123,10 @@ class SearchSteps:
             if self.loss.on_expected:  # Σ softmax(θ)·LAT: deterministic, reaches every θ
                 cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
             terms = self.loss(logits.float(), y, cost.float())
-            # weights get no gradient here. A layer's θ can be absent from the graph: in
-            # single_path a sampled identity `skip` in a shortcut layer adds nothing (x + 0),
-            # and with `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
+            # weights get no gradient here (frozen: no layer keeps its input for a weight
+            # gradient). A layer's θ can be absent from the graph: in single_path a sampled
+            # identity `skip` in a shortcut layer adds nothing (x + 0), and with
+            # `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
             total = self.prec.scale(terms.total, 1)
             _set_grads(theta, total)
             u.terms = {"ce": terms.ce, "cost_term": terms.cost_term, "total": terms.total}
@@ -167,6 +172,20 @@ def distillation(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """KL(softmax(teacher) ‖ softmax(logits)), the batch's mean: in-place distillation."""
     return torch.nn.functional.kl_div(torch.log_softmax(logits, 1), torch.log_softmax(teacher, 1),
                                       reduction="batchmean", log_target=True)
+
+
+@contextlib.contextmanager
+def frozen_weights(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """`params` without requires_grad for the block (a θ step's forward and backward):
+    autograd then saves no layer's input for a weight gradient, nor computes one."""
+    was = [q.requires_grad for q in params]
+    for q in params:
+        q.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for q, w in zip(params, was, strict=True):
+            q.requires_grad_(w)
 
 
 def _set_grads(theta: list[torch.Tensor], total: torch.Tensor) -> None:

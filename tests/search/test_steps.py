@@ -1,5 +1,6 @@
 """The search's weight steps: the sandwich rule with in-place distillation (search.sandwich)."""
 
+import contextlib
 import copy
 
 import pytest
@@ -71,3 +72,43 @@ def test_a_run_with_single_path_as_the_theta_mode_is_told_why_not(tmp_path):
         log = (tmp_path / mode / "run" / "train.log").read_text()
         assert ("note: search.mode single_path: as the θ mode its θ hears the cost but no CE"
                 in log) is told, log
+
+
+@pytest.mark.parametrize("mode", ["full", "two_path"])
+def test_a_theta_step_freezes_the_weights_and_gets_the_same_theta_gradient(tmp_path, mode):
+    """A relaxation's θ step runs with the weights' requires_grad off (no layer keeps its
+    input for a weight gradient): θ's gradient is what the same sample gives with the weights
+    live, less is kept for backward, and the weights are live again after it."""
+    from fbnas.search.steps import frozen_weights
+    t = _trainer(tmp_path, mode=mode, weights="shared")
+    try:
+        x, y = next(iter(t.data.theta_loader))
+        net, params = t.net, t.net.weight_parameters()
+        kept, grads = [], []
+        for freeze in (True, False):
+            torch.manual_seed(0)
+            p = t._sample()
+            box: dict[int, int] = {}
+
+            def keep(v, box=box):
+                box[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+                return v
+            with (frozen_weights(params) if freeze else contextlib.nullcontext()), \
+                    torch.autograd.graph.saved_tensors_hooks(keep, lambda v: v):
+                logits, cost = net(x, m=p.m, active=p.active, cost_m=p.cost_m)
+                total = t.loss(logits, y, cost).total
+                grads.append(torch.autograd.grad(total, list(net.theta), allow_unused=True))
+            kept.append(sum(box.values()))
+        for a, b in zip(*grads, strict=True):
+            torch.testing.assert_close(a, b)
+        assert kept[0] < 0.9 * kept[1]
+        assert all(q.requires_grad for q in params)
+        seen = []
+        hook = net.register_forward_pre_hook(
+            lambda *_: seen.append(any(q.requires_grad for q in params)))
+        t.theta_step(x, y)  # the library's step freezes and restores them too
+        hook.remove()
+        assert seen == [False]
+        assert all(q.requires_grad for q in params) and all(q.grad is None for q in params)
+    finally:
+        close_logger(t.log)
