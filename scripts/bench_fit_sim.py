@@ -24,7 +24,7 @@ from pathlib import Path
 
 import fbnas.fit.costs as fit_costs
 from fbnas.arch import arch_from_indices
-from fbnas.bench.score import matched, regret, truth
+from fbnas.bench.score import percentile, regret, truth
 from fbnas.bench.table import Bench
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
@@ -60,9 +60,8 @@ def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str,
             idx, _ = fit_costs.final_fit(cfg, theta, tr.costs, target, lambda s: None,
                                          fit_measure="on", prefer=prefer, fitted=fitted)
             k = key(idx)
-            near = matched(t, t[k]["latency"], 0.03)
             regs.append(100 * regret(t, k))
-            top.append(sum(t[j]["acc"] <= t[k]["acc"] for j in near) >= 0.9 * len(near))
+            top.append(percentile(t, k, 0.03) >= 90)
             offs.append(t[k]["latency"] / target - 1)
             again = random.Random(10_000 + d)
             outside.append(statistics.fmean(

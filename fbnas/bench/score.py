@@ -34,10 +34,11 @@ from scipy import stats
 from fbnas.arch import Architecture
 from fbnas.bench.table import Bench
 from fbnas.checkpoint import load_checkpoint
-from fbnas.config import config_from_dict
+from fbnas.config import SearchConfig, config_from_dict, load_config
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
-from fbnas.io import load_json, load_yaml
+from fbnas.fit.onto_target import near_or_nearest
+from fbnas.io import load_json
 from fbnas.run import CHECKPOINT
 from fbnas.supernet import Supernet
 from fbnas.sweep.fidelity import supernet_accuracy
@@ -97,20 +98,23 @@ def matched(t: dict[str, dict[str, float]], lat: float, near: float) -> list[str
 def on_target(t: dict[str, dict[str, float]], target: float, tol: float) -> list[str]:
     """The networks a fit to `target` may return: those measured within ±`tol` of it, or, where
     none is (a gap of the space's costs), those within the nearest one's distance plus
-    log(1 + tol) in log-latency, the fit's rule in a gap (`fbnas.fit.onto_target`)."""
-    ks = [j for j, v in t.items() if abs(v["latency"] / target - 1) <= tol]
-    if ks:
-        return ks
-    gap = {j: abs(math.log(v["latency"] / target)) for j, v in t.items()}
-    reach = min(gap.values()) + math.log1p(tol) + 1e-12
-    return [j for j, d in gap.items() if d <= reach]
+    log(1 + tol) in log-latency, the fit's rule in a gap (`near_or_nearest`)."""
+    ks = list(t)
+    ok = near_or_nearest([t[j]["latency"] for j in ks], target, tol)
+    return [j for j, k in zip(ks, ok, strict=True) if k]
 
 
 def _fit_tolerance(run_dir: Path) -> float:
     """The run's search.fit_tolerance (its config.yaml), else the default."""
     p = run_dir / "config.yaml"
-    raw = load_yaml(p) if p.is_file() else {}
-    return float(((raw or {}).get("search") or {}).get("fit_tolerance", 0.03))
+    return load_config(p).search.fit_tolerance if p.is_file() else SearchConfig().fit_tolerance
+
+
+def percentile(t: dict[str, dict[str, float]], k: str, near: float) -> float:
+    """The share of networks within ±`near` of `k`'s latency that `k` is at least as accurate
+    as, in percent (100: the best of them)."""
+    pool = matched(t, t[k]["latency"], near)
+    return 100.0 * sum(t[j]["acc"] <= t[k]["acc"] for j in pool) / len(pool)
 
 
 def random_search(bench: Bench, pool: list[str], seconds: float, rng: random.Random
@@ -161,7 +165,7 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     lat = t[k]["latency"]
     pool = matched(t, lat, near)
     mine = t[k]["acc"]
-    pct = 100.0 * sum(t[j]["acc"] <= mine for j in pool) / len(pool)
+    pct = percentile(t, k, near)
     regrets = [regret(t, j) for j in pool]
     secs = search_seconds(run_dir)
     target = float(arch.meta.get("target", math.nan))

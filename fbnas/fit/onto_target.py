@@ -146,28 +146,35 @@ def fit_with_widths(theta: Sequence[torch.Tensor], wc, target: float, tol: float
     return dataclasses.replace(f, changes=changes), widths
 
 
+def near_or_nearest(values: Sequence[float], target: float, tol: float) -> np.ndarray:
+    """Which of `values` (costs) lie within ±`tol` of `target`; where none does (a gap of a
+    space's costs), those whose |log(value / target)| is within log(1 + tol) of the smallest,
+    on either side: the fit's rule in a gap (`_likeliest_in_band`, the measured fit's
+    `choose`, and `fbnas bench score`'s networks a target allows)."""
+    v = np.asarray(values, dtype=float)
+    ok = np.abs(v / target - 1) <= tol
+    if ok.any():
+        return ok
+    gap = np.abs(np.log(np.maximum(v, 1e-300) / target))
+    return gap <= gap.min() + math.log1p(tol) + 1e-12
+
+
 def _likeliest_in_band(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
                        fixed: float, target: float, tol: float, limit: int = 200_000
                        ) -> tuple[list[int], float] | None:
     """The most probable architecture whose cost is within a factor 1 ± `tol` of `target`, by
-    exhaustive search of a space of at most `limit` architectures (`likeliest_in_band`; a
-    dynamic program over layers would need the costs on a grid); None where the space is
-    larger. Where no architecture lies in that band (a space's costs can have gaps: in the
-    benchmark's, none between 613 and 676 µs), the band is widened by the distance of the
-    nearest architecture: the most probable one whose |log(cost / target)| is within
-    log(1 + tol) of the smallest any architecture has, on either side (the greedy steps once
-    returned +6.7% over a 0.8x target where θ preferred a network at -5%, beside one at
-    -3.4%). A more probable architecture on the far side can win: with the nearest at -3.4%
-    and tol 3%, one up to +6.6%."""
+    exhaustive search of a space of at most `limit` architectures (a dynamic program over
+    layers would need the costs on a grid); None where the space is larger. Where no
+    architecture lies in that band (a space's costs can have gaps: in the benchmark's, none
+    between 613 and 676 µs), the band is widened by the distance of the nearest architecture
+    (`near_or_nearest`; the greedy steps once returned +6.7% over a 0.8x target where θ
+    preferred a network at -5%, beside one at -3.4%). A more probable architecture on the far
+    side can win: with the nearest at -3.4% and tol 3%, one up to +6.6%."""
     if math.prod(len(r) for r in rows) > limit:
         return None
-    lo, hi = target * (1 - tol), target * (1 + tol)
-    costs = every_cost(rows, fixed)
-    if not np.any((costs >= lo) & (costs <= hi)):  # widen by the nearest one's distance
-        reach = (np.abs(np.log(np.maximum(costs, 1e-300) / target)).min() + math.log1p(tol)
-                 + 1e-12)
-        lo, hi = target * math.exp(-reach), target * math.exp(reach)
-    idx = likeliest_in_band(theta, rows, fixed, lo, hi, 1, limit)[0]
+    ok = np.flatnonzero(near_or_nearest(every_cost(rows, fixed), target, tol))
+    i = int(ok[np.argmax(every_log_prob(theta)[ok])])
+    idx = [int(j) for j in np.unravel_index(i, [len(r) for r in rows])]
     return idx, predicted_cost(rows, fixed, idx)
 
 
@@ -284,7 +291,7 @@ def choose(est: Sequence[Round], target: float, bands: Sequence[float],
     to `target`) that holds one (of those, a network `rank`ed before the others, the best
     ranked first), else the one measured nearest to the target. With `tol`, where none was
     measured within ±tol either (a gap of the space's costs), the table fit's rule in a gap
-    (`_likeliest_in_band`): of the networks measured within the nearest one's distance plus
+    (`near_or_nearest`): of the networks measured within the nearest one's distance plus
     log(1 + tol), the best ranked, then the most probable (on the kept benchmark supernets,
     with timings drawn from the benchmark's: 0.8x, in a gap, returned the pick measured 6%
     under the target instead of θ's re-fit 3.6% under it, 0.56 against 1.53 points of
@@ -295,9 +302,8 @@ def choose(est: Sequence[Round], target: float, bands: Sequence[float],
         if inside:
             return max(inside, key=lambda r: (-rank.get(r.indices, len(rank)), r.log_prob))
     if tol is not None and not any(abs(r.measured / target - 1) <= tol for r in est):
-        gap = [abs(math.log(r.measured / target)) for r in est]
-        reach = min(gap) + math.log1p(tol) + 1e-12
-        return max((r for r, g in zip(est, gap, strict=True) if g <= reach),
+        ok = near_or_nearest([r.measured for r in est], target, tol)
+        return max((r for r, k in zip(est, ok, strict=True) if k),
                    key=lambda r: (-rank.get(r.indices, len(rank)), r.log_prob))
     return min(est, key=lambda r: abs(math.log(r.measured / target)))
 
