@@ -60,53 +60,123 @@ def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="fbnas-parent-watch", daemon=True).start()
 
 
-def _worker(conn, parent: int, fn: Callable, args: tuple, kwargs: dict) -> None:
+def _serve(conn, parent: int) -> None:
+    """The worker's loop: run each (fn, args, kwargs) the parent sends and send back its
+    result or exception, until the parent sends None or goes away."""
     global _PIPE
     _PIPE = conn
     _exit_with_parent(parent)
     try:
-        conn.send(("ok", fn(*args, **kwargs)))
-    except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
-        try:
-            conn.send(("error", e))
-        except Exception:  # noqa: BLE001 - an exception that cannot be sent
-            conn.send(("error", FbnasError(f"timing worker: {type(e).__name__}: {e}")))
+        while True:
+            try:
+                job = conn.recv()
+            except EOFError:
+                return
+            if job is None:
+                return
+            fn, args, kwargs = job
+            try:
+                conn.send(("ok", fn(*args, **kwargs)))
+            except Exception as e:  # noqa: BLE001 - every failure goes back to the parent
+                _send_error(conn, e)
+            except BaseException as e:  # Ctrl-C: report it, and end
+                _send_error(conn, e)
+                return
     finally:
         conn.close()
 
 
-def call_in_worker(name: str, library: str | None, fn: Callable, args: tuple, kwargs: dict,
-                   log: Callable[[str], None] | None = None) -> Any:
-    """Run `fn(*args, **kwargs)` in a fresh process started under allocator `name`; return
-    its result, or raise its exception. `log` receives the worker's log lines as they come."""
-    ctx = mp.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    with _environ({**environment(name, library), WORKER_ENV: name}):
-        proc = ctx.Process(target=_worker, args=(send, os.getpid(), fn, args, kwargs), daemon=True)
-        proc.start()
-    send.close()
+def _send_error(conn, e: BaseException) -> None:
     try:
+        conn.send(("error", e))
+    except Exception:  # noqa: BLE001 - an exception that cannot be sent
+        conn.send(("error", FbnasError(f"timing worker: {type(e).__name__}: {e}")))
+
+
+class _Worker:
+    """A spawned process started under allocator `name`'s environment, serving calls."""
+
+    def __init__(self, name: str, library: str | None):
+        self.name = name
+        ctx = mp.get_context("spawn")
+        self.conn, theirs = ctx.Pipe(duplex=True)
+        with _environ({**environment(name, library), WORKER_ENV: name}):
+            self.proc = ctx.Process(target=_serve, args=(theirs, os.getpid()), daemon=True)
+            self.proc.start()
+        theirs.close()
+
+    def call(self, fn: Callable, args: tuple, kwargs: dict,
+             log: Callable[[str], None] | None) -> Any:
+        self.conn.send((fn, args, kwargs))
         while True:
             try:
-                kind, payload = recv.recv()
+                kind, payload = self.conn.recv()
             except EOFError:
-                proc.join(10)
-                raise FbnasError(f"timing worker ({name} allocator) ended without a result "
-                                 f"(exit code {proc.exitcode})") from None
+                self.proc.join(10)
+                raise FbnasError(f"timing worker ({self.name} allocator) ended without a "
+                                 f"result (exit code {self.proc.exitcode})") from None
             if kind == "log":
                 (log or (lambda s: print(s, file=sys.stderr)))(payload)
             elif kind == "ok":
                 return payload
             else:
                 raise payload
-    except KeyboardInterrupt:
-        proc.join(10)  # Ctrl-C reached the worker too: let it save what it finished
-        raise
+
+    def close(self, wait_s: float = 10) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):  # the worker is gone already
+            pass
+        self.conn.close()
+        self.proc.join(wait_s)
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+# the workers kept between calls while `reused_workers()` is open: (allocator, library) -> one
+_KEPT: dict[tuple[str, str | None], _Worker] | None = None
+
+
+@contextmanager
+def reused_workers() -> Iterator[None]:
+    """Within the block, calls for the same allocator go to one worker process, started at
+    the first (spawning a process and importing torch took ~5 s of each ~14 s measurement of
+    the quickstart's measured fit); closed at the end. Outside it, each call has its own."""
+    global _KEPT
+    if _KEPT is not None:  # nested: the outer block keeps them
+        yield
+        return
+    _KEPT = {}
+    try:
+        yield
     finally:
-        recv.close()
-        proc.join(10)
-        if proc.is_alive():
-            proc.terminate()
+        kept, _KEPT = _KEPT, None
+        for w in kept.values():
+            w.close()
+
+
+def call_in_worker(name: str, library: str | None, fn: Callable, args: tuple, kwargs: dict,
+                   log: Callable[[str], None] | None = None) -> Any:
+    """Run `fn(*args, **kwargs)` in a process started under allocator `name` (a fresh one,
+    or the one `reused_workers` keeps); return its result, or raise its exception. `log`
+    receives the worker's log lines as they come."""
+    key = (name, library)
+    worker = (_KEPT or {}).pop(key, None) or _Worker(name, library)
+    try:
+        out = worker.call(fn, args, kwargs, log)
+    except BaseException as e:
+        # a worker that sent back its call's error still serves; one that ended, or that
+        # Ctrl-C reached too (let it save what it finished), is closed
+        if _KEPT is not None and worker.proc.is_alive() and isinstance(e, Exception):
+            _KEPT[key] = worker
+        else:
+            worker.close()
+        raise
+    if _KEPT is not None:
+        _KEPT[key] = worker
+    else:
+        worker.close()
+    return out
 
 
 def under_allocator(fn: Callable) -> Callable:

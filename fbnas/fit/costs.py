@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture, arch_from_indices, sample_hard
+from fbnas.backends.worker import reused_workers
 from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, config_from_dict
 from fbnas.cost_kinds import COST_KINDS, is_measured
@@ -316,9 +317,11 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     if _measured_fit_mode(cfg, costs, fit_measure, log, run):
         t0 = time.perf_counter()
         measure = fit_measurer(cfg, costs.table, widths)
-        mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance, s.fit_rounds,
-                          first=fit.indices, prefer=[list(p[:n]) for p in prefer])
-        meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
+        with reused_workers():  # one timing process for all of the fit's measurements
+            mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance,
+                              s.fit_rounds, first=fit.indices,
+                              prefer=[list(p[:n]) for p in prefer])
+            meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
         chosen = [*mf.fit.indices, *widths]
         meta["fitted_layers"] = sum(a != int(t.argmax()) for a, t in zip(chosen, full,
                                                                           strict=True))

@@ -15,7 +15,7 @@ from conftest import latency_space
 from torch import nn
 
 from fbnas.backends import allocator as alloc
-from fbnas.backends.worker import call_in_worker
+from fbnas.backends.worker import call_in_worker, reused_workers
 from fbnas.errors import FbnasError
 from fbnas.fit.timed_models import ModelSpec, measure_specs, parse_input_shape
 from fbnas.latency import LatencyTable, Protocol, build_table, make_timer, measure_archs
@@ -46,6 +46,34 @@ def _fails():
 def test_a_worker_error_comes_back_as_the_same_one_line_error():
     with pytest.raises(FbnasError, match="space.yaml: stages: bad"):
         call_in_worker("retain", None, _fails, (), {})
+
+
+def _fails_once() -> int:
+    """Fails on a worker's first call, then returns its pid (_CALLS lives in the worker)."""
+    _CALLS.append(1)
+    if len(_CALLS) == 1:
+        raise FbnasError("first call fails")
+    return os.getpid()
+
+
+_CALLS: list = []
+
+
+@pytest.mark.slow
+def test_reused_workers_serve_every_call_from_one_process_and_end_with_the_block():
+    pids = [call_in_worker("retain", None, os.getpid, (), {}) for _ in range(2)]
+    assert pids[0] != pids[1] and os.getpid() not in pids  # outside: a process per call
+    with reused_workers():
+        with pytest.raises(FbnasError, match="first call fails"):
+            call_in_worker("retain", None, _fails_once, (), {})
+        inside = [call_in_worker("retain", None, _fails_once, (), {}) for _ in range(2)]
+        with reused_workers():  # nested: the outer block's worker
+            inside.append(call_in_worker("retain", None, os.getpid, (), {}))
+        assert inside[0] == inside[1] == inside[2]  # the worker that failed still serves
+        env = call_in_worker("retain", None, _env_of_worker, (), {})
+        assert env == {**alloc.RETAIN_ENV, alloc.WORKER_ENV: "retain"}
+    assert not _alive(inside[0]), "the kept worker outlived its block"
+    assert call_in_worker("retain", None, os.getpid, (), {}) != inside[0]
 
 
 def _children(pid: int) -> list[int]:
