@@ -230,23 +230,17 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     on a busy machine, so only a network measured that near the target stays inside ±tol
     when timed again. While it misses, the table is asked for the prediction that the
     measurements say measures at the target (`_goal`: the secant between the networks measured
-    nearest below and above it, else the nearest one's predicted / measured ratio: a local
-    correction, since a table's error changes with the network) and the fit repeated near it
-    (`_next`, within ±tol/3 of the goal: where that returns networks already timed, the most
-    probable untried one predicted near the goal), for at most `max_rounds` networks. With
-    `confirm`, a network measured inside the middle half of the band (± tol/2) is timed once
-    more, and a third time where its two measurements part by more than tol/2 (one was an
-    outlier); it is judged on their pooled figure (`_pooled`: geometric mean of two, median
-    of three). Returns the most probable architecture measured (pooled) inside the inner
-    third, else inside the middle half, else the one measured nearest to the target (near the
-    band's edge a re-measurement is as likely outside as in: the nearest is the safest), and
-    where none measured within ±tol (a gap of the space), as the table's fit in a gap
-    (`choose`); `rounds` holds every timing. `first`: the network timed first (default: the first of
-    `prefer`, else the table's fit), kept where it measures on target. `prefer`: networks
-    ranked best first (the final pick's, by their paths on the supernet): while re-fitting,
-    the best-ranked untried one predicted within ±tol/3 of the goal is timed before θ's own
-    fit, and in the band that decides, a ranked network beats an unranked one, the better
-    ranked first (then the more probable)."""
+    nearest below and above it, else the nearest one's predicted / measured ratio) and the fit
+    repeated near it (`_next`, within ±tol/3 of the goal; where that returns networks already
+    timed, the most probable untried one predicted near the goal), for at most `max_rounds`
+    networks. With `confirm`, a network measured inside the middle half of the band (± tol/2)
+    is timed once more, and a third time where its two measurements part by more than tol/2;
+    it is judged on their pooled figure (`_pooled`). Returns what `choose` chooses among the
+    networks timed; `rounds` holds every timing. `first`: the network timed first (default:
+    the first of `prefer`, else the table's fit). `prefer`: networks ranked best first (the
+    final pick's, by their paths on the supernet): while re-fitting, the best-ranked untried
+    one predicted within ±tol/3 of the goal is timed before θ's own fit, and `choose` prefers
+    ranked networks."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     inner, middle = tol / 3, tol / 2
     rank = {tuple(p): i for i, p in enumerate(prefer)}
@@ -289,23 +283,30 @@ def choose(est: Sequence[Round], target: float, bands: Sequence[float],
            rank: dict[tuple[int, ...], int] | None = None, tol: float | None = None) -> Round:
     """The most probable network measured within the narrowest of `bands` (relative distances
     to `target`) that holds one (of those, a network `rank`ed before the others, the best
-    ranked first), else the one measured nearest to the target. With `tol`, where none was
-    measured within ±tol either (a gap of the space's costs), the table fit's rule in a gap
-    (`near_or_nearest`): of the networks measured within the nearest one's distance plus
-    log(1 + tol), the best ranked, then the most probable (on the kept benchmark supernets,
-    with timings drawn from the benchmark's: 0.8x, in a gap, returned the pick measured 6%
-    under the target instead of θ's re-fit 3.6% under it, 0.56 against 1.53 points of
-    regret)."""
+    ranked first), else the one measured nearest to the target; with `tol`, where none was
+    measured within ±tol (a gap), the table fit's gap rule (`near_or_nearest`: of those within
+    the nearest one's distance plus log(1 + tol), the best ranked, then the most probable).
+    Then, with `tol`, a network measured within ±tol, no slower than that choice and ranked
+    before it (unranked ranks last) is returned instead, the best ranked: as fast, and better
+    by the supernet (docs/search.md; figures in docs/measurements.md)."""
     rank = rank or {}
-    for band in sorted(bands):
-        inside = [r for r in est if abs(r.measured / target - 1) <= band]
-        if inside:
-            return max(inside, key=lambda r: (-rank.get(r.indices, len(rank)), r.log_prob))
-    if tol is not None and not any(abs(r.measured / target - 1) <= tol for r in est):
+
+    def rk(r: Round) -> int:
+        return rank.get(r.indices, len(rank))
+
+    inside = next(([r for r in est if abs(r.measured / target - 1) <= b] for b in sorted(bands)
+                   if any(abs(r.measured / target - 1) <= b for r in est)), None)
+    if inside:
+        chosen = max(inside, key=lambda r: (-rk(r), r.log_prob))
+    elif tol is not None and not any(abs(r.measured / target - 1) <= tol for r in est):
         ok = near_or_nearest([r.measured for r in est], target, tol)
-        return max((r for r, k in zip(est, ok, strict=True) if k),
-                   key=lambda r: (-rank.get(r.indices, len(rank)), r.log_prob))
-    return min(est, key=lambda r: abs(math.log(r.measured / target)))
+        chosen = max((r for r, k in zip(est, ok, strict=True) if k),
+                     key=lambda r: (-rk(r), r.log_prob))
+    else:
+        chosen = min(est, key=lambda r: abs(math.log(r.measured / target)))
+    better = [r for r in est if tol is not None and abs(r.measured / target - 1) <= tol
+              and r.measured <= chosen.measured and rk(r) < rk(chosen)]
+    return min(better, key=rk) if better else chosen
 
 
 def _pooled(rounds: Sequence[Round], lo: float, hi: float) -> list[Round]:

@@ -397,6 +397,25 @@ def test_in_a_gap_the_measured_fit_chooses_as_the_table_fit_does():
     assert choose([*est, inside], 100.0, bands, {(0,): 0}, tol=0.03) == inside
 
 
+def test_a_better_ranked_network_measured_within_the_tolerance_and_no_slower_is_returned():
+    """The pick (ranked first) measures 2.5% under the target, θ's re-fit 0.5% under: the
+    pick is within ±tol, cheaper and better ranked, so it is returned; slower than the re-fit,
+    outside ±tol, or unranked, it is not (the narrowest band decides, as before)."""
+    def rnd(i, measured, lp):
+        return Round((i,), measured, measured, 0.01, lp, abs(measured / 100 - 1) <= 0.03)
+
+    refit, bands = rnd(1, 99.5, -1.0), (0.01, 0.015)
+    pick = rnd(0, 97.5, -5.0)
+    assert choose([pick, refit], 100.0, bands, {(0,): 0}, tol=0.03) == pick
+    assert choose([pick, refit], 100.0, bands, {}, tol=0.03) == refit
+    assert choose([pick, refit], 100.0, bands, {(0,): 0}) == refit  # without tol: as before
+    for other in (rnd(0, 102.5, -5.0), rnd(0, 96.5, -5.0)):  # slower; outside ±tol
+        assert choose([other, refit], 100.0, bands, {(0,): 0}, tol=0.03) == refit
+    second = rnd(2, 98.5, -2.0)  # ranked, but after the pick: the pick still wins
+    assert choose([pick, second, refit], 100.0, bands, {(0,): 0, (2,): 1}, tol=0.03) == pick
+    assert choose([second, refit], 100.0, bands, {(0,): 0, (2,): 1}, tol=0.03) == second
+
+
 def test_the_measured_fit_times_the_final_pick_first(tmp_path):
     cfg = fake_run(tmp_path)
     t = SearchTrainer(cfg, tmp_path / "run")
