@@ -41,10 +41,12 @@ import argparse
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
+from fbnas.search.steps import frozen_weights
 from scripts.common import (
     SPACES,
     Parts,
@@ -98,8 +100,8 @@ def saved_bytes(t, x, y, p, ckpt: bool) -> tuple[int, int]:
 def memory(trainers, x, y, draws: int, seed: int) -> dict[str, dict[str, tuple]]:
     """Per variant, θ-step and weight-step activation peaks (mean, min, max over draws; with
     checkpointing also what is held after the forward), printed as they come."""
-    print("\n-- activations saved for backward (MiB); θ step (m requires grad) and weight step "
-          "(m without grad)")
+    print("\n-- activations saved for backward (MiB); θ step (m requires grad, the weights "
+          "frozen) and weight step (m without grad)")
     mem = {}
     for label, mode, ckpt in VARIANTS:
         t = trainers[label]
@@ -111,7 +113,10 @@ def memory(trainers, x, y, draws: int, seed: int) -> dict[str, dict[str, tuple]]
                 torch.manual_seed(seed + 1000 + k)
                 with torch.set_grad_enabled(step == "theta"):
                     p = t.net.sample_path(t.tau, t.cfg.search.hard)
-                a, b = saved_bytes(t, x, y, p, ckpt)
+                # a θ step runs with the weights frozen (SearchSteps.theta_step)
+                with frozen_weights(t.net.weight_parameters()) if step == "theta" \
+                        else nullcontext():
+                    a, b = saved_bytes(t, x, y, p, ckpt)
                 held.append(a / MIB)
                 peak.append(b / MIB)
             row[step] = (statistics.mean(peak), min(peak), max(peak))
