@@ -294,8 +294,8 @@ def choose(est: Sequence[Round], target: float, bands: Sequence[float],
     def rk(r: Round) -> int:
         return rank.get(r.indices, len(rank))
 
-    inside = next(([r for r in est if abs(r.measured / target - 1) <= b] for b in sorted(bands)
-                   if any(abs(r.measured / target - 1) <= b for r in est)), None)
+    inside = next((ins for b in sorted(bands)
+                   if (ins := [r for r in est if abs(r.measured / target - 1) <= b])), None)
     if inside:
         chosen = max(inside, key=lambda r: (-rk(r), r.log_prob))
     elif tol is not None and not any(abs(r.measured / target - 1) <= tol for r in est):
