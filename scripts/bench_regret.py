@@ -9,9 +9,13 @@ BN re-estimation per network), the search's wall seconds; beside them the baseli
 network of matched latency (mean regret) and random search given the search's wall time; and
 what the target allows: the returned network's measured latency against the target, and the
 lowest regret among the networks a fit to that target may return (within ±3% of it, or the
-fit's rule in a gap: `fbnas.bench.score.on_target`).
+fit's rule in a gap: `fbnas.bench.score.on_target`) and the best percentile one of them reaches
+(`pct*`); exhaustive training of those networks (`exh`: each trained once, the best validation
+accuracy kept; its regret, mean over the benchmark's seeds).
 Then per (mode, weights): the median regret, how many runs landed in the top 10% of their
-latency-matched networks, how many beat matched random, the median τ.
+latency-matched networks and in how many that was possible at all (`top10*`: a network in the
+top 10% lay on the target) or done by exhaustive training (`exh10`: the seeds' share, summed),
+how many beat matched random, the median τ.
 
     python -m scripts.bench_regret --modes reinforce --weights shared --seeds 0,1,2 \\
         --targets 0.3x,0.5x,0.8x --jobs 2 --keep runs/regret
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
               f"({len(bench)} networks)")
         print(f"{'mode':10s} {'weights':8s} {'seed':>4s} {'target':>6s} {'regret':>6s} "
               f"{'pct':>5s} {'tau':>5s} {'rnd':>5s} {'rndS':>5s} {'lat':>6s} {'onT':>5s} "
-              f"{'sec':>5s}  network")
+              f"{'pct*':>4s} {'exh':>5s} {'sec':>5s}  network")
         rows = {}
         for g in grid:
             rank = a.tau_at == "all" or g[3] == a.tau_at
@@ -75,24 +79,28 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{g[0]:10s} {g[1]:8s} {g[2]:4d} {g[3]:>6s} {100 * s.regret:6.2f} "
                   f"{s.percentile:5.0f} {s.kendall_tau:5.2f} {100 * s.random_regret:5.2f} "
                   f"{100 * s.random_search_regret:5.2f} {s.latency / s.target - 1:+6.1%} "
-                  f"{100 * s.on_target_regret:5.2f} {s.search_seconds:5.0f}  "
+                  f"{100 * s.on_target_regret:5.2f} {s.on_target_percentile:4.0f} "
+                  f"{100 * s.exhaustive_regret:5.2f} {s.search_seconds:5.0f}  "
                   + " ".join(o.replace("ir_", "") for o in s.ops), flush=True)
     print("\nper mode (regret in points; top10: percentile >= 90; >rnd: regret below the "
           "matched random network's mean)")
     print(f"{'mode':10s} {'weights':8s} {'runs':>4s} {'med regret':>10s} {'top10':>5s} "
-          f"{'>rnd':>4s} {'med tau':>7s} {'med rnd':>7s} {'med rndS':>8s} {'med onT':>7s} "
-          f"{'med sec':>7s}")
+          f"{'top10*':>6s} {'exh10':>5s} {'>rnd':>4s} {'med tau':>7s} {'med rnd':>7s} "
+          f"{'med rndS':>8s} {'med onT':>7s} {'med exh':>7s} {'med sec':>7s}")
     for mode, weights in dict.fromkeys((g[0], g[1]) for g in grid):
         ss = [s for g, s in rows.items() if g[:2] == (mode, weights)]
         taus = [s.kendall_tau for s in ss if s.kendall_tau == s.kendall_tau]
         print(f"{mode:10s} {weights:8s} {len(ss):4d} "
               f"{100 * statistics.median(s.regret for s in ss):10.2f} "
               f"{sum(s.percentile >= 90 for s in ss):5d} "
+              f"{sum(s.on_target_percentile >= 90 for s in ss):6d} "
+              f"{sum(s.exhaustive_top10 for s in ss):5.1f} "
               f"{sum(s.regret < s.random_regret for s in ss):4d} "
               f"{statistics.median(taus) if taus else float('nan'):7.2f} "
               f"{100 * statistics.median(s.random_regret for s in ss):7.2f} "
               f"{100 * statistics.median(s.random_search_regret for s in ss):8.2f} "
               f"{100 * statistics.median(s.on_target_regret for s in ss):7.2f} "
+              f"{100 * statistics.median(s.exhaustive_regret for s in ss):7.2f} "
               f"{statistics.median(s.search_seconds for s in ss):7.0f}")
 
 

@@ -8,6 +8,11 @@ For the run's returned network (its arch_hard.yaml):
 - on-target regret: the lowest regret among the networks a fit to the run's target may return
   (`on_target`: measured within ±search.fit_tolerance of it, or, in a gap of the space's costs,
   within the nearest one's distance plus the tolerance): what the latency asked for allows;
+- the ceiling of the percentile: the best percentile any of those networks reaches (where it is
+  under 90, no network on the target is in the top 10% of its latency-matched ones);
+- exhaustive training: every network the target allows trained once (each of the benchmark's
+  seeds in turn) and the best validation accuracy kept: its regret and percentile (means over
+  the seeds), what a search that could afford to train them all would return;
 - the supernet's ranking of every network of the space: Kendall τ and Spearman ρ between the
   path accuracy on the supernet's weights (BN re-estimated, as `fbnas fidelity` computes it) and
   the networks' mean validation accuracy, and Kendall τ between the two validation CEs.
@@ -62,6 +67,10 @@ class Score:
     target: float  # the run's latency target (nan: none recorded)
     on_target_regret: float  # the lowest regret a network the fit may return has (`on_target`)
     on_target: int  # how many networks the fit may return
+    on_target_percentile: float  # the best percentile one of those networks reaches
+    exhaustive_regret: float  # every on-target network trained once, best validation kept
+    exhaustive_percentile: float
+    exhaustive_top10: float  # the share of the seeds whose pick has percentile >= 90
     random_regret: float
     random_regret_sd: float
     random_search_regret: float
@@ -104,6 +113,11 @@ def on_target(t: dict[str, dict[str, float]], target: float, tol: float) -> list
     return [j for j, k in zip(ks, ok, strict=True) if k]
 
 
+def _mean(xs) -> float:
+    xs = list(xs)
+    return statistics.fmean(xs) if xs else math.nan
+
+
 def _fit_tolerance(run_dir: Path) -> float:
     """The run's search.fit_tolerance (its config.yaml), else the default."""
     p = run_dir / "config.yaml"
@@ -115,6 +129,17 @@ def percentile(t: dict[str, dict[str, float]], k: str, near: float) -> float:
     as, in percent (100: the best of them)."""
     pool = matched(t, t[k]["latency"], near)
     return 100.0 * sum(t[j]["acc"] <= t[k]["acc"] for j in pool) / len(pool)
+
+
+def exhaustive(bench: Bench, pool: list[str]) -> list[str]:
+    """Per seed of the benchmark: the network of `pool` with the best validation accuracy
+    of that seed's training at the full budget (ties: the lower CE), as training every network
+    of `pool` once would find it."""
+    b = str(bench.budgets[-1])
+    def val(k: str, s: int) -> tuple[float, float]:
+        r = bench.networks[k]["runs"][str(s)][b]
+        return float(r["val_acc"]), -float(r["val_ce"])
+    return [max(pool, key=lambda k: val(k, s)) for s in bench.seeds] if pool else []
 
 
 def random_search(bench: Bench, pool: list[str], seconds: float, rng: random.Random
@@ -170,6 +195,7 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     secs = search_seconds(run_dir)
     target = float(arch.meta.get("target", math.nan))
     feasible = ([] if math.isnan(target) else on_target(t, target, _fit_tolerance(run_dir)))
+    best_trained = exhaustive(bench, feasible)
     rng = random.Random(seed)
     found = [random_search(bench, pool, secs, rng) for _ in range(trials)]
     tau = rho = tau_ce = math.nan
@@ -188,6 +214,10 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
         spearman_rho=rho, kendall_tau_ce=tau_ce, search_seconds=secs, target=target,
         on_target_regret=min((regret(t, j) for j in feasible), default=math.nan),
         on_target=len(feasible),
+        on_target_percentile=max((percentile(t, j, near) for j in feasible), default=math.nan),
+        exhaustive_regret=_mean(regret(t, j) for j in best_trained),
+        exhaustive_percentile=_mean(percentile(t, j, near) for j in best_trained),
+        exhaustive_top10=_mean(percentile(t, j, near) >= 90 for j in best_trained),
         random_regret=statistics.fmean(regrets),
         random_regret_sd=statistics.pstdev(regrets),
         random_search_regret=statistics.fmean(regret(t, j) for j, _ in found),

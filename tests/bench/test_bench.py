@@ -211,6 +211,19 @@ def test_score_reads_regret_and_percentile_off_the_truth(built, searched, tmp_pa
     assert s.on_target == len(allowed) >= 1
     assert s.on_target_regret == pytest.approx(min(
         max(a for la, a in t.values() if la <= lats[j]) - t[j][1] for j in allowed))
+    # the percentile's ceiling on the target, and every allowed network trained once per seed
+    def reg(j):
+        return max(a for la, a in t.values() if la <= lats[j]) - t[j][1]
+    def pct(j):
+        return 100 * sum(a <= t[j][1] for _, a in t.values()) / 4
+    assert s.on_target_percentile == pytest.approx(max(pct(j) for j in allowed))
+    val = {sd: max(allowed, key=lambda j: (b.networks[j]["runs"][str(sd)]["2"]["val_acc"],
+                                           -b.networks[j]["runs"][str(sd)]["2"]["val_ce"]))
+           for sd in b.seeds}
+    assert s.exhaustive_regret == pytest.approx(sum(map(reg, val.values())) / len(val))
+    assert s.exhaustive_percentile == pytest.approx(sum(map(pct, val.values())) / len(val))
+    assert s.exhaustive_top10 == pytest.approx(
+        sum(pct(j) >= 90 for j in val.values()) / len(val))
     # the best network of the space has no regret and tops its latency band
     best = max(t, key=lambda j: t[j][1])
     b.arch(best).save(searched / "arch_hard.yaml")
