@@ -144,9 +144,11 @@ class SearchConfig:
     """The alternating trainer (paper defaults).
 
     mode: how each step samples and computes paths (docs/search_modes.md): `full` computes
-    every candidate (FBNet; `hard` picks one-hot straight-through samples), `single_path` only
-    one hard straight-through Gumbel sample per layer (GDAS), `two_path` only two candidates
-    drawn from softmax(θ) (ProxylessNAS). `hard` applies to `full` only.
+    every candidate (FBNet; `hard` picks one-hot straight-through samples), `two_path` only
+    two candidates drawn from softmax(θ) (ProxylessNAS), `reinforce` one path drawn from
+    softmax(θ) with a score-function θ gradient. `single_path` (GDAS: one hard straight-through
+    Gumbel sample per layer) draws weight steps' paths (`weight_sampling`) but is refused as
+    the θ mode (`SinglePath.refused`). `hard` applies to `full` only.
     checkpoint_activations: recompute each layer's activations in backward instead of
     storing them (less memory, more time; same gradients and BN statistics).
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
@@ -232,17 +234,19 @@ class SearchConfig:
             # YAML 1.1 reads `fit_measure: off` (and on) as a boolean
             d = {**d, "fit_measure": "on" if d["fit_measure"] else "off"}
         return _trainer_section(cls, d, where, lambda c: [
+            (bool(get_mode(c.mode).refused), f"mode: {c.mode} is not a θ mode: "
+                                             f"{get_mode(c.mode).refused}"),
             (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} leaves no θ "
                                           f"epochs (search.epochs is {c.epochs})"),
             (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}"),
             (c.uniform_paths > 0 and not get_mode(
                 c.mode if c.weight_sampling == "mode" else c.weight_sampling).single,
              f"uniform_paths: {c.uniform_paths} needs single-path weight steps (set "
-             "weight_sampling or mode to single_path or reinforce)"),
+             "weight_sampling to single_path, or mode to reinforce)"),
             (c.sandwich and not get_mode(
                 c.mode if c.weight_sampling == "mode" else c.weight_sampling).single,
-             "sandwich: needs single-path weight steps (set weight_sampling or mode to "
-             "single_path or reinforce)")])
+             "sandwich: needs single-path weight steps (set weight_sampling to "
+             "single_path, or mode to reinforce)")])
 
 
 OPTIMIZERS = ("sgd", "adamw")

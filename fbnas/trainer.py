@@ -132,8 +132,6 @@ class SearchTrainer(SearchSteps, EpochRunner):
             if (note := ignored_note(s.mode, s.weight_sampling, {
                     k for sec, k in cfg.given if sec == "search"})) is not None:
                 self.log.info(note)
-            if get_mode(s.mode).caveat:
-                self.log.warning(f"note: search.mode {s.mode}: {get_mode(s.mode).caveat}")
         if self.dist.distributed:
             if s.warmup_sampling != "mode":
                 raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "
@@ -330,7 +328,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if target is None or not self.cfg.search.fit_target:
             return Architecture(a.macro, a.ops, a.name, a.space, meta)
         fitted = table_fit(self.cfg, list(self.net.theta), self.costs, target)
-        prefer = self._final_pick(target, meta, fitted)
+        prefer = self.final_pick(target, meta, fitted)
         got: tuple = ()
         if self.dist.is_main:
             try:
@@ -350,7 +348,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         meta.update(fit_meta)
         return arch_from_indices(self.cfg.space, indices, name, **meta)
 
-    def _final_pick(self, target: float, meta: dict[str, Any], fitted: TableFit
+    def final_pick(self, target: float, meta: dict[str, Any], fitted: TableFit
                     ) -> list[list[int]]:
         """`search.final_pick: path`: the most probable networks of the table fit's cost
         (`pick_candidates`, the same on every rank), ranked by the validation accuracy (then

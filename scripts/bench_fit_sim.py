@@ -43,7 +43,7 @@ def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str,
     try:
         theta, target = list(tr.net.theta), tr.loss.target
         fitted = fit_costs.table_fit(cfg, theta, tr.costs, target)
-        prefer = tr._final_pick(target, {}, fitted)
+        prefer = tr.final_pick(target, {}, fitted)
     finally:
         close_logger(tr.log)
 

@@ -58,6 +58,7 @@ from scripts.common import (
     SavedBytes,
     Spread,
     closing,
+    configured_mode,
     fbnas_root,
     first_batch,
     interleave,
@@ -125,7 +126,7 @@ def classes_sets(config: str) -> list[str]:
 def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: Path
             ) -> SearchTrainer:
     # keys at their defaults are left out, so that a baseline checkout without them runs too
-    sets = [f"search.mode={mode}", *([f"search.precision={precision}",
+    sets = [f"search.mode={configured_mode(mode)}", *([f"search.precision={precision}",
                                       "search.channels_last=true"] if precision == "bf16" else
                                      [f"search.precision={precision}"] if precision != "float32"
                                      else []),
@@ -138,7 +139,7 @@ def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: P
             f"search.device={args.device}",
             f"run.dir={work / f'{mode}-{precision}-{int(compiled)}-{check}'}",
             "run.progress=false", "run.tensorboard=false", *args.set]
-    return search_trainer(run_config(args.config, sets))
+    return search_trainer(run_config(args.config, sets), sampler=mode)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,7 @@ from scripts.common import (
     SavedBytes,
     Spread,
     closing,
+    configured_mode,
     first_batch,
     interleave,
     run_config,
@@ -167,9 +168,11 @@ def main(argv: list[str] | None = None) -> None:
             closing({}) as trainers:
         for label, mode, ckpt in VARIANTS:
             sets = [*synthetic_sets(args.batch, 4 * args.batch, args.device, Path(tmp) / label),
-                    f"search.mode={mode}", f"search.checkpoint_activations={str(ckpt).lower()}",
+                    f"search.mode={configured_mode(mode)}",
+                    f"search.checkpoint_activations={str(ckpt).lower()}",
                     f"search.seed={args.seed}", "data.val_fraction=0"]
-            trainers[label] = search_trainer(run_config(args.config, sets, space))
+            trainers[label] = search_trainer(run_config(args.config, sets, space),
+                                             sampler=mode)
         x, y = first_batch(trainers["full"])
         run(args, trainers, x, y, space, how, full_space, t_start)
 

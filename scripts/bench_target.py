@@ -60,7 +60,7 @@ DRAWN = 1_000_000  # from this many random architectures
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(SPACES["quickstart"]))
-    ap.add_argument("--modes", default="full,two_path,single_path")
+    ap.add_argument("--modes", default="full,two_path,reinforce")
     ap.add_argument("--targets", default="0.25x,0.5x,0.75x")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, help="search.epochs (default: the config's)")

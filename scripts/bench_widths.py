@@ -35,6 +35,7 @@ from scripts.common import (
     SavedBytes,
     Spread,
     closing,
+    configured_mode,
     first_batch,
     interleave,
     run_config,
@@ -61,7 +62,7 @@ def activations(t, x, y, draws: int, seed: int) -> float:
     weights frozen, as `SearchSteps.theta_step` runs it; `reinforce` scores paths without a
     gradient: nothing)."""
     out = []
-    for k in range(1 if t.cfg.search.mode == "full" else draws):
+    for k in range(1 if t.net.mode == "full" else draws):
         torch.manual_seed(seed + k)
         p = t.net.sample_path(t.tau, t.cfg.search.hard)
         scored = torch.no_grad() if t.net.search_mode.score_paths else nullcontext()
@@ -106,9 +107,10 @@ def main(argv: list[str] | None = None) -> None:
             for label, space in spaces.items():
                 sets = [*synthetic_sets(a.batch, 4 * a.batch, "cpu",
                                         Path(tmp) / f"{mode}-{label}"),
-                        f"search.mode={mode}", "data.val_fraction=0",
+                        f"search.mode={configured_mode(mode)}", "data.val_fraction=0",
                         "search.weights=shared"]
-                trainers[(mode, label)] = search_trainer(run_config(a.config, sets, space))
+                trainers[(mode, label)] = search_trainer(run_config(a.config, sets, space),
+                                                         sampler=mode)
         x, y = first_batch(trainers[(modes[0], "widths")])
         mem = {k: activations(t, x, y, a.mem_samples, 0) for k, t in trainers.items()}
         jobs = {k: (lambda t=t: search_step(t, x, y)) for k, t in trainers.items()}

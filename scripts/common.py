@@ -158,12 +158,26 @@ def run_config(config: str | Path, sets: Sequence[str] = (),
     return config_from_dict(apply_overrides(raw, list(sets)), str(config))
 
 
-def search_trainer(cfg: Config, theta_active: bool = True, **kw: Any) -> SearchTrainer:
+def configured_mode(mode: str) -> str:
+    """The search.mode to configure for timing `mode`'s steps: `mode` itself, or, for one that
+    search.mode refuses as the θ mode (single_path), reinforce, whose trainer
+    `search_trainer(sampler=mode)` then switches to `mode`'s sampler (θ steps through its
+    relaxation, as GDAS runs them). An older checkout (bench_gpu --code) knows no refusal."""
+    from fbnas.search.modes import get_mode
+    return "reinforce" if getattr(get_mode(mode), "refused", "") else mode
+
+
+def search_trainer(cfg: Config, theta_active: bool = True, sampler: str | None = None,
+                   **kw: Any) -> SearchTrainer:
     """A SearchTrainer in cfg.run.dir; with `theta_active`, past the warm-up epochs (the
-    weight steps sample paths as the search mode does, θ steps are on)."""
+    weight steps sample paths as the search mode does, θ steps are on); `sampler`: the
+    registered mode its steps sample paths with instead of search.mode's
+    (`configured_mode`)."""
     t = SearchTrainer(cfg, cfg.run.dir, **kw)
     if theta_active:
         t.epoch = cfg.search.warmup_epochs
+    if sampler is not None:
+        t.net.mode = sampler
     return t
 
 

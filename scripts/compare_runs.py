@@ -4,7 +4,7 @@ exactly (wall-clock seconds aside).
 
     git worktree add /tmp/base af3d295    # the commit before fbnas/ was regrouped by concern
     python -m scripts.compare_runs --code /tmp/base --code . --config configs/quickstart.yaml \\
-        --modes full,single_path,two_path --set latency.cost=flops
+        --modes full,two_path,reinforce --set latency.cost=flops
 
 Every checkout runs the same config file (--config, read from here), so a checkout older than a
 key that file sets refuses it and the comparison stops with that checkout's error (the shipped
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--code", action="append", required=True, type=Path,
                     help="a checkout to run (give two or more; the first is the reference)")
     ap.add_argument("--config", default="configs/quickstart.yaml")
-    ap.add_argument("--modes", default="full,single_path,two_path")
+    ap.add_argument("--modes", default="full,two_path,reinforce")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     if len(args.code) < 2:

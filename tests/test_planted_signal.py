@@ -21,6 +21,7 @@ from fbnas.blocks import build_block, register_block
 from fbnas.blocks.registry import BLOCKS
 from fbnas.config import config_from_dict
 from fbnas.run import close_logger
+from fbnas.search.modes import get_mode
 from fbnas.trainer import SearchTrainer
 
 
@@ -135,14 +136,17 @@ def test_relaxations_hear_no_ce_of_a_zero_candidate_behind_batchnorm(tmp_path, z
 
 
 def _theta_grads(tmp_path, mode: str) -> list[torch.Tensor]:
-    """θ's gradients of one θ step (loss.kind: ce) on the planted space's first θ batch."""
+    """θ's gradients of one θ step (loss.kind: ce) on the planted space's first θ batch, the
+    paths drawn by `mode`'s sampler (single_path's too, which search.mode refuses)."""
     d = digits_run_config(
         space=PLANTED, data={"limit": 400, "batch_size": 32, "val_fraction": 0.0},
-        loss={"kind": "ce"}, search={"mode": mode, "epochs": 2, "warmup_epochs": 1, "seed": 0})
+        loss={"kind": "ce"}, search={"mode": "full" if get_mode(mode).refused else mode,
+                                     "epochs": 2, "warmup_epochs": 1, "seed": 0})
     for k in ("alpha", "beta"):
         d["loss"].pop(k, None)
     d["run"]["dir"] = str(tmp_path / mode)
     t = SearchTrainer(config_from_dict(copy.deepcopy(d), "planted.yaml"), tmp_path / mode)
+    t.net.mode = mode
     try:
         for x, y in t.data.w_loader:  # a few weight steps, so the paths compute something
             t.weight_step(x, y)

@@ -400,7 +400,7 @@ def test_resume_may_switch_activation_checkpointing_but_not_the_mode(tmp_path):
     cfg = make_cfg(tmp_path, search={"epochs": 2})
     interrupt_after_first_epoch(cfg)
     with pytest.raises(FbnasError, match="search.mode was 'full' in this run"):
-        trainer_for(make_cfg(tmp_path, search={"epochs": 2, "mode": "single_path"}), True)
+        trainer_for(make_cfg(tmp_path, search={"epochs": 2, "mode": "two_path"}), True)
     on = make_cfg(tmp_path, search={"epochs": 2, "checkpoint_activations": True})
     assert run_to_end(on, resume=True).model.checkpoint_activations
 

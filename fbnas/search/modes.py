@@ -9,7 +9,8 @@ which DistributedDataParallel needs to know). Every layer is sampled in one batc
 host once per step (they decide which blocks run), `full` not at all.
 
 To add a mode: a `SearchMode` subclass with `sample`, registered with `@MODES.register(name)`;
-`ignores` names the `search:` settings it never reads (a run that sets one says so).
+`ignores` names the `search:` settings it never reads (a run that sets one says so); `refused`
+says why it may draw the weight steps' paths but not be the θ mode.
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ class SearchMode:
     ignores: tuple[str, ...] = ()
     weight_ignores: tuple[str, ...] = ()
     why = weight_why = ""
-    # what a run with this θ mode is told at its start, when the mode is known to search
-    # badly (one line; empty: nothing)
-    caveat = ""
+    # why it cannot be the θ mode (`search.mode`), where the ground-truth benchmark showed it
+    # cannot compete (one line; empty: it can); it may still draw the weight steps' paths
+    # (`search.weight_sampling`)
+    refused = ""
 
     def sample(self, theta: Sequence[torch.Tensor], tau: float, hard: bool) -> PathSample:
         raise NotImplementedError
@@ -119,6 +121,11 @@ MODES: Registry[type[SearchMode]] = Registry("search mode", "search.mode")
 def get_mode(name: str) -> SearchMode:
     """The registered mode `name`; an unknown one is a one-line error naming search.mode."""
     return MODES.get(name)()
+
+
+def theta_modes() -> list[str]:
+    """The registered modes search.mode accepts (not `refused` as the θ mode)."""
+    return [m for m in MODES.choices() if not get_mode(m).refused]
 
 
 @MODES.register("full")
@@ -143,11 +150,11 @@ class SinglePath(SearchMode):
     ignores, weight_ignores = ("hard",), (*TAU, "hard")
     why = "samples one-hot paths already"
     weight_why = "weight steps train only the argmax path, the same at every τ"
-    caveat = ("as the θ mode its θ hears the cost but no CE in an FBNet chain (the next "
-              "BatchNorm cancels its straight-through gate); on the ground-truth benchmark "
-              "its networks beat a random one of their latency in 6 of 9 runs, reinforce's "
-              "in 9 of 9 (docs/bench.md): use it as search.weight_sampling, with reinforce "
-              "or a relaxation as search.mode")
+    refused = ("its θ hears the cost but no CE in an FBNet chain (the next BatchNorm "
+               "cancels its straight-through gate), and on the ground-truth benchmark its "
+               "networks beat a random one of their latency in 6 of 9 runs against "
+               "reinforce's 9 of 9 (docs/bench.md); set search.mode to reinforce (or a "
+               "relaxation) and search.weight_sampling to single_path")
 
     def sample(self, theta, tau, hard):
         soft = gumbel_soft(stacked(theta), tau)

@@ -124,9 +124,10 @@ class SearchSteps:
                 cost = self.net.expected_cost([torch.softmax(t, -1) for t in self.net.theta])
             terms = self.loss(logits.float(), y, cost.float())
             # weights get no gradient here (frozen: no layer keeps its input for a weight
-            # gradient). A layer's θ can be absent from the graph: in single_path a sampled
-            # identity `skip` in a shortcut layer adds nothing (x + 0), and with
-            # `loss.kind: ce` nothing else reaches that θ; its gradient is then 0.
+            # gradient). A layer's θ can be absent from the graph in a mode that computes only
+            # the sampled candidate (single_path's sampler): a sampled identity `skip` in a
+            # shortcut layer adds nothing (x + 0), and with `loss.kind: ce` nothing else
+            # reaches that θ; its gradient is then 0.
             total = self.prec.scale(terms.total, 1)
             _set_grads(theta, total)
             u.terms = {"ce": terms.ce, "cost_term": terms.cost_term, "total": terms.total}

@@ -110,7 +110,7 @@ def _trainer(tmp_path, loss=None, **sections):
     return SearchTrainer(cfg, tmp_path / "run")
 
 
-@pytest.mark.parametrize("mode", ["full", "single_path", "two_path"])
+@pytest.mark.parametrize("mode", ["full", "reinforce", "two_path"])
 def test_sampled_modes_do_not_end_all_skip_under_a_target(tmp_path, mode):
     t = _trainer(tmp_path, loss={"kind": "target", "target": "0.6x", "lambda": 3.0},
                  search={"mode": mode, "epochs": 3, "warmup_epochs": 1, "theta_lr": 0.5})

@@ -53,7 +53,7 @@ def test_auto_defers_on_cuda_only_and_never_under_fp16():
     assert not deferred_wanted("step", cuda, "float32")
 
 
-@pytest.mark.parametrize("mode, warmup", [("full", "mode"), ("single_path", "mode"),
+@pytest.mark.parametrize("mode, warmup", [("full", "mode"), ("reinforce", "mode"),
                                           ("full", "fair")])
 def test_a_deferred_search_equals_the_checked_one(tmp_path, mode, warmup):
     """Fused optimizers with the device-side skip against the per-step check: θ and every
@@ -78,14 +78,14 @@ def test_a_deferred_search_equals_the_checked_one(tmp_path, mode, warmup):
 def test_a_run_checked_per_step_resumes_deferred(tmp_path):
     """run.nan_check may change on resume: the saved (unfused) optimizers load into fused
     kernels and the run ends where an uninterrupted deferred run does."""
-    whole = _fit(_trainer(tmp_path, "whole", "deferred", mode="single_path"))
-    first = _trainer(tmp_path, "part", "step", mode="single_path")
+    whole = _fit(_trainer(tmp_path, "whole", "deferred", mode="reinforce"))
+    first = _trainer(tmp_path, "part", "step", mode="reinforce")
     try:
         first._run_epochs(2)
     finally:
         close_logger(first.log)
     d = copy.deepcopy(TINY)
-    d["search"].update(mode="single_path")
+    d["search"].update(mode="reinforce")
     d["run"].update(dir=str(tmp_path / "part"), nan_check="deferred")
     rest = _fit(SearchTrainer(config_from_dict(d), tmp_path / "part", resume=True))
     assert rest.guard.deferred and all(g["fused"] for g in rest.w_opt.param_groups)

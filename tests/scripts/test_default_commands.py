@@ -207,12 +207,12 @@ def test_compare_runs(worktree):
     # each mode's line names the field; a checkout that cannot run prints no mode line
     old = worktree("af3d295")
     out = run("compare_runs", "--code", str(old), "--code", ".", "--config",
-              "configs/quickstart.yaml", "--modes", "full,single_path,two_path", "--set",
+              "configs/quickstart.yaml", "--modes", "full,two_path", "--set",
               "latency.cost=flops", "--set", "search.epochs=2", "--set",
               "search.warmup_epochs=1", "--set", "data.limit=64", ok=(0, 1))
     assert line(out, r"configs/quickstart.yaml for every checkout; --set latency.cost=flops")
     got = {m: line(out, rf"^{m}: {re.escape(str(old))} vs \.: (.+)$")[1]
-           for m in ("full", "single_path", "two_path")}
+           for m in ("full", "two_path")}
     # identical when this was written (the regroup kept the behaviour)
     assert all(v == "identical" or re.match(r"\.\S+: ", v) for v in got.values()), got
 

@@ -14,7 +14,7 @@ from fbnas import supernet as supernet_mod
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.run import close_logger
-from fbnas.search.modes import MODES, get_mode
+from fbnas.search.modes import MODES, get_mode, theta_modes
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer
@@ -327,7 +327,7 @@ def test_no_checkpointing_in_eval_or_without_grad(tiny_space):
 
 # ---- the trainer ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", MODES.choices())
+@pytest.mark.parametrize("mode", theta_modes())
 def test_trainer_steps_compute_only_the_sampled_paths(tmp_path, mode):
     t = SearchTrainer(make_cfg(tmp_path, mode=mode), tmp_path / "run")
     try:
@@ -378,8 +378,8 @@ def test_uniform_paths_need_single_path_weight_steps(tmp_path):
         make_cfg(tmp_path, mode="full", uniform_paths=1)
 
 
-@pytest.mark.parametrize("mode,ckpt", [("full", False), ("single_path", False),
-                                       ("two_path", False), ("single_path", True)])
+@pytest.mark.parametrize("mode,ckpt", [("full", False), ("reinforce", False),
+                                       ("two_path", False), ("reinforce", True)])
 def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
     cfg = make_cfg(tmp_path, mode=mode, checkpoint_activations=ckpt)
     t = SearchTrainer(cfg, cfg.run.dir)
@@ -415,16 +415,19 @@ def test_checkpointed_search_ends_where_the_plain_one_does(tmp_path):
 
 @pytest.mark.parametrize("skips", [(True, True), (True, False)], ids=["all-skip", "one-skip"])
 def test_theta_step_when_a_sampled_identity_leaves_theta_out_of_the_graph(tmp_path, skips):
-    """single_path + `loss.kind: ce`: a layer whose sampled candidate is the identity under a
-    shared shortcut contributes x + 0, so its θ (or, all-skip, every θ) is not in the loss's
-    graph; the θ step must still run, giving that θ a zero gradient."""
+    """A θ mode that computes only the sampled candidate (here single_path's sampler, which
+    search.mode refuses but a registered mode may do the same) + `loss.kind: ce`: a layer whose
+    sampled candidate is the identity under a shared shortcut contributes x + 0, so its θ (or,
+    all-skip, every θ) is not in the loss's graph; the θ step must still run, giving that θ a
+    zero gradient."""
     d = digits_run_config(
         space={"stages": [{"channels": 8, "repeats": 2, "stride": 1}]},
-        loss={"kind": "ce", "alpha": None, "beta": None}, search={"mode": "single_path"})
+        loss={"kind": "ce", "alpha": None, "beta": None}, search={"mode": "two_path"})
     for k in ("alpha", "beta"):
         d["loss"].pop(k)
     d["run"]["dir"] = str(tmp_path / "run")
     t = SearchTrainer(config_from_dict(d, "tiny.yaml"), tmp_path / "run")
+    t.net.mode = "single_path"
     try:
         assert [op.shortcut for op in t.model.mixed] == [True, True]
         skip = t.model.mixed[0].op_names.index("skip")

@@ -62,16 +62,19 @@ def test_distillation_is_zero_against_itself_and_pulls_toward_the_teacher():
 
 def test_sandwich_needs_single_path_weight_steps(tmp_path):
     one_line_error(lambda: _trainer(tmp_path, mode="full", sandwich=True),
-                   "sandwich", "single_path or reinforce")
+                   "sandwich", "weight_sampling to single_path, or mode to reinforce")
 
 
-def test_a_run_with_single_path_as_the_theta_mode_is_told_why_not(tmp_path):
-    for mode, told in (("single_path", True), ("reinforce", False)):
-        t = _trainer(tmp_path / mode, mode=mode)
-        close_logger(t.log)
-        log = (tmp_path / mode / "run" / "train.log").read_text()
-        assert ("note: search.mode single_path: as the θ mode its θ hears the cost but no CE"
-                in log) is told, log
+def test_single_path_is_refused_as_the_theta_mode_and_drawn_as_the_weights_paths(tmp_path):
+    """The benchmark showed single_path's θ cannot compete (docs/bench.md): as search.mode it is
+    a one-line error naming the key and saying what to set instead; as
+    search.weight_sampling, beside reinforce's θ, it trains."""
+    one_line_error(lambda: _trainer(tmp_path / "theta", mode="single_path"),
+                   "search.mode: single_path is not a θ mode",
+                   "search.weight_sampling to single_path")
+    t = _trainer(tmp_path / "weights", mode="reinforce", weight_sampling="single_path")
+    close_logger(t.log)
+    assert t.net.mode == "reinforce" and t._weight_mode == "single_path"
 
 
 @pytest.mark.parametrize("mode", ["full", "two_path"])
