@@ -28,7 +28,7 @@ def _run(tmp_path, name: str, mode: str, compile_: bool) -> SearchTrainer:
 
 
 @pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow),
-                                  pytest.param("single_path", marks=pytest.mark.slow),
+                                  pytest.param("reinforce", marks=pytest.mark.slow),
                                   "two_path"])
 def test_a_compiled_search_computes_what_the_eager_one_does(tmp_path, mode):
     from torch._dynamo.utils import counters
