@@ -141,6 +141,7 @@ def test_worker_timer_gives_the_in_process_numbers_for_the_fake_backend():
     assert [a.ratio(x.name) for x in archs] == pytest.approx([b.ratio(x.name) for x in archs])
 
 
+@pytest.mark.slow  # moved from the fast tier: 4-6 s, its module has other fast tests
 def test_the_allocator_is_checked_when_a_table_is_used_or_extended(tmp_path):
     t = build_table(SPACE, make_timer("fake"), FAST, context_probes=0)
     t.check_run(allocator="system")

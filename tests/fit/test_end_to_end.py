@@ -22,6 +22,7 @@ from fbnas.trainer import SearchTrainer
 from .measured import FIT_SPACE, fake_run, run_search, slow_networks
 
 
+@pytest.mark.slow  # moved from the fast tier: 4-6 s, its module has other fast tests
 def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, monkeypatch):
     """The fit times its network among the table's probe networks (the ones its context model
     was fitted to; the same ones every round), not alone: a network timed alone repeats far

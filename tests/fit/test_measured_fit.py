@@ -289,6 +289,7 @@ def test_the_measured_figure_reported_is_a_timing_no_decision_read(tmp_path, mon
     assert "the returned network timed again" in log
 
 
+@pytest.mark.slow  # moved from the fast tier: 4-6 s, its module has other fast tests
 def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_path, capsys):
     """A retrained searched network's results (and `fbnas runs`) show what the search was
     asked for beside the table's prediction and the measured latency."""

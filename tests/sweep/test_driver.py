@@ -18,6 +18,7 @@ TINY = digits_run_config(
     retrain={"epochs": 2, "warmup_epochs": 1, "device": "cpu"})
 
 
+@pytest.mark.slow  # moved from the fast tier: 4-6 s, its module has other fast tests
 def test_sweep_two_settings_end_to_end_and_resume(tmp_path, capsys):
     d = {**TINY, "run": {**TINY["run"], "dir": str(tmp_path / "runs/tiny")},
          "latency": {**TINY["latency"], "cache_dir": str(tmp_path / "cache")}}
