@@ -147,8 +147,8 @@ class SearchConfig:
     every candidate (FBNet; `hard` picks one-hot straight-through samples), `two_path` only
     two candidates drawn from softmax(θ) (ProxylessNAS), `reinforce` one path drawn from
     softmax(θ) with a score-function θ gradient. `single_path` (GDAS: one hard straight-through
-    Gumbel sample per layer) draws weight steps' paths (`weight_sampling`) but is refused as
-    the θ mode (`SinglePath.refused`). `hard` applies to `full` only.
+    Gumbel sample per layer) draws weight steps' paths (`weight_sampling`) but a search with
+    it as the θ mode is refused (`SinglePath.refused`). `hard` applies to `full` only.
     checkpoint_activations: recompute each layer's activations in backward instead of
     storing them (less memory, more time; same gradients and BN statistics).
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
@@ -234,8 +234,6 @@ class SearchConfig:
             # YAML 1.1 reads `fit_measure: off` (and on) as a boolean
             d = {**d, "fit_measure": "on" if d["fit_measure"] else "off"}
         return _trainer_section(cls, d, where, lambda c: [
-            (bool(get_mode(c.mode).refused), f"mode: {c.mode} is not a θ mode: "
-                                             f"{get_mode(c.mode).refused}"),
             (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} leaves no θ "
                                           f"epochs (search.epochs is {c.epochs})"),
             (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}"),

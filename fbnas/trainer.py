@@ -70,6 +70,10 @@ class SearchTrainer(SearchSteps, EpochRunner):
     def _setup(self, resume: bool, costs: CostSource | None) -> None:
         cfg = self.cfg
         s = cfg.search
+        # a mode refused as the θ mode is refused where a search starts or resumes, not where
+        # a config is read: a finished run of it can still be sampled, scored and retrained
+        if why := get_mode(s.mode).refused:
+            raise FbnasError(f"search.mode: {s.mode} is not a θ mode: {why}")
         self._init_device(s.device)
         # autocast and layout (fbnas.precision); scaler 0 for the weights, 1 for θ under fp16
         self._init_precision(s.precision, s.channels_last, scalers=2)

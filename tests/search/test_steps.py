@@ -72,6 +72,10 @@ def test_single_path_is_refused_as_the_theta_mode_and_drawn_as_the_weights_paths
     one_line_error(lambda: _trainer(tmp_path / "theta", mode="single_path"),
                    "search.mode: single_path is not a θ mode",
                    "search.weight_sampling to single_path")
+    assert not (tmp_path / "theta" / "run").exists()  # refused before the run folder
+    # a finished run of it stays readable (fbnas sample / fidelity / bench score read its config)
+    d = digits_run_config(search={"mode": "single_path"})
+    assert config_from_dict(d, "old_run.yaml").search.mode == "single_path"
     t = _trainer(tmp_path / "weights", mode="reinforce", weight_sampling="single_path")
     close_logger(t.log)
     assert t.net.mode == "reinforce" and t._weight_mode == "single_path"
