@@ -41,10 +41,11 @@ from fbnas.settings import read_fields, setting, settings_of
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
 DEVICES = ("auto", "cpu", "cuda")
-# Training on XLA is refused, not half supported: search.mode single_path / two_path change the
-# graph every step, and XLA recompiles each (measured on PJRT CPU, quickstart: 14 compilations
-# in 8 single_path steps), and the trainer reads values back on the host every step. XLA is a
-# latency backend (latency.device: xla), not a training device.
+# Training on XLA is refused, not half supported: the sampled search modes (two_path,
+# reinforce, single_path weight steps) change the graph every step, and XLA recompiles each
+# (measured on PJRT CPU, quickstart: 14 compilations in 8 single_path steps), and the trainer
+# reads values back on the host every step. XLA is a latency backend (latency.device: xla),
+# not a training device.
 XLA_TRAINING = ("{where}.device: xla is not supported for training (sampled search modes "
                 "change the graph every step and XLA recompiles each); search and retrain on "
                 "cpu or cuda, and time the table with latency.device: xla")

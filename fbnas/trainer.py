@@ -51,7 +51,7 @@ from fbnas.run.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
 from fbnas.search.figures import epoch_line, tb_scalars
-from fbnas.search.modes import get_mode, ignored_note
+from fbnas.search.modes import get_mode, ignored_note, refuse_as_theta_mode
 from fbnas.search.schedules import TauSchedule
 from fbnas.search.steps import SearchSteps
 from fbnas.supernet import Supernet
@@ -70,16 +70,16 @@ class SearchTrainer(SearchSteps, EpochRunner):
     def _setup(self, resume: bool, costs: CostSource | None) -> None:
         cfg = self.cfg
         s = cfg.search
-        # a mode refused as the θ mode is refused where a search starts or resumes, not where
-        # a config is read: a finished run of it can still be sampled, scored and retrained
-        if why := get_mode(s.mode).refused:
-            raise FbnasError(f"search.mode: {s.mode} is not a θ mode: {why}")
         self._init_device(s.device)
         # autocast and layout (fbnas.precision); scaler 0 for the weights, 1 for θ under fp16
         self._init_precision(s.precision, s.channels_last, scalers=2)
         state = self._open_checkpoint(resume)
         if state is not None:
             self._check_resume(state)
+        # a θ mode refused as one: where a search would start or go on, not where a finished
+        # run is read (it can still be sampled, scored and retrained from)
+        if state is None or state["epoch"] < s.epochs:
+            refuse_as_theta_mode(s.mode, resuming=state is not None)
         self.costs = costs or shared_costs(cfg, self.dist, self.log.info, self.run_dir, resume)
         # seeded after the costs: measuring a table draws random numbers, a cached one does not
         seed_everything(s.seed)
@@ -353,7 +353,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         return arch_from_indices(self.cfg.space, indices, name, **meta)
 
     def final_pick(self, target: float, meta: dict[str, Any], fitted: TableFit
-                    ) -> list[list[int]]:
+                   ) -> list[list[int]]:
         """`search.final_pick: path`: the most probable networks of the table fit's cost
         (`pick_candidates`, the same on every rank), ranked by the validation accuracy (then
         CE) of their paths on the supernet, every rank evaluating; [] with `theta` or without

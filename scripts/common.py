@@ -163,7 +163,10 @@ def configured_mode(mode: str) -> str:
     search.mode refuses as the θ mode (single_path), reinforce, whose trainer
     `search_trainer(sampler=mode)` then switches to `mode`'s sampler (θ steps through its
     relaxation, as GDAS runs them). An older checkout (bench_gpu --code) knows no refusal."""
-    from fbnas.search.modes import get_mode
+    try:
+        from fbnas.search.modes import get_mode
+    except ImportError:  # a checkout from before fbnas/search/ (e4987fe): nothing refused
+        return mode
     return "reinforce" if getattr(get_mode(mode), "refused", "") else mode
 
 

@@ -128,6 +128,15 @@ def theta_modes() -> list[str]:
     return [m for m in MODES.choices() if not get_mode(m).refused]
 
 
+def refuse_as_theta_mode(mode: str, resuming: bool = False) -> None:
+    """A one-line error where a search would start (or resume) with `mode` as its θ mode and
+    the mode is `refused` as one; a finished run of it is not refused (it is only read)."""
+    if why := get_mode(mode).refused:
+        how = (" (a run searched with it cannot be resumed: start a new one)" if resuming
+               else "")
+        raise FbnasError(f"search.mode: {mode} is not a θ mode{how}: {why}")
+
+
 @MODES.register("full")
 class Full(SearchMode):
     """FBNet: m = GumbelSoftmax(θ, τ) (one-hot straight-through if `hard`); all candidates

@@ -300,3 +300,22 @@ def test_sweep_reads_the_benchmark_instead_of_retraining(built, tmp_path, capsys
     assert main(["sweep", "--config", str(conf), "--target", "0.5x", "--out",
                  str(tmp_path / "sw2"), "--bench", str(out)]) == 2
     assert "another data or retrain section" in capsys.readouterr().err
+
+
+def test_exhaustive_training_keeps_each_seeds_best_validation_accuracy_ties_by_ce():
+    from types import SimpleNamespace
+
+    from fbnas.bench.score import exhaustive
+
+    def runs(*by_seed):  # per seed: (val_acc, val_ce) at 20 epochs; at 6 a decoy best
+        return {"runs": {str(s): {"6": {"val_acc": 0.99, "val_ce": 0.0},
+                                  "20": {"val_acc": a, "val_ce": c}}
+                         for s, (a, c) in enumerate(by_seed)}}
+    b = SimpleNamespace(budgets=[6, 20], seeds=[0, 1], networks={
+        "a": runs((0.90, 0.5), (0.80, 0.5)),
+        "b": runs((0.85, 0.4), (0.90, 0.6)),
+        "c": runs((0.90, 0.3), (0.70, 0.1))})
+    # seed 0: a and c tie at 0.90, c has the lower CE; seed 1: b
+    assert exhaustive(b, ["a", "b", "c"]) == ["c", "b"]
+    assert exhaustive(b, ["a", "b"]) == ["a", "b"]
+    assert exhaustive(b, []) == []

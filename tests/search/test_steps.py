@@ -81,6 +81,33 @@ def test_single_path_is_refused_as_the_theta_mode_and_drawn_as_the_weights_paths
     assert t.net.mode == "reinforce" and t._weight_mode == "single_path"
 
 
+def test_a_finished_single_path_run_is_read_but_an_unfinished_one_not_resumed(tmp_path):
+    """A run searched with single_path before it was refused: finished, it is still read
+    (fbnas sample, a sweep's re-read, bench_fit_sim resume it to read θ); unfinished, resuming
+    it says it cannot be and to start a new run."""
+    t = _trainer(tmp_path, mode="reinforce")
+    try:
+        t.fit()
+    finally:
+        close_logger(t.log)
+    ck = tmp_path / "run" / "checkpoint.pt"
+    state = torch.load(ck, weights_only=True)
+    state["config"]["search"]["mode"] = "single_path"
+    torch.save(state, ck)
+    d = digits_run_config(data={"limit": 200}, latency={"cost": "flops"},
+                          search={"mode": "single_path", "epochs": 2, "warmup_epochs": 1})
+    d["run"]["dir"] = str(tmp_path / "run")
+    cfg = config_from_dict(copy.deepcopy(d), "s.yaml")
+    done = SearchTrainer(cfg, tmp_path / "run", resume=True)
+    close_logger(done.log)
+    assert done.epoch == 2 and done.net.mode == "single_path"
+    state["epoch"] = 1
+    torch.save(state, ck)
+    one_line_error(lambda: SearchTrainer(cfg, tmp_path / "run", resume=True),
+                   "search.mode: single_path is not a θ mode (a run searched with it cannot be "
+                   "resumed: start a new one)")
+
+
 @pytest.mark.parametrize("mode", ["full", "two_path"])
 def test_a_theta_step_freezes_the_weights_and_gets_the_same_theta_gradient(tmp_path, mode):
     """A relaxation's θ step runs with the weights' requires_grad off (no layer keeps its

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import digits_run_config
+from conftest import digits_run_config, one_line_error
 
 from fbnas.cli import main
 from fbnas.errors import FbnasError
@@ -132,3 +132,14 @@ def test_sweep_seeds_are_points_of_their_own(tmp_path):
     assert [sp.label for sp in Sweep(cfg, "target", ["1ms"]).plan] == ["target1ms"]
     with pytest.raises(FbnasError, match="--seeds"):
         Sweep(cfg, "target", ["1ms"], seeds=[1, 1])
+
+
+def test_a_sweep_whose_searches_would_run_single_path_as_the_theta_mode_is_refused_up_front(
+        tmp_path):
+    from fbnas.sweep.driver import Sweep
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "loss": {"kind": "target", "target": "0.5x"},
+                                   "search": {**TINY.get("search", {}), "mode": "single_path"}}))
+    one_line_error(lambda: Sweep(cfg, "target", ["0.3x"], out=tmp_path / "s"),
+                   "search.mode: single_path is not a θ mode")
+    assert not (tmp_path / "s").exists()
