@@ -55,7 +55,7 @@ from fbnas.latency.measure import Protocol
 from fbnas.loss import parse_target
 from fbnas.plots import _plt
 from fbnas.retrain import RESULTS, target_ms_of
-from fbnas.search.modes import refuse_as_theta_mode
+from fbnas.search.modes import get_mode, refuse_as_theta_mode
 from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
 
 WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
@@ -228,8 +228,10 @@ class Sweep:
                 label = _label(param, v) + (f"-seed{s}" if s is not None else "")
                 self.plan.append(SearchPlan(label, v, s, point_config(
                     self.base, param, v, self.out / f"search-{label}", s)))
-                if not search_done(self.plan[-1].cfg):  # as the trainer would refuse it
-                    refuse_as_theta_mode(self.plan[-1].cfg.search.mode)
+                # as the trainer would refuse it (a checkpoint read only for a refused mode)
+                mode = self.plan[-1].cfg.search.mode
+                if get_mode(mode).refused and not search_done(self.plan[-1].cfg):
+                    refuse_as_theta_mode(mode)
         self.point_cfgs = [sp.cfg for sp in self.plan]
         # and every reference architecture file (loading also checks it fits the data)
         self.reference_list = reference_archs(self.cfg, self.config_path, self.references)
