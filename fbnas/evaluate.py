@@ -19,8 +19,8 @@ from fbnas.config import config_from_dict
 from fbnas.data.loaders import take_images
 from fbnas.distributed import sync_bn_stats
 from fbnas.errors import FbnasError
-from fbnas.run.loop import CHECKPOINT
 from fbnas.run.step import host_values, metric
+from fbnas.runs.files import RunFiles
 
 
 # ---- evaluation ------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def load_child(path: str | Path, device: str | torch.device = "cpu"
     from a retrain checkpoint (a file, or a retrain run directory holding checkpoint.pt)."""
     p = Path(path)
     if p.is_dir():
-        p = p / CHECKPOINT
+        p = RunFiles(p).checkpoint
     state = load_checkpoint(p, kind="child")
     arch = Architecture.from_dict(state["arch"], f"{p}: arch")
     model = build_child(arch)

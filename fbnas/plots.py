@@ -17,6 +17,7 @@ import numpy as np
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, ensure_dir, load_json, load_yaml
+from fbnas.runs.files import RunFiles
 from fbnas.search_space import SearchSpace
 
 
@@ -51,7 +52,7 @@ def _save(fig, path: Path, dpi: int) -> Path:
 
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:
-    p = run_dir / "history.json"
+    p = RunFiles(run_dir).history
     if not p.is_file():
         raise FbnasError(f"{run_dir}: no history.json (has the run finished an epoch?)")
     hist = load_json(p, expect=list)
@@ -64,9 +65,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     run_dir = Path(run_dir)
     out = Path(out) if out else run_dir / "plots"
     hist = _history(run_dir)
-    cfg = load_yaml(run_dir / "config.yaml")
+    cfg = load_yaml(RunFiles(run_dir).config)
 
-    space = SearchSpace.from_dict(cfg["space"], f"{run_dir / 'config.yaml'}: space")
+    space = SearchSpace.from_dict(cfg["space"], f"{RunFiles(run_dir).config}: space")
     ops = space.layer_candidates()
     cost = (cfg.get("latency") or {}).get("cost", "latency")
     unit = COST_KINDS.get(cost).unit if cost in COST_KINDS else ""

@@ -28,7 +28,6 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, build_child, child_stats
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_train_data
@@ -37,15 +36,13 @@ from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
 from fbnas.fit.costs import find_latency_table, predict_ms
 from fbnas.fit.end_to_end import measure_child_ms
-from fbnas.io import write_json_atomic
 from fbnas.rng import rng_state, seed_everything
 from fbnas.run.guard import fused_optimizer, keep_fused
-from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss
+from fbnas.run.loop import EpochRunner, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
 from fbnas.run.step import StepFigures, Update, metric
-
-RESULTS = "results.json"
-RESULTS_SCHEMA = 1
+from fbnas.runs.results import results_record, write_results
+from fbnas.runs.search_run import SearchRun
 
 
 # ---- the trainer -----------------------------------------------------------------------------
@@ -72,7 +69,7 @@ class ChildTrainer(EpochRunner):
         r = cfg.retrain
         state = self._open_checkpoint(resume)
         if state is not None:
-            ckpt = self.run_dir / CHECKPOINT
+            ckpt = self.files.checkpoint
             saved_arch = Architecture.from_dict(state["arch"], f"{ckpt}: arch")
             if arch is not None and arch.hash() != saved_arch.hash():
                 raise FbnasError(f"{ckpt}: trains architecture {saved_arch.short_hash}, not "
@@ -140,8 +137,8 @@ class ChildTrainer(EpochRunner):
 
     # ---- set-up ---------------------------------------------------------------------------
     def _init_from_supernet(self, run_dir: Path) -> None:
-        ck = run_dir / "checkpoint.pt" if run_dir.is_dir() else run_dir
-        st = load_checkpoint(ck, kind="search")
+        run = SearchRun.open(run_dir)
+        st, ck = run.state, run.checkpoint
         child = supernet_child_state(st, self.arch, str(ck))
         self.model.load_state_dict(child)
         self.log.info(f"initialised {len(child)} tensors from the supernet in {ck} "
@@ -197,7 +194,7 @@ class ChildTrainer(EpochRunner):
         what = "loss" if "loss" in terms else "gradient (the loss was finite)"
         raise NonFiniteLoss(f"non-finite {what} at epoch {self.epoch + 1}/"
                             f"{self.cfg.retrain.epochs} step {step + 1}; stopped after saving "
-                            f"the last good state in {self.run_dir / CHECKPOINT} (lower "
+                            f"the last good state in {self.files.checkpoint} (lower "
                             "retrain.lr?)")
 
     def train_epoch(self) -> dict[str, Any]:
@@ -260,27 +257,26 @@ class ChildTrainer(EpochRunner):
         last = self.history[-1] if self.history else {}
         total_s = sum(h.get("seconds", 0.0) for h in self.history)
         total_n = sum(h.get("images_per_s", 0.0) * h.get("seconds", 0.0) for h in self.history)
-        res: dict[str, Any] = {
-            "fbnas_results": RESULTS_SCHEMA, "kind": "retrain", "run_dir": str(self.run_dir),
-            "created": datetime.now().isoformat(timespec="seconds"),
-            "arch": {"name": self.arch.name, "hash": self.arch.hash(), "ops": list(self.arch.ops)},
-            "space": self.arch.space or self.cfg.space.name, "dataset": self.cfg.data.dataset,
-            "device": str(self.device),
-            "latency_device": measured["device"] if measured else None,
-            "target_latency_ms": target_ms_of(self.arch.meta),
-            "predicted_latency_ms": predicted, "latency_table": table_src,
-            "measured_latency_ms": measured["median_ms"] if measured else None,
-            "measured_latency_iqr": measured["rel_iqr"] if measured else None,
-            "top1": test["top1"], "top5": test["top5"], "test_ce": test["ce"],
-            "val_top1": last.get("val_top1"), "val_ce": last.get("val_ce"),
-            "params": stats["params"], "flops": stats["flops"],
-            "epochs": self.epoch, "train_seconds": total_s,
-            "images_per_s": total_n / max(total_s, 1e-9),
-            "init_from": self.init_from,
-            "search_run": self.arch.meta.get("run") if isinstance(self.arch.meta, dict) else None,
-            "sweep": self.extra.get("sweep"),
-        }
-        write_json_atomic(self.run_dir / RESULTS, res)
+        res = results_record(
+            kind="retrain", run_dir=str(self.run_dir),
+            created=datetime.now().isoformat(timespec="seconds"),
+            arch={"name": self.arch.name, "hash": self.arch.hash(), "ops": list(self.arch.ops)},
+            space=self.arch.space or self.cfg.space.name, dataset=self.cfg.data.dataset,
+            device=str(self.device),
+            latency_device=measured["device"] if measured else None,
+            target_latency_ms=target_ms_of(self.arch.meta),
+            predicted_latency_ms=predicted, latency_table=table_src,
+            measured_latency_ms=measured["median_ms"] if measured else None,
+            measured_latency_iqr=measured["rel_iqr"] if measured else None,
+            top1=test["top1"], top5=test["top5"], test_ce=test["ce"],
+            val_top1=last.get("val_top1"), val_ce=last.get("val_ce"),
+            params=stats["params"], flops=stats["flops"],
+            epochs=self.epoch, train_seconds=total_s,
+            images_per_s=total_n / max(total_s, 1e-9),
+            init_from=self.init_from,
+            search_run=self.arch.meta.get("run") if isinstance(self.arch.meta, dict) else None,
+            sweep=self.extra.get("sweep"))
+        write_results(self.files.results, res)
         self.log.info(results_line(res))
         return res
 

@@ -30,25 +30,19 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from fbnas.arch import Architecture, arch_from_indices, arch_indices, sample_hard
+from fbnas.arch import Architecture, arch_indices
 from fbnas.config import Config
 from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import validate_weights
-from fbnas.fit.costs import (
-    CostSource,
-    TableFit,
-    final_fit,
-    pick_candidates,
-    shared_costs,
-    table_fit,
-)
+from fbnas.fit.costs import CostSource, shared_costs
 from fbnas.fit.onto_target import range_warning
+from fbnas.fit.select import select
 from fbnas.io import write_json_atomic
 from fbnas.rng import rng_state, seed_everything
 from fbnas.run.guard import fused_optimizer, keep_fused, non_finite_what
-from fbnas.run.loop import CHECKPOINT, EpochRunner, Interrupted, NonFiniteLoss
+from fbnas.run.loop import EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.run.resume import ResumePolicy
 from fbnas.search.figures import epoch_line, tb_scalars
 from fbnas.search.modes import get_mode, ignored_note, refuse_as_theta_mode
@@ -84,7 +78,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         # seeded after the costs: measuring a table draws random numbers, a cached one does not
         seed_everything(s.seed)
         if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
-            raise FbnasError(f"{self.run_dir / CHECKPOINT}: the run was searched with another "
+            raise FbnasError(f"{self.files.checkpoint}: the run was searched with another "
                              f"cost table (fingerprint {state['cost_fingerprint'][:12]}, now "
                              f"{self.costs.fingerprint[:12]}); resume with the original table")
         self.model = Supernet(cfg.space, self.costs.rows, self.costs.fixed, mode=s.mode,
@@ -121,7 +115,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
             device=self.device)
         self._open_run_dir()  # every input is valid: now the run directory
         if self.dist.is_main and state is None and self.costs.table is not None:
-            self.costs.table.save(self.run_dir / "cost_table.json")
+            self.costs.table.save(self.files.table)
         self.phase = "w"
         self.skipped_steps = 0
         # distributed runs (_setup_distributed): the weight steps' forward through DDP, and
@@ -148,12 +142,12 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if saved["space"] != now["space"]:
             diff = next((k for k in saved["space"]
                          if saved["space"].get(k) != now["space"].get(k)), "space")
-            raise FbnasError(f"{self.run_dir / CHECKPOINT}: was searched in another search "
+            raise FbnasError(f"{self.files.checkpoint}: was searched in another search "
                              f"space (space.{diff} differs); resume with the original config")
         super()._check_resume(state)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.net.load_search_state(state["model"], str(self.run_dir / CHECKPOINT))
+        self.net.load_search_state(state["model"], str(self.files.checkpoint))
         self.w_opt.load_state_dict(state["w_opt"])
         self.theta_opt.load_state_dict(state["theta_opt"])
         for opt in (self.w_opt, self.theta_opt):  # this run's kernels, whatever wrote it
@@ -180,7 +174,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         }
 
     def _after_save(self) -> None:
-        write_json_atomic(self.run_dir / "theta.json", {
+        write_json_atomic(self.files.theta, {
             "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.decision_candidates()],
             "theta": [t.detach().cpu().tolist() for t in self.net.theta]})
 
@@ -214,7 +208,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         self._rewind(step)  # deferred check: back to the bad step, whose update was skipped
         self.save()  # nothing was applied from that step on: this is the last good state
         raise NonFiniteLoss(f"non-finite {what} at {where}; stopped after saving the last good "
-                            f"state in {self.run_dir / CHECKPOINT} (set search.nan_policy: skip "
+                            f"state in {self.files.checkpoint} (set search.nan_policy: skip "
                             "to skip such steps)")
 
     def validate(self) -> dict[str, float]:
@@ -288,7 +282,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         self._run_epochs(s.epochs)
         arch = self.final_arch()
         if self.dist.is_main:
-            arch.save(self.run_dir / "arch_hard.yaml")
+            arch.save(self.files.arch)
         indices = arch_indices(self.cfg.space, arch)
         predicted = (self.costs.widths.of(indices) if self.costs.widths is not None else
                      self.costs.fixed + sum(r[o] for r, o in zip(self.costs.rows, arch.ops,
@@ -311,7 +305,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
             ("target", "asked"), ("measured", "measured")) if k in arch.meta)
         self.log.info(f"done: architecture {arch.short_hash} "
                       f"({result['predicted_cost']:.1f} {u} predicted{said}) -> "
-                      f"{self.run_dir / 'arch_hard.yaml'}")
+                      f"{self.files.arch}")
         return result
 
     def _next_epoch(self) -> None:
@@ -322,57 +316,21 @@ class SearchTrainer(SearchSteps, EpochRunner):
         return f"epoch {self.epoch} phase {self.phase} step {self.step}"
 
     def final_arch(self) -> Architecture:
-        """argmax θ, fitted to the loss's target when there is one (`search.fit_target`): by
-        the table, with `search.final_pick: path` the best path on the supernet among the most
-        probable networks of that cost, then by timing it end to end where this machine can
-        (`search.fit_measure`; rank 0 measures, the other ranks receive its choice)."""
-        name, meta = f"{self.cfg.space.name}_search", {"run": str(self.run_dir)}
-        a = sample_hard(self.cfg.space, self.model.theta, name=name)
-        target = getattr(self.loss, "target", None)
-        if target is None or not self.cfg.search.fit_target:
-            return Architecture(a.macro, a.ops, a.name, a.space, meta)
-        fitted = table_fit(self.cfg, list(self.net.theta), self.costs, target)
-        prefer = self.final_pick(target, meta, fitted)
-        got: tuple = ()
-        if self.dist.is_main:
-            try:
-                got = ("ok", *final_fit(self.cfg, list(self.net.theta), self.costs, target,
-                                        self.log.info, str(self.run_dir), prefer=prefer,
-                                        fitted=fitted))
-            except FbnasError as e:
-                got = ("error", str(e))
-                if self.dist.distributed:
-                    self.dist.broadcast_object(got)
-                raise
-        if self.dist.distributed:
-            got = self.dist.broadcast_object(got)
-        if got[0] == "error":
-            raise FbnasError(f"rank 0: {got[1]}")
-        _, indices, fit_meta = got
-        meta.update(fit_meta)
-        return arch_from_indices(self.cfg.space, indices, name, **meta)
+        """The network the search returns (`fbnas.fit.select`: argmax θ, fitted onto the
+        loss's target by the table, the final pick among the most probable networks of that
+        cost by their paths on the supernet, then the measured fit; rank 0 times networks,
+        the other ranks receive its choice)."""
+        sel = select(self.cfg, list(self.net.theta), self.costs,
+                     getattr(self.loss, "target", None), self.log.info, str(self.run_dir),
+                     score_paths=self.score_paths if self.data.val_loader is not None else None,
+                     dist=self.dist)
+        return sel.architecture(self.cfg, f"{self.cfg.space.name}_search", run=str(self.run_dir))
 
-    def final_pick(self, target: float, meta: dict[str, Any], fitted: TableFit
-                   ) -> list[list[int]]:
-        """`search.final_pick: path`: the most probable networks of the table fit's cost
-        (`pick_candidates`, the same on every rank), ranked by the validation accuracy (then
-        CE) of their paths on the supernet, every rank evaluating; [] with `theta` or without
-        a validation split."""
-        s = self.cfg.search
-        if s.final_pick != "path" or self.data.val_loader is None:
-            return []
-        cands = pick_candidates(self.cfg, list(self.net.theta), self.costs, target, fitted)
-        scores = [validate_weights(self.net, self.data, self.device, *self.net.path(c),
-                                   s.bn_calib_samples, self.dist) for c in cands]
-        ranked = sorted(range(len(cands)), key=lambda i: (-scores[i]["acc"], scores[i]["ce"]))
-        best = ranked[0]
-        self.log.info(f"final pick: of {len(cands)} networks near the fitted cost, the best path "
-                      f"on the supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
-                      f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
-        meta["final_pick"] = {"candidates": len(cands), "chosen": best, "ranked": ranked,
-                              "path_acc": [round(r["acc"], 4) for r in scores],
-                              "candidates_indices": [list(map(int, c)) for c in cands]}
-        return [cands[i] for i in ranked]
+    def score_paths(self, cands: list[list[int]]) -> list[dict[str, float]]:
+        """The final pick's scores: each candidate's path on the supernet, BN re-estimated,
+        on the validation split (every rank evaluates)."""
+        return [validate_weights(self.net, self.data, self.device, *self.net.path(c),
+                                 self.cfg.search.bn_calib_samples, self.dist) for c in cands]
 
     # ---- distributed (torchrun; docs/distributed.md) ---------------------------------------------
     def _setup_distributed(self, fresh: bool) -> None:

@@ -22,53 +22,42 @@ import random
 import statistics
 from pathlib import Path
 
-import fbnas.fit.costs as fit_costs
 from fbnas.arch import arch_from_indices
 from fbnas.bench.score import percentile, regret, truth
 from fbnas.bench.table import Bench
-from fbnas.checkpoint import load_checkpoint
-from fbnas.config import config_from_dict
-from fbnas.run import close_logger
-from fbnas.trainer import SearchTrainer
+from fbnas.fit.select import select
+from fbnas.runs.search_run import SearchRun
 from scripts.common import BENCH_FILE
 
 
 def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str, float]:
     t = truth(bench)
-    state = load_checkpoint(run_dir / "checkpoint.pt", kind="search")
-    state["config"]["search"]["fit_measure"] = "on"
-    cfg = config_from_dict(state["config"], str(run_dir))
+    run = SearchRun.open(run_dir)
+    cfg = run.config_with(["search.fit_measure=on"])
     tol = cfg.search.fit_tolerance
-    tr = SearchTrainer(cfg, run_dir, resume=True)
-    try:
-        theta, target = list(tr.net.theta), tr.loss.target
-        fitted = fit_costs.table_fit(cfg, theta, tr.costs, target)
-        prefer = tr.final_pick(target, {}, fitted)
-    finally:
-        close_logger(tr.log)
+    prefer, _ = run.recorded_pick  # the run's final pick, as `fbnas sample --refit` reads it
+    target = run.target
 
     def key(idx):
         return bench.key(arch_from_indices(cfg.space, list(idx), "sim"))
 
-    real = fit_costs.fit_measurer
     regs, top, offs, outside = [], [], [], []
-    try:
-        for d in range(draws):
-            rng = random.Random(d)
-            fit_costs.fit_measurer = lambda *_a, rng=rng, **_k: (
-                lambda net: (t[key(net)]["latency"] * math.exp(rng.gauss(0, sigma)), 0.02))
-            idx, _ = fit_costs.final_fit(cfg, theta, tr.costs, target, lambda s: None,
-                                         fit_measure="on", prefer=prefer, fitted=fitted)
-            k = key(idx)
-            regs.append(100 * regret(t, k))
-            top.append(percentile(t, k, 0.03) >= 90)
-            offs.append(t[k]["latency"] / target - 1)
-            again = random.Random(10_000 + d)
-            outside.append(statistics.fmean(
-                abs(t[k]["latency"] * math.exp(again.gauss(0, sigma)) / target - 1) > tol
-                for _ in range(200)))
-    finally:
-        fit_costs.fit_measurer = real
+    for d in range(draws):
+        rng = random.Random(d)
+
+        def measure(idx, rng=rng):
+            return t[key(idx)]["latency"] * math.exp(rng.gauss(0, sigma)), 0.02
+
+        sel = select(cfg, run.theta, run.costs, target, lambda s: None, str(run_dir),
+                     recorded=prefer, fit_measure="on", measure=measure)
+        k = key(sel.indices)
+        regs.append(100 * regret(t, k))
+        top.append(percentile(t, k, 0.03) >= 90)
+        offs.append(t[k]["latency"] / target - 1)
+        again = random.Random(10_000 + d)
+        outside.append(statistics.fmean(
+            abs(t[k]["latency"] * math.exp(again.gauss(0, sigma)) / target - 1) > tol
+            for _ in range(200)))
     return {"regret": statistics.fmean(regs), "top10": statistics.fmean(top),
             "offset": statistics.median(offs), "outside": statistics.fmean(outside)}
 

@@ -42,15 +42,17 @@ import math
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
 from fbnas.arch import Architecture, random_archs
-from fbnas.fit.costs import fit_search_run, load_search_run, run_costs, run_table, run_target
+from fbnas.fit.costs import run_target
 from fbnas.fit.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
 from fbnas.fit.onto_target import cost_lists, cost_range, every_cost
+from fbnas.fit.select import refit
 from fbnas.loss import resolve_target
+from fbnas.runs.files import RunFiles
+from fbnas.runs.search_run import SearchRun
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 ENUMERATE = 1_000_000  # spaces up to this size are counted exactly; beyond, estimated
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--keep", metavar="DIR",
                     help="search runs kept in DIR; a search already finished there is not run "
-                         "again: its θ is fitted anew (`fit_search_run`, as `fbnas sample "
+                         "again: its θ is fitted anew (`fit.select.refit`, as `fbnas sample "
                          "--hard`), so a change to the final fit is measured on the same θ")
     ap.add_argument("--rounds", type=int, default=FIT_ROUNDS,
                     help="rounds of the re-measurements (default: the measured fit's)")
@@ -90,18 +92,18 @@ def main(argv: list[str] | None = None) -> None:
                     if args.epochs:
                         sets.append(f"search.epochs={args.epochs}")
                     cfg = run_config(args.config, sets)
-                    run = Path(cfg.run.dir)
-                    if (run / "arch_hard.yaml").is_file():  # searched before (--keep): re-fit
-                        _, cfg, _ = loaded = load_search_run(run)
-                        costs = run_costs(cfg, run_table(run))
-                        arch = fit_search_run(run, log=lambda _: None, loaded=loaded)
+                    files = RunFiles(cfg.run.dir)
+                    if files.arch.is_file():  # searched before (--keep): re-fit
+                        sr = SearchRun.open(files.dir)
+                        cfg, costs = sr.config, sr.costs
+                        arch = refit(sr, log=lambda _: None)
                     else:
-                        resume = (run / "checkpoint.pt").is_file()  # a search cut short
+                        resume = files.checkpoint.is_file()  # a search cut short
                         with closing([search_trainer(cfg, theta_active=False,
                                                      resume=resume)]) as (tr,):
                             tr.fit()
                         costs = tr.costs
-                        arch = Architecture.load(run / "arch_hard.yaml")
+                        arch = Architecture.load(files.arch)
                     t_us = run_target(cfg, costs)
                     found.append((mode, target, seed, arch, t_us, arch.meta["predicted"]))
                     fits.append(arch.meta)

@@ -23,7 +23,7 @@ from fbnas.cli.latency.common import timer_args
 from fbnas.config import DEVICES, RetrainConfig, SearchConfig, config_from_dict, load_config
 from fbnas.cost_kinds import COST_KINDS, CostKind, is_measured
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import cannot_time_here
+from fbnas.fit.select import cannot_time_here
 from fbnas.latency import LatencyTable
 from fbnas.latency.table import _check_meta
 from fbnas.loss import LOSSES, CostLoss, LossConfig

@@ -27,7 +27,7 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, load_yaml
 from fbnas.latency import LatencyTable, space_signatures
-from fbnas.runs import load_results
+from fbnas.runs.results import load_results
 from fbnas.search_space import SearchSpace
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,

@@ -9,15 +9,15 @@ import pytest
 
 import fbnas.cli as cli
 from fbnas.errors import FbnasError
-from fbnas.runs import (
+from fbnas.runs.index import (
     COLUMNS,
     find_results,
     format_table,
-    load_results,
     pareto,
     results_table,
     sort_rows,
 )
+from fbnas.runs.results import load_results
 
 ROOT = Path(__file__).parents[1]
 

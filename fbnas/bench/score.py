@@ -36,16 +36,10 @@ from typing import Any
 import torch
 from scipy import stats
 
-from fbnas.arch import Architecture
 from fbnas.bench.table import Bench
-from fbnas.checkpoint import load_checkpoint
-from fbnas.config import SearchConfig, config_from_dict, load_config
-from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import near_or_nearest
-from fbnas.io import load_json
-from fbnas.run import CHECKPOINT
-from fbnas.supernet import Supernet
+from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.fidelity import supernet_accuracy
 
 TRUTH = "test_acc"  # what regret and percentile judge by (mean over seeds, full budget)
@@ -118,12 +112,6 @@ def _mean(xs) -> float:
     return statistics.fmean(xs) if xs else math.nan
 
 
-def _fit_tolerance(run_dir: Path) -> float:
-    """The run's search.fit_tolerance (its config.yaml), else the default."""
-    p = run_dir / "config.yaml"
-    return load_config(p).search.fit_tolerance if p.is_file() else SearchConfig().fit_tolerance
-
-
 def percentile(t: dict[str, dict[str, float]], k: str, near: float) -> float:
     """The share of networks within ±`near` of `k`'s latency that `k` is at least as accurate
     as, in percent (100: the best of them)."""
@@ -157,32 +145,24 @@ def random_search(bench: Bench, pool: list[str], seconds: float, rng: random.Ran
     return best, n
 
 
-def supernet_ranking(run_dir: Path, bench: Bench, keys: list[str]) -> dict[str, tuple]:
+def supernet_ranking(run: SearchRun, bench: Bench, keys: list[str]) -> dict[str, tuple]:
     """Per network: (supernet path accuracy, CE) on the run's validation split."""
-    state = load_checkpoint(run_dir / CHECKPOINT, kind="search")
-    cfg = config_from_dict(state["config"], f"{run_dir / CHECKPOINT}: config")
+    cfg = run.config
     if cfg.space.macro != bench.space.macro:
-        raise FbnasError(f"{run_dir}: searched space '{cfg.space.name}', not the benchmark's "
+        raise FbnasError(f"{run.dir}: searched space '{cfg.space.name}', not the benchmark's "
                          f"'{bench.space.name}'")
-    net = Supernet(cfg.space, mode=cfg.search.mode, weights=cfg.search.weights)
-    net.load_search_state(state["model"], str(run_dir / CHECKPOINT))
-    data = build_search_data(cfg.data, cfg.space.macro.input_size, cfg.space.macro.in_channels,
-                             cfg.space.macro.num_classes, seed=cfg.search.seed)
+    net, data = run.supernet(), run.search_data()
     device = torch.device("cpu")
     return {k: supernet_accuracy(net, bench.arch(k), cfg, data, device) for k in keys}
 
 
-def search_seconds(run_dir: Path) -> float:
-    """The search's wall time: its epochs' seconds (history.json)."""
-    hist = load_json(run_dir / "history.json", expect=list)
-    return float(sum(h.get("seconds", 0.0) for h in hist))
-
-
 def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int = 200,
               seed: int = 0, rank: bool = True) -> Score:
-    run_dir = Path(run_dir)
-    arch = Architecture.load(run_dir / "arch_hard.yaml")
-    k = bench.key(arch, str(run_dir / "arch_hard.yaml"))
+    run = SearchRun.open(run_dir)
+    arch = run.arch
+    if arch is None:
+        raise FbnasError(f"{run.files.arch}: no such file (the search has not finished)")
+    k = bench.key(arch, str(run.files.arch))
     t = truth(bench)
     if k not in t:
         raise FbnasError(f"{run_dir}: its network {arch.short_hash} is not complete in the "
@@ -192,16 +172,16 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     mine = t[k]["acc"]
     pct = percentile(t, k, near)
     regrets = [regret(t, j) for j in pool]
-    secs = search_seconds(run_dir)
+    secs = run.search_seconds
     target = float(arch.meta.get("target", math.nan))
-    feasible = ([] if math.isnan(target) else on_target(t, target, _fit_tolerance(run_dir)))
+    feasible = ([] if math.isnan(target) else on_target(t, target, run.fit_tolerance))
     best_trained = exhaustive(bench, feasible)
     rng = random.Random(seed)
     found = [random_search(bench, pool, secs, rng) for _ in range(trials)]
     tau = rho = tau_ce = math.nan
     if rank:
         keys = sorted(t)
-        est = supernet_ranking(run_dir, bench, keys)
+        est = supernet_ranking(run, bench, keys)
         tau = float(stats.kendalltau([est[j][0] for j in keys],
                                      [t[j]["val_acc"] for j in keys]).statistic)
         rho = float(stats.spearmanr([est[j][0] for j in keys],
@@ -209,7 +189,7 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
         tau_ce = float(stats.kendalltau([est[j][1] for j in keys],
                                         [t[j]["val_ce"] for j in keys]).statistic)
     return Score(
-        run=str(run_dir), ops=list(arch.ops), latency=lat, true_acc=mine,
+        run=str(run.dir), ops=list(arch.ops), latency=lat, true_acc=mine,
         regret=regret(t, k), percentile=pct, matched=len(pool), kendall_tau=tau,
         spearman_rho=rho, kendall_tau_ce=tau_ce, search_seconds=secs, target=target,
         on_target_regret=min((regret(t, j) for j in feasible), default=math.nan),

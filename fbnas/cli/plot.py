@@ -7,6 +7,7 @@ from pathlib import Path
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, load_yaml, show
 from fbnas.plots import plot_run
+from fbnas.runs.files import RunFiles
 from fbnas.search_space import SearchSpace
 
 SERIES = ("w_ce", "w_acc", "theta_loss", "theta_cost", "argmax_path_ce", "argmax_path_acc",
@@ -24,7 +25,8 @@ def check_run(run_dir: Path) -> None:
     """Check what the plots read (config.yaml's space, every history.json record) before any
     plot is drawn or folder made, so that a damaged file is one line naming it."""
 
-    cfg_path, hist_path = run_dir / "config.yaml", run_dir / "history.json"
+    files = RunFiles(run_dir)
+    cfg_path, hist_path = files.config, files.history
     if not hist_path.exists():
         raise FbnasError(f"{run_dir}: no history.json (has the run finished an epoch?)")
     cfg = load_yaml(cfg_path)

@@ -14,6 +14,7 @@ from fbnas.errors import FbnasError
 from fbnas.io import load_yaml
 from fbnas.retrain import ChildTrainer
 from fbnas.run import run_trainer
+from fbnas.runs.files import RunFiles
 
 RUN_KEYS = ("arch", "init_from", "extra")  # what a retrain run adds to config.yaml
 
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
 def load_run_config(run_dir: Path, overrides: list[str]):
     """The Config saved in a retrain run directory (without the run's own keys)."""
 
-    path = run_dir / "config.yaml"
+    path = RunFiles(run_dir).config
     if not path.is_file():
         raise FbnasError(f"{run_dir}: no config.yaml there (is it a retrain run directory?)")
     data = load_yaml(path)

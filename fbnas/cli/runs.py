@@ -10,18 +10,18 @@ import textwrap
 from pathlib import Path
 
 from fbnas.errors import FbnasError
-from fbnas.runs import (
+from fbnas.runs.index import (
     COLUMNS,
     DEFAULT_COLUMNS,
     DESCENDING,
     check_column,
     find_results,
     format_table,
-    load_results,
     parse_columns,
     records,
     select_rows,
 )
+from fbnas.runs.results import load_results
 
 DEFAULT_DIR = "runs"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from fbnas.config import SearchConfig
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import load_search_run, run_table
 from fbnas.fit.sample import described, hard_arch, near_target_bundle, pick_measured, soft_archs
+from fbnas.runs.search_run import SearchRun
 from fbnas.settings import setting_choices
 
 
@@ -50,9 +50,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     run_dir = Path(args.run_dir)
-    loaded = load_search_run(run_dir)
-    state, cfg, theta = loaded
-    table = run_table(run_dir)
+    run = SearchRun.open(run_dir)
+    cfg, theta, table = run.config, run.theta, run.table
     out = Path(args.out) if args.out else run_dir / "samples"
     other = args.soft or args.near_target is not None or args.pick
     if (args.refit or args.fit_measure) and other:
@@ -61,8 +60,7 @@ def run(args) -> int:
         raise FbnasError("sample: --fit-measure goes with --refit (--hard gives the run's "
                          "architecture as it was measured)")
     if args.near_target is not None:
-        near_target_bundle(run_dir, cfg, theta, table, args.near_target, args.near,
-                           args.bundle)
+        near_target_bundle(run, args.near_target, args.near, args.bundle)
         print(f"copy {args.bundle} to the device, run `python run_bundle.py` there, copy "
               f"results.json back, then: fbnas sample {run_dir} --pick {args.bundle}/"
               "results.json")
@@ -70,7 +68,7 @@ def run(args) -> int:
     if args.bundle:
         raise FbnasError("sample: --bundle goes with --near-target K")
     if args.pick:
-        arch = pick_measured(run_dir, cfg, theta, table, args.pick)
+        arch = pick_measured(run, args.pick)
         path = out / "arch_picked.yaml"
         arch.save(path)
         print(f"{path}: {arch.choices_text(cfg.space)}")
@@ -79,10 +77,10 @@ def run(args) -> int:
         archs = soft_archs(cfg, theta, args.n, args.seed)
         names = [f"soft_{i + 1}" for i in range(len(archs))]
     else:
-        archs = [hard_arch(run_dir, loaded, table, args.refit, args.fit_measure)]
+        archs = [hard_arch(run, args.refit, args.fit_measure)]
         names = ["hard"]
     for a, name in zip(archs, names, strict=True):
-        arch = described(a, name, run_dir, state, cfg, theta, table)
+        arch = described(a, name, run)
         path = out / f"arch_{name}.yaml"
         arch.save(path)
         m = arch.meta

@@ -11,6 +11,7 @@ from pathlib import Path
 from fbnas.config import load_config
 from fbnas.errors import FbnasError
 from fbnas.run import run_trainer
+from fbnas.runs.files import RunFiles
 from fbnas.trainer import SearchTrainer
 
 
@@ -28,7 +29,7 @@ def run(args) -> int:
 
     if args.resume:
         run_dir = Path(args.resume)
-        cfg_path = Path(args.config) if args.config else run_dir / "config.yaml"
+        cfg_path = Path(args.config) if args.config else RunFiles(run_dir).config
         if not cfg_path.is_file():
             raise FbnasError(f"{run_dir}: no config.yaml there (is it a search run directory?)")
         cfg = load_config(cfg_path, args.set)

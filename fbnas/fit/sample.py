@@ -15,7 +15,6 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -30,45 +29,43 @@ from fbnas.arch import (
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import fit_search_run, run_costs, run_target, table_fit
 from fbnas.fit.onto_target import Round, choose, cost_lists, near_target, predicted_cost
+from fbnas.fit.select import refit as refit_run
+from fbnas.fit.select import table_fit
 from fbnas.io import write_json_atomic
-from fbnas.latency import LatencyTable
 from fbnas.latency.bundle import RUNTIMES, network_latencies_us, read_results, write_bundle
+from fbnas.runs.files import ARCH
+from fbnas.runs.search_run import SearchRun
 
 NEAR_TARGET = "near_target_bundle.json"  # which bundle `--near-target` wrote for the run
-RECORDED = "arch_hard.yaml"  # the architecture `fbnas train` returned
 
 
-def hard_arch(run_dir: Path, loaded: tuple, table: LatencyTable | None, refit: bool = False,
-              fit_measure: str | None = None, log: Callable[[str], None] = print
-              ) -> Architecture:
+def hard_arch(run: SearchRun, refit: bool = False, fit_measure: str | None = None,
+              log: Callable[[str], None] = print) -> Architecture:
     """The run's architecture: `arch_hard.yaml` as `fbnas train` wrote it at its last epoch.
     `refit`: θ's argmax fitted again (`fit_measure` overriding the run's setting), and a line
     saying whether it differs from the recorded one. A run that has not finished has nothing
     recorded: its argmax is fitted by the table only, unless `refit`."""
-    state, cfg, _ = loaded
-    recorded = _recorded(run_dir, cfg, int(state["epoch"]))
+    cfg, table = run.config, run.table
+    recorded = _recorded(run)
     if refit or recorded is None:
         if recorded is None and not refit:
-            log(f"{run_dir} has not finished its search (epoch {int(state['epoch'])} of "
+            log(f"{run.dir} has not finished its search (epoch {run.epoch} of "
                 f"{cfg.search.epochs}): θ's argmax fitted by the table (--refit to measure)")
             fit_measure = "off"
-        a = fit_search_run(run_dir, fit_measure, log, loaded)
+        a = refit_run(run, fit_measure, log)
         if refit and recorded is not None:
             log(_compare(a, recorded, table.unit if table is not None else ""))
         return a
-    log(f"the run's architecture ({run_dir / RECORDED}, as fbnas train returned it)")
+    log(f"the run's architecture ({run.files.arch}, as fbnas train returned it)")
     return recorded
 
 
-def _recorded(run_dir: Path, cfg: Config, epoch: int) -> Architecture | None:
-    path = run_dir / RECORDED
-    if epoch < cfg.search.epochs or not path.is_file():
+def _recorded(run: SearchRun) -> Architecture | None:
+    if run.epoch < run.config.search.epochs or run.arch is None:
         return None
-    a = Architecture.load(path)
-    a.check_fits(cfg.space, str(path))
-    return a
+    run.arch.check_fits(run.config.space, str(run.files.arch))
+    return run.arch
 
 
 def _compare(new: Architecture, old: Architecture, u: str) -> str:
@@ -77,10 +74,10 @@ def _compare(new: Architecture, old: Architecture, u: str) -> str:
     figs = "".join(f"; measured {a.meta['measured']:.1f} {u} {w}"
                    for a, w in ((new, "now"), (old, "by the run")) if "measured" in a.meta)
     if new.ops == old.ops:
-        return f"{what}: the same architecture as the run's {RECORDED}{figs}"
+        return f"{what}: the same architecture as the run's {ARCH}{figs}"
     diff = ", ".join(f"layer {i}: {a} -> {b}"
                      for i, (a, b) in enumerate(zip(old.ops, new.ops, strict=True)) if a != b)
-    return f"{what}: differs from the run's {RECORDED} ({diff}){figs}"
+    return f"{what}: differs from the run's {ARCH} ({diff}){figs}"
 
 
 def soft_archs(cfg: Config, theta: list[torch.Tensor], n: int, seed: int) -> list[Architecture]:
@@ -95,17 +92,16 @@ def soft_archs(cfg: Config, theta: list[torch.Tensor], n: int, seed: int) -> lis
     return sorted(seen.values(), key=lambda a: -arch_log_prob(cfg.space, theta, a))
 
 
-def described(a: Architecture, name: str, run_dir: Path, state: dict[str, Any], cfg: Config,
-              theta: list[torch.Tensor], table: LatencyTable | None) -> Architecture:
+def described(a: Architecture, name: str, run: SearchRun) -> Architecture:
     """`a` named for the run, its meta the fit's record plus its probability under θ, size and
     the table's prediction."""
-    space = cfg.space
+    space, theta, table = run.config.space, run.theta, run.table
     stats = child_stats(a)
     lp = arch_log_prob(space, theta, a)
     probs = [torch.softmax(t.float(), -1) for t in theta]
     meta = {
         **{k: v for k, v in (a.meta or {}).items() if k != "run"},  # the fit's record
-        "run": str(run_dir), "epoch": int(state["epoch"]), "selection": name,
+        "run": str(run.dir), "epoch": run.epoch, "selection": name,
         "probability": math.exp(lp), "log_probability": lp,
         "layer_probabilities": [round(float(p[i]), 4)
                                 for p, i in zip(probs, arch_indices(space, a), strict=True)],
@@ -117,10 +113,10 @@ def described(a: Architecture, name: str, run_dir: Path, state: dict[str, Any], 
     return Architecture(a.macro, a.ops, f"{space.name}_{name}", space.name, meta)
 
 
-def check_bundle_target(cfg: Config, table: LatencyTable | None, run_dir: Path, what: str
-                        ) -> None:
+def check_bundle_target(run: SearchRun, what: str) -> None:
     """A bundle times runtime programs: its figures compare with the run's target only where
     the run searched on a table of that runtime (measured here or imported from one)."""
+    cfg, table, run_dir = run.config, run.table, run.dir
     if table is None or not is_measured(table.cost) or cfg.loss.target is None:
         raise FbnasError(f"sample {what}: {run_dir} has no latency target (loss.target) and "
                          "latency table (cost_table.json) to measure against")
@@ -131,19 +127,18 @@ def check_bundle_target(cfg: Config, table: LatencyTable | None, run_dir: Path, 
                          "executorch, or one imported from a bundle) to measure on the device")
 
 
-def near_target_bundle(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
-                       table: LatencyTable | None, k: int, near: float, bundle: str | None,
+def near_target_bundle(run: SearchRun, k: int, near: float, bundle: str | None,
                        log: Callable[[str], None] = print) -> list[Architecture]:
     """The `k` most probable architectures predicted across target x (1 ± near), written as a
     runtime bundle `bundle`; the run remembers which bundle it wrote (NEAR_TARGET)."""
-    check_bundle_target(cfg, table, run_dir, "--near-target")
+    check_bundle_target(run, "--near-target")
+    cfg, theta, table, run_dir = run.config, run.theta, run.table, run.dir
     if not bundle:
         raise FbnasError("sample --near-target: give the bundle folder to write, --bundle DIR")
     if k < 1 or not 0 < near < 1:
         raise FbnasError(f"sample --near-target {k} --near {near}: K must be >= 1 and F in "
                          "(0, 1)")
-    costs = run_costs(cfg, table)
-    target = run_target(cfg, costs)
+    costs, target = run.costs, run.target
     # a width-searched run's networks at the widths the table's fit chooses for the target
     _, widths, rows, fixed = table_fit(cfg, theta, costs, target)
     picks = near_target(theta[:len(rows)], rows, fixed, target, k, near)
@@ -164,20 +159,20 @@ def near_target_bundle(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
     return archs
 
 
-def pick_measured(run_dir: Path, cfg: Config, theta: list[torch.Tensor],
-                  table: LatencyTable | None, results: str,
-                  log: Callable[[str], None] = print) -> Architecture:
+def pick_measured(run: SearchRun, results: str, log: Callable[[str], None] = print
+                  ) -> Architecture:
     """The most probable of a `near_target_bundle`'s networks measured (on the device, in
     `results`) within ±search.fit_tolerance of the target; none inside is a one-line error."""
-    check_bundle_target(cfg, table, run_dir, "--pick")
+    check_bundle_target(run, "--pick")
+    cfg, theta, run_dir = run.config, run.theta, run.dir
     res, man = read_results(results)
     wrote = run_dir / NEAR_TARGET
     mine = json.loads(wrote.read_text())["bundle"] if wrote.is_file() else None
     if mine is None or man.get("bundle_id") != mine:
         raise FbnasError(f"{results}: results of bundle {man.get('bundle_id')!r}, but "
                          f"{run_dir}'s --near-target bundle is {mine!r}")
-    costs = run_costs(cfg, table)
-    target, tol = run_target(cfg, costs), cfg.search.fit_tolerance
+    costs = run.costs
+    target, tol = run.target, cfg.search.fit_tolerance
     cands = cfg.space.layer_candidates()
     rounds, choices = [], {}
     for a, med, iqr in network_latencies_us(res, man).values():

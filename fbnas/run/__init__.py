@@ -4,7 +4,6 @@ is trained: the search and retrain trainers subclass `loop.EpochRunner`."""
 
 from fbnas.run.logs import attach_log_file, close_logger, make_logger, run_log_handlers
 from fbnas.run.loop import (
-    CHECKPOINT,
     EpochRunner,
     Interrupted,
     NonFiniteLoss,
@@ -13,6 +12,6 @@ from fbnas.run.loop import (
 )
 from fbnas.run.resume import ResumePolicy, check_kept_settings
 
-__all__ = ["CHECKPOINT", "EpochRunner", "Interrupted", "NonFiniteLoss", "ResumePolicy",
+__all__ = ["EpochRunner", "Interrupted", "NonFiniteLoss", "ResumePolicy",
            "attach_log_file", "check_kept_settings", "close_logger", "make_logger",
            "resolve_device", "run_log_handlers", "run_trainer"]

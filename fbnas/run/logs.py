@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fbnas.io import clock, ensure_dir
+from fbnas.runs.files import RunFiles
 
 PLAIN_EVERY_S = 30.0  # a plain progress line at most this often (not on a terminal)
 BAR_REFRESH_S = 0.5  # a bar's figures are read from the device at most this often
@@ -132,7 +133,7 @@ def attach_log_file(log: logging.Logger, run_dir: Path) -> None:
     fh = next((h for h in log.handlers if isinstance(h, logging.FileHandler)), None)
     if fh is None:
         ensure_dir(run_dir)
-        fh = logging.FileHandler(run_dir / "train.log")
+        fh = logging.FileHandler(RunFiles(run_dir).log)
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
                                           "%H:%M:%S"))
         log.addHandler(fh)

@@ -47,9 +47,7 @@ from fbnas.run.logs import (
 )
 from fbnas.run.resume import ResumePolicy
 from fbnas.run.step import PhaseSums, StepFigures, Stepper, host_values
-
-CHECKPOINT = "checkpoint.pt"
-CLASSES = "classes.json"  # the `data.classes` subset a run keeps
+from fbnas.runs.files import RunFiles
 
 
 class NonFiniteLoss(FbnasError):
@@ -81,6 +79,7 @@ class EpochRunner:
     def __init__(self, cfg: Any, run_dir: str | Path, log: logging.Logger | None = None,
                  dist: DistContext | None = None, **setup: Any):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.files = RunFiles(self.run_dir)
         # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
         self.dist = dist or dist_current()
         self.epoch, self.step = 0, 0
@@ -191,7 +190,7 @@ class EpochRunner:
     def _open_checkpoint(self, resume: bool) -> dict[str, Any] | None:
         """The checkpoint to resume from (checked against the config by `_check_resume`), or
         None for a new run, which must not overwrite one."""
-        path = self.run_dir / CHECKPOINT
+        path = self.files.checkpoint
         if not resume:
             if path.exists():
                 what = "search" if self.KIND == "search" else "retrain"
@@ -202,7 +201,7 @@ class EpochRunner:
         return load_checkpoint(path, kind=self.KIND)
 
     def _check_resume(self, state: dict[str, Any]) -> None:
-        self.POLICY.check(state["config"], self.cfg.resolved(), self.run_dir / CHECKPOINT)
+        self.POLICY.check(state["config"], self.cfg.resolved(), self.files.checkpoint)
 
     def _open_run_dir(self) -> None:
         """Every input is valid: create the run directory and start train.log (rank 0)."""
@@ -215,7 +214,7 @@ class EpochRunner:
         """config.yaml: the resolved config (plus what the trainer adds), on rank 0; with
         `data.classes`, classes.json: the classes the run keeps."""
         if self.dist.is_main:
-            write_yaml_atomic(self.run_dir / "config.yaml",
+            write_yaml_atomic(self.files.config,
                               {**self.cfg.resolved(), **(extra or {})})
             self._write_classes()
 
@@ -228,18 +227,18 @@ class EpochRunner:
             return
         d = self.cfg.data
         names = list(data.class_names)
-        write_json_atomic(self.run_dir / CLASSES, {
+        write_json_atomic(self.files.classes, {
             "dataset": d.dataset, "root": d.root, "classes": len(kept),
             "class_seed": d.class_seed, "indices": list(kept), "names": names})
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         self.log.info(f"data.classes: {len(kept)} classes (class_seed {d.class_seed}): "
-                      f"{shown}; the list is in {self.run_dir / CLASSES}")
+                      f"{shown}; the list is in {self.files.classes}")
 
     def _restore_ranks(self, state: dict[str, Any], at_epoch_start: bool, seed: int) -> None:
         """RNG state (this rank's, in a distributed checkpoint), partial sums and BN
         statistics; the BN statistics are loaded by `_load_rank_bn` once the model is wrapped."""
         mine = restore_rank_rng(self.dist, state, at_epoch_start=at_epoch_start, seed=seed,
-                                epoch=self.epoch, where=str(self.run_dir / CHECKPOINT),
+                                epoch=self.epoch, where=str(self.files.checkpoint),
                                 log=self.log)
         if mine is not None:
             self._load_partial(mine.get("partial"))
@@ -264,7 +263,7 @@ class EpochRunner:
         state = self.state_dict()
         if ranks is not None:
             state.update(world_size=self.dist.world_size, ranks=ranks)
-        save_checkpoint(self.run_dir / CHECKPOINT, state)
+        save_checkpoint(self.files.checkpoint, state)
         self._after_save()
 
     def _after_save(self) -> None:
@@ -286,7 +285,7 @@ class EpochRunner:
                         raise Interrupted
         except Interrupted:
             if self.dist.is_main:
-                self.log.warning(f"interrupted: saved {self.run_dir / CHECKPOINT} at "
+                self.log.warning(f"interrupted: saved {self.files.checkpoint} at "
                                  f"{self._position()}; continue with "
                                  f"`{self.RESUME_CMD} {self.run_dir}`")
             raise
@@ -376,12 +375,12 @@ class EpochRunner:
         """history.json, the log line and TensorBoard (rank 0 alone)."""
         if not self.dist.is_main:
             return
-        write_json_atomic(self.run_dir / "history.json", self.history)
+        write_json_atomic(self.files.history, self.history)
         self.log.info(self.epoch_line(rec))
         if not self.cfg.run.tensorboard:
             return
         if self.writer is None:
-            self.writer = SummaryWriter(str(self.run_dir / "tb"))
+            self.writer = SummaryWriter(str(self.files.tensorboard))
         self.tb_scalars(self.writer, rec)
 
     # ---- stopping ---------------------------------------------------------------------------

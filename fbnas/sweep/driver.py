@@ -54,7 +54,8 @@ from fbnas.io import atomic_write, ensure_dir, load_yaml, write_json_atomic, wri
 from fbnas.latency.measure import Protocol
 from fbnas.loss import parse_target
 from fbnas.plots import _plt
-from fbnas.retrain import RESULTS, target_ms_of
+from fbnas.retrain import target_ms_of
+from fbnas.runs.files import RunFiles
 from fbnas.search.modes import get_mode, refuse_as_theta_mode
 from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
 
@@ -286,7 +287,7 @@ class Sweep:
                     continue
                 self.log(f"== sweep {p.label}: retrain {p.arch.short_hash}")
                 cfg, extra = self.retrain_job(p)
-                if (p.run_dir / RESULTS).is_file():
+                if RunFiles(p.run_dir).results.is_file():
                     self.log(f"{p.run_dir}: retrained earlier")
                 p.results = dict(retrain_point(cfg, p.arch, extra))
         finally:
@@ -310,7 +311,8 @@ class Sweep:
                 res["measured_latency_ms"] = n["measured"] / 1e3
                 res["measured_latency_iqr"] = n.get("measured_latency_iqr")
         p.results = res
-        write_json_atomic(ensure_dir(p.run_dir) / RESULTS, res)
+        ensure_dir(p.run_dir)
+        write_json_atomic(RunFiles(p.run_dir).results, res)
         self.log(f"== sweep {p.label}: {p.arch.short_hash} from the benchmark: top-1 "
                  f"{100 * res['top1']:.2f}%")
         return True
@@ -344,7 +346,7 @@ class Sweep:
             p.results["measured_latency_ms"] = s["median_us"] / 1e3
             p.results["measured_latency_iqr"] = s["rel_iqr"]
             p.results["latency_device"] = device
-            write_json_atomic(p.run_dir / RESULTS, p.results)
+            write_json_atomic(RunFiles(p.run_dir).results, p.results)
 
     def _report(self, points: list[SweepPoint], wall: float) -> dict[str, Any]:
         for p in points:

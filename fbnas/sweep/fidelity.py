@@ -39,15 +39,15 @@ from scipy import stats
 
 from fbnas.arch import Architecture, arch_indices, random_archs
 from fbnas.bench.table import Bench
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
-from fbnas.data import build_search_data
 from fbnas.data.loaders import take_images
 from fbnas.errors import FbnasError
 from fbnas.evaluate import path_sums
 from fbnas.io import ensure_dir, load_json, write_json_atomic
-from fbnas.retrain import RESULTS, ChildTrainer
-from fbnas.run import CHECKPOINT, close_logger
+from fbnas.retrain import ChildTrainer
+from fbnas.run import close_logger
+from fbnas.runs.files import RunFiles
+from fbnas.runs.search_run import SearchRun
 from fbnas.supernet import Supernet
 
 
@@ -82,13 +82,13 @@ class Fidelity:
                  overrides: list[str] | None = None, log=print, retrain_seeds: int = 1,
                  bench: str | Path | None = None):
         self.run_dir = Path(run_dir)
-        self.state = load_checkpoint(self.run_dir / CHECKPOINT, kind="search")
+        self.search = SearchRun.open(self.run_dir)
         sets = list(overrides or [])
         if retrain_epochs is not None:
             sets += [f"retrain.epochs={retrain_epochs}",
                      f"retrain.warmup_epochs={min(1, retrain_epochs - 1)}"]
-        self.base = apply_overrides(self.state["config"], sets)
-        self.cfg = config_from_dict(self.base, f"{self.run_dir / CHECKPOINT}: config")
+        self.base = apply_overrides(self.search.state["config"], sets)
+        self.cfg = self.search.config_with(sets)
         if self.cfg.data.val_fraction == 0:
             raise FbnasError(f"{self.run_dir}: data.val_fraction is 0, so there is no "
                              "validation split to estimate accuracy on")
@@ -108,21 +108,16 @@ class Fidelity:
 
     def archs(self) -> list[Architecture]:
         first: list[Architecture] = []
-        hard = self.run_dir / "arch_hard.yaml"
-        if hard.is_file():
-            first.append(Architecture.load(hard))
+        if self.search.arch is not None:
+            first.append(self.search.arch)
         taken = {a.hash() for a in first}
         return first + random_archs(self.cfg.space, self.n - len(first), self.seed, taken)
 
     def run(self) -> dict[str, Any]:
         ensure_dir(self.out)
         device = torch.device("cpu")
-        net = Supernet(self.cfg.space, mode=self.cfg.search.mode,  # costs play no part here
-                       weights=self.cfg.search.weights)
-        net.load_search_state(self.state["model"], str(self.run_dir / CHECKPOINT))
-        data = build_search_data(self.cfg.data, self.cfg.space.macro.input_size,
-                                 self.cfg.space.macro.in_channels,
-                                 self.cfg.space.macro.num_classes, seed=self.cfg.search.seed)
+        net = self.search.supernet(self.cfg)
+        data = self.search.search_data(self.cfg)
         points = [Point(a) for a in self.archs()]
         for i, p in enumerate(points):
             p.supernet_acc, p.supernet_ce = supernet_accuracy(net, p.arch, self.cfg, data,
@@ -149,13 +144,13 @@ class Fidelity:
     def _retrain(self, arch: Architecture, k: int = 0) -> dict[str, Any]:
         """Retrain `arch` with the config's retrain seed + k (its own run folder per k)."""
         run = self.out / (f"retrain-{arch.short_hash}" + (f"-s{k}" if k else ""))
-        if (run / RESULTS).is_file():
-            return load_json(run / RESULTS)
+        if RunFiles(run).results.is_file():
+            return load_json(RunFiles(run).results)
         seed = [f"retrain.seed={self.cfg.retrain.seed + k}"] if k else []
         cfg = config_from_dict(apply_overrides(self.base, [
             f"run.dir={run}", "retrain.measure_latency=false", "run.progress=false", *seed]),
             "fidelity")
-        t = ChildTrainer(cfg, arch, run, resume=(run / CHECKPOINT).is_file())
+        t = ChildTrainer(cfg, arch, run, resume=RunFiles(run).checkpoint.is_file())
         try:
             return t.fit()
         finally:

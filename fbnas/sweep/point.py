@@ -8,32 +8,33 @@ from pathlib import Path
 from typing import Any
 
 from fbnas.arch import Architecture
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.io import load_json
-from fbnas.retrain import RESULTS, ChildTrainer
+from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
-from fbnas.runs import load_results
+from fbnas.runs.files import RunFiles
+from fbnas.runs.results import load_results
+from fbnas.runs.search_run import SearchRun
 from fbnas.trainer import SearchTrainer
 
 
 def search_done(cfg: Config) -> bool:
     """Has this point's search run all its epochs (its run directory says so)?"""
-    ck = Path(cfg.run.dir) / "checkpoint.pt"
-    return ck.is_file() and load_checkpoint(ck, kind="search")["epoch"] >= cfg.search.epochs
+    files = RunFiles(cfg.run.dir)
+    return files.checkpoint.is_file() and SearchRun.open(files.dir).epoch >= cfg.search.epochs
 
 
 def search_point(cfg: Config) -> Architecture:
     """Search (or resume, or re-read a finished search) in `cfg.run.dir`; its argmax
     architecture. Resuming checks the run was made with these settings (one-line error if
     not); a finished run just writes its architecture again."""
-    run = Path(cfg.run.dir)
-    t = SearchTrainer(cfg, run, resume=(run / "checkpoint.pt").is_file())
+    files = RunFiles(cfg.run.dir)
+    t = SearchTrainer(cfg, files.dir, resume=files.checkpoint.is_file())
     try:
         t.fit()
     finally:
         close_logger(t.log)
-    return Architecture.load(run / "arch_hard.yaml")
+    return Architecture.load(files.arch)
 
 
 def retrain_config(base: dict, config_path: str | Path, run: Path) -> Config:
@@ -45,13 +46,13 @@ def retrain_config(base: dict, config_path: str | Path, run: Path) -> Config:
 def retrain_point(cfg: Config, arch: Architecture, extra: dict[str, Any]) -> dict[str, Any]:
     """Retrain `arch` (or resume, or re-read a finished retrain) in `cfg.run.dir`; its
     results. Resuming checks the run trained this architecture with this recipe."""
-    run = Path(cfg.run.dir)
-    done = (run / RESULTS).is_file()
+    files = RunFiles(cfg.run.dir)
+    done = files.results.is_file()
     if done:
-        load_results(run / RESULTS)  # checked: a damaged file is a one-line error
-    t = ChildTrainer(cfg, arch, run, resume=(run / "checkpoint.pt").is_file(),
+        load_results(files.results)  # checked: a damaged file is a one-line error
+    t = ChildTrainer(cfg, arch, files.dir, resume=files.checkpoint.is_file(),
                      extra={"sweep": extra})
     try:
-        return load_json(run / RESULTS) if done else t.fit()
+        return load_json(files.results) if done else t.fit()
     finally:
         close_logger(t.log)

@@ -19,7 +19,7 @@ sweep's, bit for bit, at the same torch thread count (`fbnas sweep --threads T` 
 A search's measured fit to a latency target (`search.fit_measure`, issue 26) times networks end
 to end, which must not happen while other tasks train on the machine: the search tasks fit by
 the table alone, and once every search has finished, before any retrain starts, the driver
-times and re-fits each searched point's network (`fit_search_run`) with the workers idle, and
+times and re-fits each searched point's network (`fit.select.refit`) with the workers idle, and
 writes the result to the point's arch_hard.yaml (a re-run keeps a fit already measured). The
 architectures then depend on that timing, as a serial sweep's do; θ stays bit-identical. On a
 cluster, OUT, the data and the latency table cache must be on a filesystem that every node
@@ -47,10 +47,12 @@ from fbnas.arch import Architecture
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import fit_search_run, resolve_costs
+from fbnas.fit.costs import resolve_costs
+from fbnas.fit.select import refit
 from fbnas.io import ensure_dir, load_json, write_json_atomic
-from fbnas.retrain import RESULTS
 from fbnas.run import Interrupted
+from fbnas.runs.files import RunFiles
+from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
 from fbnas.sweep.point import retrain_point, search_done, search_point
 
@@ -70,7 +72,7 @@ def import_ray(what: str) -> Any:
 def _kill_at_first_checkpoint(run: Path) -> None:
     """The test hook: SIGKILL this process once `run/checkpoint.pt` exists."""
     def watch() -> None:
-        while not (run / "checkpoint.pt").is_file():
+        while not RunFiles(run).checkpoint.is_file():
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=watch, daemon=True).start()
@@ -84,8 +86,8 @@ def run_task(phase: str, label: str, cfg: Config, arch: Architecture | None,
         os.chdir(cwd)
     torch.set_num_threads(threads)
     run = Path(cfg.run.dir)
-    earlier = search_done(cfg) if phase == "search" else (run / RESULTS).is_file()
-    how = ("started" if not (run / "checkpoint.pt").is_file() else
+    earlier = search_done(cfg) if phase == "search" else RunFiles(run).results.is_file()
+    how = ("started" if not RunFiles(run).checkpoint.is_file() else
            "re-reading its finished run" if earlier else "resuming from its checkpoint")
     # where the driver sees who runs what (a file: it is there before any kill can come)
     write_json_atomic(Path(events) / f"{phase}-{label}.json",
@@ -273,15 +275,16 @@ class RaySweep:
         return ordered + refs + (randoms or [])
 
     def _measured_fit(self, sp: SearchPlan, p: SweepPoint) -> SweepPoint:
-        """The point's searched network timed here and re-fitted to its target (`final_fit`),
+        """The point's searched network timed here and re-fitted to its target (`fit.select.refit`),
         saved as its arch_hard.yaml; a network measured by an earlier run of the sweep is
         kept."""
         if "measured" in (p.arch.meta or {}):
             return p
         run = Path(sp.cfg.run.dir)
         self.log(f"sweep: search {sp.label}: measured fit")
-        arch = fit_search_run(run, sp.cfg.search.fit_measure, lambda m: self.log(f"  {m}"))
-        arch.save(run / "arch_hard.yaml")
+        arch = refit(SearchRun.open(run), sp.cfg.search.fit_measure,
+                     lambda m: self.log(f"  {m}"))
+        arch.save(RunFiles(run).arch)
         return self.sweep.searched(sp, arch)
 
     def _drain(self) -> None:

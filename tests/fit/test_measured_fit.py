@@ -14,12 +14,11 @@ import torch
 import yaml
 from conftest import digits_run_config
 
-import fbnas.fit.costs as costs_mod
+import fbnas.fit.select as select_mod
 from fbnas.arch import Architecture, log_prob
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import final_fit, pick_candidates
 from fbnas.fit.onto_target import (
     Round,
     choose,
@@ -28,6 +27,7 @@ from fbnas.fit.onto_target import (
     near_target,
     predicted_cost,
 )
+from fbnas.fit.select import final_fit, pick_candidates
 from fbnas.retrain import ChildTrainer
 from fbnas.run import close_logger
 from fbnas.trainer import SearchTrainer
@@ -267,14 +267,14 @@ def test_the_measured_figure_reported_is_a_timing_no_decision_read(tmp_path, mon
     cfg = fake_run(tmp_path)
     slow_networks(monkeypatch, 1.15)
     timed = []
-    real = costs_mod.time_archs
+    real = select_mod.time_archs
 
     def counting(timer, archs, *a, **k):
         out = real(timer, archs, *a, **k)
         timed.append((tuple(archs["fit"].ops), out["fit"]["median_us"]))
         return out
 
-    monkeypatch.setattr(costs_mod, "time_archs", counting)
+    monkeypatch.setattr(select_mod, "time_archs", counting)
     _, saved = run_search(cfg, tmp_path)
     meta = saved["meta"]
     assert len(timed) == len(meta["fit_rounds"]) + 1

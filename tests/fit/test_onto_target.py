@@ -14,9 +14,10 @@ from conftest import DIGITS_SPACE, digits_run_config
 
 from fbnas.arch import arch_indices, log_prob
 from fbnas.config import config_from_dict
-from fbnas.fit.costs import pick_candidates, recorded_pick
 from fbnas.fit.onto_target import fit_to_target, likeliest_in_band, predicted_cost
+from fbnas.fit.select import pick_candidates
 from fbnas.run import close_logger
+from fbnas.runs.search_run import SearchRun
 from fbnas.trainer import SearchTrainer
 
 
@@ -210,12 +211,12 @@ def test_the_final_pick_returns_the_best_path_among_the_likeliest_networks_of_th
     # the ranking is recorded, best path first, and a re-fit reads it back in that order
     assert pick["ranked"][0] == pick["chosen"] and sorted(pick["ranked"]) == list(range(len(cands)))
     assert [accs[i] for i in pick["ranked"]] == sorted(accs, reverse=True)
-    ranked, rec = recorded_pick(tmp_path / "run", t.cfg)
+    ranked, rec = SearchRun.open(tmp_path / "run").recorded_pick
     assert ranked == [cands[i] for i in pick["ranked"]] and rec == pick
     old = {k: v for k, v in pick.items() if k != "ranked"}  # a record from before the ranking
     arch.meta["final_pick"] = old
     arch.save(tmp_path / "run" / "arch_hard.yaml")
-    assert recorded_pick(tmp_path / "run", t.cfg)[0] == [cands[pick["chosen"]]]
+    assert SearchRun.open(tmp_path / "run").recorded_pick[0] == [cands[pick["chosen"]]]
     # `theta` returns the table's fit, as before the final pick existed
     t2 = _trainer(tmp_path / "b", loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
                   search={"mode": "reinforce", "weights": "shared", "epochs": 2,

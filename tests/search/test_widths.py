@@ -14,11 +14,13 @@ from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.evaluate import supernet_child_state
-from fbnas.fit.costs import fit_search_run, width_costs
+from fbnas.fit.costs import width_costs
 from fbnas.fit.onto_target import fit_with_widths
+from fbnas.fit.select import refit
 from fbnas.latency import build_cost_table
 from fbnas.latency.signature import space_signatures
 from fbnas.latency.table import space_hash
+from fbnas.runs.search_run import SearchRun
 from fbnas.search.modes import MODES
 from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace
@@ -194,7 +196,7 @@ def test_a_width_search_runs_through_sample_retrain_and_plot(tmp_path):
     arch.check_fits(space)
     assert arch.meta["final_pick"]["candidates"] >= 1
     # a re-fit starts from the recorded final pick, as the search's fit did
-    again = fit_search_run(tmp_path / "run", "off", log=lambda m: None)
+    again = refit(SearchRun.open(tmp_path / "run"), "off", log=lambda m: None)
     assert again.hash() == arch.hash() and again.meta["final_pick"] == arch.meta["final_pick"]
     assert main(["sample", str(tmp_path / "run"), "--soft", "-n", "3"]) == 0
     for p in (tmp_path / "run" / "samples").glob("arch_soft_*.yaml"):
@@ -375,7 +377,8 @@ def test_a_near_target_bundle_of_a_width_search_carries_the_fits_widths(tmp_path
     nets = wrote["networks"]
     n = len(space.layer_candidates())
     widths = {tuple(arch_indices(space, a)[n:]) for a in nets}
-    from fbnas.fit.costs import run_costs, table_fit
+    from fbnas.fit.costs import run_costs
+    from fbnas.fit.select import table_fit
     cfg = config_from_dict(d, "w")
     theta = [torch.tensor(t) for t in json.loads((run / "theta.json").read_text())["theta"]]
     fitted = table_fit(cfg, theta, run_costs(cfg, table),

@@ -1,7 +1,8 @@
 """The results index behind `fbnas runs`: every retrain run's `results.json` as one table.
 
 Like NAS-Bench-101's query of evaluated architectures: `find_results` collects the files,
-`load_results` checks and normalises each one, and `results_table` / `format_table` sort the
+`fbnas.runs.results.load_results` checks and normalises each one, and `results_table` /
+`format_table` sort the
 rows by any column in `COLUMNS` (numerically for numbers, missing values always last) and
 mark the rows on the latency / accuracy Pareto front (`pareto`).
 
@@ -18,23 +19,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fbnas.errors import FbnasError
-from fbnas.io import load_json, show
+from fbnas.runs.files import RESULTS
+from fbnas.runs.results import PATH_KEY, is_number
 
-RESULTS = "results.json"
-SCHEMA = 1
-
-# Keys of a results.json file and the type each must have when present (None is always allowed).
-_STR_KEYS = ("kind", "run_dir", "created", "space", "dataset", "device", "latency_device",
-             "search_run")
-_NUM_KEYS = ("target_latency_ms", "predicted_latency_ms", "measured_latency_ms",
-             "measured_latency_iqr", "top1", "top5", "val_top1", "params", "flops", "epochs",
-             "train_seconds", "images_per_s")
-_MAP_KEYS = ("arch", "sweep")
-PATH_KEY = "_path"  # load_results adds the file the row came from under this key
 _FRONT_KEY = "_front"
 
 
-# ---- finding and loading ---------------------------------------------------------------------
+# ---- finding ---------------------------------------------------------------------------------
 def find_results(paths: Iterable[str | os.PathLike], missing_ok: bool = False) -> list[Path]:
     """The results.json files under `paths`, in a deterministic order.
 
@@ -61,58 +52,6 @@ def find_results(paths: Iterable[str | os.PathLike], missing_ok: bool = False) -
                 seen.add(key)
                 out.append(f)
     return out
-
-
-def load_results(path: str | os.PathLike) -> dict[str, Any]:
-    """One results.json, checked: a JSON object with `fbnas_results: 1` and values of the
-    right types. Every known key is present in the result (None where the file lacks it);
-    unknown keys are kept; the file's own path is stored under `PATH_KEY`. Errors are one-line
-    FbnasErrors naming the file (and the key)."""
-    data = load_json(path)
-    version = data.get("fbnas_results")
-    if version is None:
-        raise FbnasError(f"{path}: not an fbnas results file (no 'fbnas_results' key)")
-    if type(version) is not int or version != SCHEMA:
-        remedy = ("written by a newer fbnas: upgrade fbnas to read it"
-                  if type(version) is int and version > SCHEMA else
-                  "re-run the retrain with this fbnas")
-        raise FbnasError(f"{path}: fbnas_results is {show(version)}, this fbnas reads version "
-                         f"{SCHEMA} ({remedy})")
-    row = dict(data)
-    for key in _STR_KEYS:
-        v = row.setdefault(key, None)
-        if v is not None and not isinstance(v, str):
-            raise FbnasError(f"{path}: '{key}' must be a string or null, got {_kind(v)}")
-    for key in _NUM_KEYS:
-        v = row.setdefault(key, None)
-        if v is not None and not _is_number(v):
-            raise FbnasError(f"{path}: '{key}' must be a number or null, got {_kind(v)}")
-        if isinstance(v, float) and not math.isfinite(v):
-            row[key] = None  # NaN / inf (Python's json reads them) count as not measured
-    for key in _MAP_KEYS:
-        v = row.setdefault(key, None)
-        if v is not None and not isinstance(v, Mapping):
-            raise FbnasError(f"{path}: '{key}' must be an object or null, got {_kind(v)}")
-    arch = dict(row["arch"] or {})
-    for key in ("name", "hash"):
-        v = arch.setdefault(key, None)
-        if v is not None and not isinstance(v, str):
-            raise FbnasError(f"{path}: 'arch.{key}' must be a string or null, got {_kind(v)}")
-    ops = arch.setdefault("ops", None)
-    if ops is not None and not (isinstance(ops, list) and all(isinstance(o, str) for o in ops)):
-        raise FbnasError(f"{path}: 'arch.ops' must be a list of strings or null")
-    row["arch"] = arch
-    row[PATH_KEY] = str(path)
-    return row
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _kind(v: Any) -> str:
-    return {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(
-        type(v), type(v).__name__)
 
 
 # ---- columns ---------------------------------------------------------------------------------
@@ -278,7 +217,7 @@ def pareto(rows: Sequence[Mapping[str, Any]], x: str | None = None, y: str = "to
     points = []
     for i, r in enumerate(rows):
         vx, vy = gx(r), gy(r)
-        if _is_number(vx) and _is_number(vy) and not (_missing(vx) or _missing(vy)):
+        if is_number(vx) and is_number(vy) and not (_missing(vx) or _missing(vy)):
             points.append((vx, vy, i))
     points.sort(key=lambda p: (p[0], -p[1]))
     front: set[int] = set()

@@ -1,0 +1,303 @@
+"""From θ to the network a search returns: one path, its steps named as a user names them.
+
+    argmax      θ's most probable network (no target, or `search.fit_target: false`: returned)
+    table fit   θ fitted onto the loss's target by the cost table (`table_fit`)
+    pick        `search.final_pick: path`: the most probable networks near that cost, ranked by
+                their paths on the supernet (`pick_candidates`; a finished run's recorded
+                ranking is read back instead)
+    measured fit
+                the first of them timed end to end and re-fitted until it measures within
+                `search.fit_tolerance`, where `search.fit_measure` allows and this machine can
+                time the table's device (`final_fit`)
+
+`select` runs them for the trainer (and `refit` for a finished run: `fbnas sample`, the
+sweep); the trainer supplies only what ranks must agree on (each rank scores paths, rank 0
+times networks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fbnas.arch import Architecture, arch_from_indices, sample_hard
+from fbnas.backends.worker import reused_workers
+from fbnas.config import Config
+from fbnas.cost_kinds import is_measured
+from fbnas.errors import FbnasError
+from fbnas.fit.costs import CostSource
+from fbnas.fit.end_to_end import panel, time_archs
+from fbnas.fit.onto_target import (
+    Fit,
+    cost_lists,
+    fit_to_target,
+    fit_with_widths,
+    likeliest_in_band,
+    measured_fit,
+    predicted_cost,
+)
+from fbnas.latency import LatencyTable
+from fbnas.runs.search_run import SearchRun
+
+Measurer = Callable[[list[int]], tuple[float, float]]
+
+
+BUNDLE_HINT = ("to close the loop there: fbnas sample {run} --near-target 5 --bundle DIR, run "
+               "DIR/run_bundle.py on the device, then fbnas sample {run} --pick "
+               "DIR/results.json")
+
+
+def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
+    """Why this machine cannot time networks as `table` was measured (None: it can)."""
+    if table is None or not is_measured(table.cost):
+        return "the run has no measured latency table"
+    meta = table.meta
+    if meta.get("imported_from") or meta.get("bundle"):
+        return (f"its latency table was measured on another device ({meta.get('device_name')}, "
+                "imported from a bundle)")
+    try:
+        timer = cfg.latency.for_timing(meta).make_timer()
+    except FbnasError as e:
+        return f"its latency table's timer cannot run here ({e})"
+    here, there = timer.describe().get("device_name"), meta.get("device_name")
+    if there and here != there:
+        return f"its latency table was measured on {there}, and this machine is {here}"
+    return None
+
+
+def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
+                 ) -> Callable[[list[int]], tuple[float, float]]:
+    """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices (at
+    the choice of `widths` of a width-searched space) built and timed end to end under the
+    table's timer settings (threads, batch, dtype, allocator) and drift compensation, in the
+    table's units, interleaved with its `panel`."""
+    timer = cfg.latency.for_timing(table.meta).make_timer()
+    pan = panel(cfg.space, table)
+
+    def measure(indices: list[int]) -> tuple[float, float]:
+        arch = arch_from_indices(cfg.space, [*indices, *widths], "fit")
+        s = time_archs(timer, {"fit": arch}, table, pan)["fit"]
+        return s["median_us"], s["rel_iqr"]
+
+    return measure
+
+
+TableFit = tuple[Fit, tuple[int, ...], list[list[float]], float]
+
+
+def table_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
+              ) -> TableFit:
+    """θ fitted onto `target` by the table: (the fit over the ops, the widths chosen, and the
+    per-(layer, op) rows and fixed cost at those widths); a width-searched space fits ops and
+    widths (`fit_with_widths`), an op-only one ops at its one width."""
+    tol = cfg.search.fit_tolerance
+    if costs.widths is not None:
+        fit, widths = fit_with_widths(theta, costs.widths, target, tol)
+        return (fit, tuple(widths), *costs.widths.rows_at(widths))
+    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
+    return fit_to_target(theta, rows, costs.fixed, target, tol), (), rows, costs.fixed
+
+
+def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
+                    fitted: TableFit | None = None) -> list[list[int]]:
+    """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
+    `target`, then the most probable ones predicted between target·(1 − 2·fit_tolerance) and
+    target·(1 + fit_tolerance), exactly in a space of up to 200,000 networks
+    (`likeliest_in_band`). The band reaches further on the cheap side because a table's error
+    is of the order of the tolerance (on the second benchmark space, networks predicted 5%
+    under the target measure 2-3% under it), and a path's accuracy favours the dearer
+    networks of a band, which pulls the choice up towards the target; the measured fit then
+    judges it by its time. Where the fit lies outside that band (a gap of the space's costs),
+    the band is the fit's cost ± fit_tolerance, no slower than the fit or the band's top.
+    At most `search.final_candidates` (decision indices; a width-searched space's at the
+    fit's widths). `fitted`: `table_fit`'s result, where the caller has it already."""
+    s = cfg.search
+    tol = s.fit_tolerance
+    fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
+    ops = theta[:len(rows)]
+    lo, hi = target * (1 - 2 * tol), target * (1 + tol)
+    if not lo <= fit.cost <= hi:  # in a gap: around the fit's cost
+        lo, hi = fit.cost * (1 - tol), min(fit.cost * (1 + tol), max(hi, fit.cost) * (1 + 1e-9))
+    near = likeliest_in_band(ops, rows, fixed, lo, hi, s.final_candidates)
+    out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)]
+    return [[*i, *widths] for i in out[:s.final_candidates]]
+
+
+def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
+              log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None,
+              prefer: Sequence[Sequence[int]] = (), fitted: TableFit | None = None,
+              measure: Measurer | None = None) -> tuple[list[int], dict[str, Any]]:
+    """The architecture a search returns for `target`: θ's argmax fitted onto the target by
+    the table (`fit_to_target`), then, where `search.fit_measure` allows and this machine can
+    time the table's device, timed end to end and re-fitted until it measures within
+    `search.fit_tolerance` (`measured_fit`). Returns its op indices and what to record in its
+    meta (target, predicted, measured, every timed round). `prefer`: the final pick's networks,
+    best first (decision indices, one choice of widths): the first is returned instead of
+    the table's fit and timed first, and the measured fit prefers them (`measured_fit`).
+    `fitted`: `table_fit`'s result, where the caller has it already; `measure`: times a
+    network instead of `fit_measurer` (a simulation)."""
+    s = cfg.search
+    fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
+    n = len(rows)
+    log(fit.describe(cfg.loss.target, target, costs.unit))
+    first = list(prefer[0]) if prefer else None
+    if first is not None:
+        fitted = [*fit.indices, *widths]
+        widths = tuple(first[n:])
+        rows, fixed = costs.widths.rows_at(widths) if costs.widths is not None else (rows, fixed)
+        cost = predicted_cost(rows, fixed, first[:n])
+        fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
+            first, [int(t.argmax()) for t in theta], strict=True)),
+            abs(cost / target - 1) <= s.fit_tolerance, s.fit_tolerance)
+        if list(first) != fitted:
+            log(f"returned: the final pick's network, predicted {cost:.1f} {costs.unit} "
+                f"({cost / target - 1:+.1%} from the target)")
+    full, theta = theta, theta[:n]
+    meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
+                            "cost_unit": costs.unit, "fitted_layers": fit.changes}
+    if _measured_fit_mode(cfg, costs, fit_measure, log, run):
+        t0 = time.perf_counter()
+        measure = measure or fit_measurer(cfg, costs.table, widths)
+        with reused_workers():  # one timing process for all of the fit's measurements
+            mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance,
+                              s.fit_rounds, first=fit.indices,
+                              prefer=[list(p[:n]) for p in prefer])
+            meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
+        chosen = [*mf.fit.indices, *widths]
+        meta["fitted_layers"] = sum(a != int(t.argmax()) for a, t in zip(chosen, full,
+                                                                          strict=True))
+        return chosen, meta
+    return [*fit.indices, *widths], meta
+
+
+def _measured_fit_mode(cfg: Config, costs: CostSource, fit_measure: str | None,
+                       log: Callable[[str], None], run: str) -> bool:
+    """Whether the final fit goes on to time networks (`search.fit_measure`, or
+    `fit_measure`): `on` where this machine cannot time the table's device is an error,
+    `auto` says why it skips."""
+    mode = fit_measure or cfg.search.fit_measure
+    if mode == "off" or not is_measured(cfg.latency.cost):
+        return False
+    why = cannot_time_here(cfg, costs.table)
+    if why is not None:
+        if mode == "on":
+            raise FbnasError(f"search.fit_measure: on, but {why}")
+        log(f"measured fit skipped: {why}; {BUNDLE_HINT.format(run=run)}")
+        return False
+    return True
+
+
+def _measured_meta(cfg: Config, mf, measure, target: float, unit: str,
+                   log: Callable[[str], None], t0: float) -> dict[str, Any]:
+    """The measured fit's rounds logged, the returned network timed once more, and what its
+    meta records."""
+    cands = cfg.space.layer_candidates()
+    for i, r in enumerate(mf.rounds):
+        again = " (again)" if r.indices in {x.indices for x in mf.rounds[:i]} else ""
+        log(f"measured fit round {i + 1}{again}: predicted {r.predicted:.1f}, measured "
+            f"{r.measured:.1f} {unit} (IQR {r.rel_iqr:.1%}), "
+            f"{r.measured / target - 1:+.1%} from the target")
+    log(mf.describe(target, unit))
+    c = mf.chosen
+    # the figure reported is timed once more, in a measurement no decision reads: the one that
+    # chose the network stopped the fit because it landed in the band, so it leans inward
+    med, iqr = measure(list(c.indices))
+    log(f"the returned network timed again: {med:.1f} {unit} (IQR {iqr:.1%}), "
+        f"{med / target - 1:+.1%} from the target (it was chosen at {c.measured:.1f})")
+    return dict(predicted=round(c.predicted, 3), measured=round(med, 3),
+                measured_rel_iqr=round(iqr, 4),
+                measured_inside=abs(med / target - 1) <= cfg.search.fit_tolerance,
+                selection_measured=round(c.measured, 3), selection_rel_iqr=round(c.rel_iqr, 4),
+                selection_inside=c.inside, fitted_layers=mf.fit.changes,
+                fit_seconds=round(time.perf_counter() - t0, 2),
+                fit_rounds=[r.to_dict(cands) for r in mf.rounds])
+
+
+# ---- the one path --------------------------------------------------------------------------------
+@dataclass
+class Selection:
+    """The network a search returns (decision indices) and what its arch file records."""
+
+    indices: list[int]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def architecture(self, cfg: Config, name: str, **meta: Any) -> Architecture:
+        return arch_from_indices(cfg.space, self.indices, name, **meta, **self.meta)
+
+
+def rank_paths(cands: list[list[int]], scores: list[dict[str, float]]
+               ) -> tuple[list[int], dict[str, Any]]:
+    """The final pick's ranking of `cands` by their paths' validation accuracy (then CE), and
+    its record (the arch file's meta.final_pick)."""
+    ranked = sorted(range(len(cands)), key=lambda i: (-scores[i]["acc"], scores[i]["ce"]))
+    return ranked, {"candidates": len(cands), "chosen": ranked[0], "ranked": ranked,
+                    "path_acc": [round(r["acc"], 4) for r in scores],
+                    "candidates_indices": [list(map(int, c)) for c in cands]}
+
+
+def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float | None,
+           log: Callable[[str], None], run: str = "RUN", *,
+           score_paths: Callable[[list[list[int]]], list[dict[str, float]]] | None = None,
+           recorded: Sequence[Sequence[int]] = (), fit_measure: str | None = None,
+           measure: Measurer | None = None, dist: Any = None) -> Selection:
+    """The network a search returns for `target` (module docstring: argmax, table fit, pick,
+    measured fit). `score_paths(cands)`: each candidate path's validation {acc, ce} on the
+    supernet (the pick; called on every rank); `recorded`: a finished run's ranked pick, used
+    instead; `fit_measure` overrides `search.fit_measure`; `measure` times a network instead
+    of the clock (a simulation); `dist`: rank 0 times, the other ranks receive its choice."""
+    s = cfg.search
+    if target is None or not s.fit_target:
+        return Selection([int(t.argmax()) for t in theta])
+    fitted = table_fit(cfg, theta, costs, target)
+    meta: dict[str, Any] = {}
+    prefer: list[list[int]] = [list(p) for p in recorded]
+    if not prefer and s.final_pick == "path" and score_paths is not None:
+        cands = pick_candidates(cfg, theta, costs, target, fitted)
+        scores = score_paths(cands)
+        ranked, meta["final_pick"] = rank_paths(cands, scores)
+        best = ranked[0]
+        log(f"final pick: of {len(cands)} networks near the fitted cost, the best path on the "
+            f"supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
+            f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
+        prefer = [cands[i] for i in ranked]
+    main = dist is None or dist.is_main
+    distributed = dist is not None and dist.distributed
+    got: tuple = ()
+    if main:
+        try:
+            got = ("ok", *final_fit(cfg, theta, costs, target, log, run, fit_measure,
+                                    prefer=prefer, fitted=fitted, measure=measure))
+        except FbnasError as e:
+            got = ("error", str(e))
+            if distributed:
+                dist.broadcast_object(got)
+            raise
+    if distributed:
+        got = dist.broadcast_object(got)
+    if got[0] == "error":
+        raise FbnasError(f"rank 0: {got[1]}")
+    _, indices, fit_meta = got
+    meta.update(fit_meta)
+    return Selection(list(indices), meta)
+
+
+def refit(run: SearchRun, fit_measure: str | None = None,
+          log: Callable[[str], None] = print) -> Architecture:
+    """A finished search's network selected again as `fbnas train` selected arch_hard.yaml
+    (its recorded pick read back; measured where this machine can time the table's device;
+    `fit_measure` overrides the run's setting); meta: the run and the selection's record."""
+    cfg = run.config
+    name, where = f"{cfg.space.name}_search", str(run.dir)
+    if run.table is None or cfg.loss.target is None or not cfg.search.fit_target:
+        a = sample_hard(cfg.space, run.theta, name=name)
+        return Architecture(a.macro, a.ops, a.name, a.space, {"run": where})
+    prefer, pick = run.recorded_pick
+    sel = select(cfg, run.theta, run.costs, run.target, log, where, recorded=prefer,
+                 fit_measure=fit_measure)
+    if pick is not None:
+        sel.meta = {"final_pick": pick, **sel.meta}
+    return sel.architecture(cfg, name, run=where)
