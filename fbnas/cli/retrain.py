@@ -76,5 +76,5 @@ def run(args) -> int:
         return 130  # interrupted after saving; the trainer said how to resume
     # its one-line report was logged by the trainer
     if ctx.is_main:
-        print(f"written: {run_dir / 'results.json'}  (fbnas runs {run_dir.parent} lists it)")
+        print(f"written: {RunFiles(run_dir).results}  (fbnas runs {run_dir.parent} lists it)")
     return 0

@@ -46,6 +46,6 @@ def run(args) -> int:
         return 130  # interrupted after saving; the trainer said how to resume
     if ctx.is_main:
         print(f"architecture: {result['choices']}")
-        print(f"written: {run_dir / 'arch_hard.yaml'}  (fbnas sample {run_dir} --soft -n 5 for "
+        print(f"written: {RunFiles(run_dir).arch}  (fbnas sample {run_dir} --soft -n 5 for "
               "more)")
     return 0
