@@ -221,8 +221,9 @@ class SearchConfig:
     # candidates are slices of one superkernel (fbnas.blocks.shared, docs/search_modes.md)
     weights: str = setting("separate", "str", choices=WEIGHT_SHARING, added="separate")
     # with shared weights, what a weight step moves of a superkernel: `used`, only the entries
-    # a path of the step read (weight decay and momentum too); `all`, the whole tensor (before
-    # 2026-11-26: decay and momentum shrank the e6 channels and k5 ring on every step)
+    # a path of the step read (weight decay and momentum too); `all`, the whole tensor, so that
+    # decay and momentum shrink entries no path read (what runs before `used` did;
+    # docs/search_modes.md)
     shared_update: str = setting("used", "str", choices=SHARED_UPDATES, added="all")
     # the sandwich rule with in-place distillation (BigNAS, OFA): each single-path weight step
     # also trains the dearest path (every layer's most costly candidate) on the labels, and the
@@ -353,6 +354,21 @@ def section_types() -> dict[str, type]:
     hints = typing.get_type_hints(Config)
     return {s: hints[s] for s in SECTIONS if dataclasses.is_dataclass(hints[s])
             and settings_of(hints[s])}
+
+
+def with_retrain_epochs(d: dict[str, Any], epochs: int) -> dict[str, Any]:
+    """Config dict `d` with its retrain shortened or lengthened to `epochs` epochs (a sweep's or
+    fidelity's `--retrain-epochs`): its warm-up kept where it fits, else cut to epochs - 1
+    (`retrain.warmup_epochs` must stay below the epochs); a section or value of the wrong kind
+    is left for the config check to name."""
+    r = d.get("retrain") or {}
+    if not isinstance(r, dict):
+        return d
+    w = r.get("warmup_epochs", RetrainConfig().warmup_epochs)
+    r = {**r, "epochs": epochs}
+    if isinstance(w, int) and not isinstance(w, bool):
+        r["warmup_epochs"] = min(w, epochs - 1)
+    return {**d, "retrain": r}
 
 
 def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> dict:

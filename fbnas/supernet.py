@@ -7,12 +7,9 @@ Costs are plain buffers (latency in µs, FLOPs, params — whatever table was gi
 threaded through forward and nothing calls `.cuda()`, so the module moves with `.to(device)`
 and works unchanged under DistributedDataParallel.
 
-Search modes (`search.mode`, see docs/search_modes.md) decide how a forward samples paths:
-
-    full         every candidate computed, m = GumbelSoftmax(θ, τ) (soft, or hard with `hard`)
-    single_path  GDAS: one hard straight-through Gumbel sample per layer; only it is computed
-    two_path     ProxylessNAS: two candidates per layer drawn without replacement from
-                 softmax(θ), mixed by their renormalised probabilities; only they are computed
+A search mode (`search.mode`, `search.weight_sampling`; the registry `MODES` of
+fbnas.search.modes, each class's docstring states its sampling; docs/search_modes.md) decides
+how a forward samples paths: which candidates are computed and with what weights m.
 
 `checkpoint_activations` recomputes each MixedOp's activations in backward instead of storing
 them (BatchNorm running statistics are updated once per forward, as without it).
@@ -422,7 +419,8 @@ class Supernet(nn.Module):
 
         In a supernet, a layer's BN statistics are gathered on the mixture of its input paths;
         a single architecture sees other activations, so its eval-mode accuracy is garbage
-        until its statistics are re-estimated. `batches` yields (x, _) on the right device.
+        until its statistics are re-estimated. `batches` yields image tensors (no labels) on the
+        right device (`fbnas.data.loaders.take_images`).
         Returns the number of samples used.
         """
         bns = [b for b in self.modules() if isinstance(b, nn.modules.batchnorm._BatchNorm)]

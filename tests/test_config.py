@@ -117,3 +117,18 @@ def test_bad_data_classes_are_one_line_errors_naming_the_file_and_key(value, nee
     assert "\n" not in msg and "quickstart.yaml: data.classes" in msg
     for n in needles:
         assert n in msg
+
+
+def test_a_shorter_retrain_keeps_its_warm_up_where_it_fits():
+    """One rule for the sweep's and fidelity's --retrain-epochs: warm-up kept, else epochs - 1."""
+    from fbnas.config import RetrainConfig, with_retrain_epochs
+
+    d = {"retrain": {"epochs": 30, "warmup_epochs": 3}}
+    assert with_retrain_epochs(d, 10)["retrain"] == {"epochs": 10, "warmup_epochs": 3}
+    assert with_retrain_epochs(d, 2)["retrain"] == {"epochs": 2, "warmup_epochs": 1}
+    assert d["retrain"]["epochs"] == 30  # the input is not changed
+    default = RetrainConfig().warmup_epochs
+    assert with_retrain_epochs({}, 1)["retrain"] == {"epochs": 1,
+                                                      "warmup_epochs": min(default, 0)}
+    bad = {"retrain": "fast"}  # left for the config check to name
+    assert with_retrain_epochs(bad, 5) is bad

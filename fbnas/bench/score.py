@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from scipy import stats
 
-from fbnas.bench.table import Bench
+from fbnas.bench.table import Bench, check_space
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import near_or_nearest
 from fbnas.runs.search_run import SearchRun
@@ -148,9 +148,7 @@ def random_search(bench: Bench, pool: list[str], seconds: float, rng: random.Ran
 def supernet_ranking(run: SearchRun, bench: Bench, keys: list[str]) -> dict[str, tuple]:
     """Per network: (supernet path accuracy, CE) on the run's validation split."""
     cfg = run.config
-    if cfg.space.macro != bench.space.macro:
-        raise FbnasError(f"{run.dir}: searched space '{cfg.space.name}', not the benchmark's "
-                         f"'{bench.space.name}'")
+    check_space(bench, cfg, run.dir)
     net, data = run.supernet(), run.search_data()
     device = torch.device("cpu")
     return {k: supernet_accuracy(net, bench.arch(k), cfg, data, device) for k in keys}

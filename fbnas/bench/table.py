@@ -206,12 +206,17 @@ class Bench:
         return out
 
 
+def check_space(b: Bench, cfg: Any, run: str | Path) -> None:
+    """A one-line error unless benchmark `b` is of the space of `run` (config `cfg`)."""
+    if b.space.macro != cfg.space.macro:
+        raise FbnasError(f"{b.path}: a benchmark of space '{b.space.name}', not "
+                         f"'{cfg.space.name}' ({run}'s space)")
+
+
 def bench_for(path: str | Path, cfg: Any) -> Bench:
     """The benchmark at `path`, checked to be of `cfg`'s space and retrain recipe."""
     b = Bench.load(path)
-    if b.space.macro != cfg.space.macro:
-        raise FbnasError(f"{path}: a benchmark of space '{b.space.name}', not the run's "
-                         f"'{cfg.space.name}'")
+    check_space(b, cfg, cfg.source)
     if b.meta["training"] != training_record(cfg):
         raise FbnasError(f"{path}: trained with another data or retrain section than "
                          f"{cfg.source}; its records are not what this config would retrain")

@@ -6,7 +6,9 @@ stop check, the step figures summed on the device and, under torchrun, over the 
 device and precision, the update step (`self.stepper`, fbnas.run.step), the resume guard, the
 run directory with its config.yaml and train.log, per-rank state in distributed checkpoints,
 and the TensorBoard writer. A trainer subclasses it and supplies `_setup` (its model,
-optimizers, data), `train_epoch`, `state_dict`, `epoch_line` and `tb_scalars`.
+optimizers, data), `train_epoch`, `state_dict`, `epoch_line`, `tb_scalars`, `bn_module` (the
+module whose BatchNorm statistics each rank keeps) and `_non_finite` (what a NaN/inf step
+does).
 """
 
 from __future__ import annotations

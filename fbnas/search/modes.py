@@ -160,10 +160,9 @@ class SinglePath(SearchMode):
     why = "samples one-hot paths already"
     weight_why = "weight steps train only the argmax path, the same at every τ"
     refused = ("its θ hears the cost but no CE in an FBNet chain (the next BatchNorm "
-               "cancels its straight-through gate), and on the ground-truth benchmark its "
-               "networks beat a random one of their latency in 6 of 9 runs against "
-               "reinforce's 9 of 9 (docs/bench.md); set search.mode to reinforce (or a "
-               "relaxation) and search.weight_sampling to single_path")
+               "cancels its straight-through gate; docs/bench.md measures it); set "
+               "search.mode to reinforce (or a relaxation) and search.weight_sampling to "
+               "single_path")
 
     def sample(self, theta, tau, hard):
         soft = gumbel_soft(stacked(theta), tau)

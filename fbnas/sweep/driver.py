@@ -44,7 +44,7 @@ import torch
 
 from fbnas.arch import Architecture, arch_from_indices, random_archs
 from fbnas.bench.table import bench_for
-from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.config import Config, apply_overrides, config_from_dict, with_retrain_epochs
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
@@ -208,13 +208,8 @@ class Sweep:
             raise FbnasError(f"--threads: must be >= 1, got {threads}")
         self.config_path = Path(config_path)
         self.base = apply_overrides(load_yaml(config_path), overrides or [])
-        if retrain_epochs is not None and isinstance(self.base.get("retrain") or {}, dict):
-            r = dict(self.base.get("retrain") or {})
-            r["epochs"] = retrain_epochs
-            w = r.get("warmup_epochs", 1)
-            if isinstance(w, int) and not isinstance(w, bool):  # else the config check says so
-                r["warmup_epochs"] = min(w, retrain_epochs - 1)
-            self.base["retrain"] = r
+        if retrain_epochs is not None:
+            self.base = with_retrain_epochs(self.base, retrain_epochs)
         self.cfg = config_from_dict(self.base, str(config_path))
         self.param, self.values, self.seeds, self.threads = param, values, seeds, threads
         kind = (self.base.get("loss") or {}).get("kind", "fbnet")

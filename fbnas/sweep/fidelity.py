@@ -38,8 +38,8 @@ import torch
 from scipy import stats
 
 from fbnas.arch import Architecture, arch_indices, random_archs
-from fbnas.bench.table import Bench
-from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.bench.table import Bench, check_space
+from fbnas.config import Config, apply_overrides, config_from_dict, with_retrain_epochs
 from fbnas.data.loaders import take_images
 from fbnas.errors import FbnasError
 from fbnas.evaluate import path_sums
@@ -83,20 +83,16 @@ class Fidelity:
                  bench: str | Path | None = None):
         self.run_dir = Path(run_dir)
         self.search = SearchRun.open(self.run_dir)
-        sets = list(overrides or [])
+        self.base = apply_overrides(self.search.state["config"], list(overrides or []))
         if retrain_epochs is not None:
-            sets += [f"retrain.epochs={retrain_epochs}",
-                     f"retrain.warmup_epochs={min(1, retrain_epochs - 1)}"]
-        self.base = apply_overrides(self.search.state["config"], sets)
-        self.cfg = self.search.config_with(sets)
+            self.base = with_retrain_epochs(self.base, retrain_epochs)
+        self.cfg = config_from_dict(self.base, f"{self.search.checkpoint}: config")
         if self.cfg.data.val_fraction == 0:
             raise FbnasError(f"{self.run_dir}: data.val_fraction is 0, so there is no "
                              "validation split to estimate accuracy on")
         self.bench = Bench.load(bench) if bench else None
         if self.bench is not None:
-            if self.bench.space.macro != self.cfg.space.macro:
-                raise FbnasError(f"{bench}: a benchmark of space '{self.bench.space.name}', "
-                                 f"but {self.run_dir} searched '{self.cfg.space.name}'")
+            check_space(self.bench, self.cfg, self.run_dir)
             retrain_seeds = len(self.bench.seeds)
             n = len(self.bench) if n is None else n
         if n is None or n < 3:
