@@ -6,24 +6,31 @@ import sys
 
 from fbnas.errors import FbnasError
 from fbnas.run import Interrupted
-from fbnas.sweep.driver import Sweep, parse_values
+from fbnas.sweep.driver import PARAMS, Sweep, parse_axis, parse_values
 from fbnas.sweep.ray_tasks import RaySweep, import_ray
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "sweep", help="search at several loss settings, retrain each, plot latency vs accuracy",
-        description="For each value of one loss parameter: search (OUT/search-<label>), retrain "
+        description="For each value of one loss parameter, or each point of a grid of any "
+                    "settings (--grid): search (OUT/search-<label>), retrain "
                     "the argmax architecture (OUT/retrain-<label>); also retrain the space's "
                     "reference architectures and a few random ones; time all children together; "
                     "write OUT/sweep.csv, sweep.json and sweep.png. Re-running the same command "
                     "resumes. A cost weight of 0 is the cost-blind search (loss.kind ce). For "
                     "the FBNet loss, sweep --beta: alpha only scales the loss.")
     p.add_argument("--config", required=True, help="search config YAML")
-    vals = p.add_mutually_exclusive_group(required=True)
-    for name in ("alpha", "beta", "lambda", "target"):
+    vals = p.add_mutually_exclusive_group()
+    for name in PARAMS:
         vals.add_argument(f"--{name}", metavar="V1,V2,...",
-                          help=f"comma-separated values of loss.{name}")
+                          help=f"comma-separated values of loss.{name} (as --grid "
+                               f"loss.{name}=V1,V2,...)")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="an axis of the sweep's grid: a config key and its values, e.g. "
+                        "search.mode=full,reinforce or loss.target=0.5x,0.8x (repeatable; "
+                        "every combination is searched; the first axis, or --alpha/--beta/"
+                        "--lambda/--target, is the one the front is drawn along)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field for every run (repeatable)")
     p.add_argument("--out", help="sweep directory (default: <run.dir>-sweep)")
@@ -62,9 +69,16 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
 
-    param = next(n for n in ("alpha", "beta", "lambda", "target")
-                 if getattr(args, n) is not None)
-    values = parse_values(getattr(args, param), param)
+    grid = [parse_axis(g) for g in args.grid]
+    param = next((n for n in PARAMS if getattr(args, n) is not None), None)
+    if param is not None:
+        values = parse_values(getattr(args, param), param)
+    elif grid:
+        first = grid.pop(0)
+        param, values = first.loss_param or first.key, list(first.values)
+    else:
+        raise FbnasError("sweep: give the values to sweep: --beta/--lambda/--alpha/--target "
+                         "V1,V2,... or --grid KEY=V1,V2,...")
     if args.random < 0:
         raise FbnasError(f"--random: must be >= 0, got {args.random}")
     if args.retrain_epochs is not None and args.retrain_epochs < 1:
@@ -83,7 +97,7 @@ def run(args) -> int:
                    else f"fbnas sweep --ray-address {args.ray_address}")
     sw = Sweep(args.config, param, values, args.out, args.set, args.reference, args.random,
                args.seed, args.retrain_epochs, seeds=seeds, threads=args.threads,
-               bench=args.bench)
+               bench=args.bench, grid=grid)
     try:
         if on_ray:
             s = RaySweep(sw, args.workers, args.ray_address, args.gpus_per_task,

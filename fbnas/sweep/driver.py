@@ -1,7 +1,9 @@
 """`fbnas sweep`: search at several loss settings, retrain each result, draw the front.
 
-For each value of one loss parameter (e.g. `loss.beta`) the sweep runs a normal search in
-`OUT/search-<label>`, takes its argmax architecture, and retrains it in `OUT/retrain-<label>`
+For each point of a grid of settings (one loss parameter, e.g. `loss.beta`, or any config key:
+`search.mode`, `search.weights`, `search.seed`, `loss.target`, …, each with its values; the
+points are their product) the sweep runs a normal search in `OUT/search-<label>`, takes its
+argmax architecture, and retrains it in `OUT/retrain-<label>`
 with the config's `retrain` recipe. It also retrains the reference architectures of the space
 (uniform `ir_k3_e6` / `ir_k5_e6` networks when those ops are candidates everywhere, plus
 architecture files given with --reference or found as `archs/*.yaml` next to the config whose
@@ -12,7 +14,8 @@ writes `OUT/sweep.csv`, `OUT/sweep.json` and `OUT/sweep.png` (latency vs. test t
 
 Every step is a normal run directory: running the same command again skips what finished and
 resumes what was interrupted. With `seeds`, every value is searched once per search seed
-(`search.seed`; labels `<param><value>-seed<S>`).
+(`search.seed`; labels `<param><value>-seed<S>`). A point's label joins its axes'
+`<last part of the key><value>` with `-` (`target0.5x-modereinforce-seed1`).
 
 A point's work is a function of its config alone (`fbnas.sweep.point`: seeded
 from the config, its own run directory), so the points can run in any order and in other
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -76,15 +80,55 @@ class SweepPoint:
     run_dir: Path | None = None
     results: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None  # the search seed of a searched point (with `seeds`)
+    settings: dict[str, float | str] = field(default_factory=dict)  # its other grid axes
 
 
 @dataclass(frozen=True)
 class SearchPlan:
-    """One search of the sweep: its label, swept value, search seed and config."""
+    """One search of the sweep: its label, swept value (the first axis's), search seed, config
+    and the other axes' values."""
     label: str
     value: float | str
     seed: int | None
     cfg: Config
+    settings: tuple[tuple[str, float | str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis of a sweep's grid: a config key and its values (a loss parameter's values are
+    parsed as `--alpha/--beta/--lambda/--target` parse them)."""
+    key: str
+    values: tuple[float | str, ...]
+
+    @property
+    def short(self) -> str:
+        return self.key.rsplit(".", 1)[-1]
+
+    @property
+    def loss_param(self) -> str | None:
+        """`beta` for `loss.beta` (a sweep's special loss parameters), else None."""
+        part = self.key.removeprefix("loss.")
+        return part if self.key.startswith("loss.") and part in PARAMS else None
+
+
+def parse_axis(spec: str) -> Axis:
+    """`KEY=V1,V2,...` (a `--grid` argument) as an Axis; a one-line error for a malformed one."""
+    key, eq, raw = spec.partition("=")
+    key = key.strip()
+    if not eq or not key or not raw.strip():
+        raise FbnasError(f"--grid: {spec!r} is not KEY=V1,V2,... (e.g. search.mode=full,"
+                         "reinforce)")
+    if "." not in key:
+        raise FbnasError(f"--grid: {key!r} names no section (write section.key, e.g. "
+                         "search.seed)")
+    part = key.removeprefix("loss.")
+    if key.startswith("loss.") and part in PARAMS:
+        return Axis(key, tuple(parse_values(raw, part)))
+    vals = [v.strip() for v in raw.split(",") if v.strip()]
+    if len(set(vals)) != len(vals):
+        raise FbnasError(f"--grid: repeated value in {spec!r}")
+    return Axis(key, tuple(vals))
 
 
 def parse_values(raw: str, param: str) -> list[float | str]:
@@ -122,20 +166,33 @@ def _label(param: str, v: float | str) -> str:
 
 
 def point_config(base: dict, param: str, value: float | str, search_dir: Path,
-                 seed: int | None = None) -> Config:
-    """The search config of one sweep point: `loss.<param> = value` (0 weight: kind ce),
-    `search.seed = seed` when given."""
-    d = apply_overrides(base, [f"run.dir={search_dir}"]
+                 seed: int | None = None, settings: tuple = ()) -> Config:
+    """The search config of one sweep point: `param = value` (a loss parameter given as
+    `beta` or `loss.beta`: a 0 weight is kind ce), the other axes' `settings` ((key, value)
+    pairs), `search.seed = seed` when given."""
+    axes = ((param, value), *settings)
+    sets = [f"{k}={_fmt(v)}" for k, v in axes if not _is_loss(k)]
+    d = apply_overrides(base, [f"run.dir={search_dir}", *sets]
                         + ([f"search.seed={seed}"] if seed is not None else []))
+    for k, v in axes:
+        if _is_loss(k):
+            d = _set_loss(d, k.removeprefix("loss."), v)
+    return config_from_dict(d, "sweep point " + ", ".join(f"{k}={_fmt(v)}" for k, v in axes)
+                            + (f" seed {seed}" if seed is not None else ""))
+
+
+def _is_loss(key: str) -> bool:
+    return key.removeprefix("loss.") in PARAMS and (key in PARAMS or key.startswith("loss."))
+
+
+def _set_loss(d: dict, param: str, value: float | str) -> dict:
     loss = dict(d.get("loss") or {})
     if param in WEIGHTS and value == 0 and not isinstance(value, str):
         loss = {"kind": "ce", **({"label_smoothing": loss["label_smoothing"]}
                                  if "label_smoothing" in loss else {})}
     else:
         loss[param] = value
-    d["loss"] = loss
-    return config_from_dict(d, f"sweep point {param}={_fmt(value)}"
-                            + (f" seed {seed}" if seed is not None else ""))
+    return {**d, "loss": loss}
 
 
 def reference_archs(cfg: Config, config_path: str | Path | None,
@@ -198,9 +255,18 @@ class Sweep:
                  out: str | Path | None = None, overrides: list[str] | None = None,
                  references: list[str] | None = None, n_random: int = 5, seed: int = 0,
                  retrain_epochs: int | None = None, log=print, seeds: list[int] | None = None,
-                 threads: int | None = None, bench: str | Path | None = None):
-        if param not in PARAMS:
-            raise FbnasError(f"sweep: parameter must be one of {', '.join(PARAMS)}; got {param!r}")
+                 threads: int | None = None, bench: str | Path | None = None,
+                 grid: list[Axis] | None = None):
+        """`param`/`values`: the first axis (a loss parameter, `beta`, or any `section.key`);
+        `grid`: further axes, every combination searched."""
+        if param not in PARAMS and "." not in param:
+            raise FbnasError(f"sweep: parameter must be one of {', '.join(PARAMS)} or a "
+                             f"section.key; got {param!r}")
+        grid = list(grid or [])
+        keys = [param if "." in param else f"loss.{param}", *(a.key for a in grid)]
+        if len(set(keys)) != len(keys) or (seeds is not None and "search.seed" in keys):
+            raise FbnasError(f"sweep: a setting swept twice in {', '.join(keys)}"
+                             + (" and --seeds" if seeds is not None else ""))
         if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)
                                   or min(seeds) < 0):
             raise FbnasError(f"--seeds: give distinct seeds >= 0, got {seeds}")
@@ -212,6 +278,7 @@ class Sweep:
             self.base = with_retrain_epochs(self.base, retrain_epochs)
         self.cfg = config_from_dict(self.base, str(config_path))
         self.param, self.values, self.seeds, self.threads = param, values, seeds, threads
+        self.grid = grid
         kind = (self.base.get("loss") or {}).get("kind", "fbnet")
         self.out = Path(out) if out else Path(f"{self.cfg.run.dir}-sweep")
         self.references = references or []
@@ -221,9 +288,14 @@ class Sweep:
         self.plan: list[SearchPlan] = []
         for s in seeds if seeds is not None else [None]:
             for v in values:
-                label = _label(param, v) + (f"-seed{s}" if s is not None else "")
-                self.plan.append(SearchPlan(label, v, s, point_config(
-                    self.base, param, v, self.out / f"search-{label}", s)))
+                for settings in itertools.product(*(((a.key, x) for x in a.values)
+                                                    for a in grid)):
+                    label = "-".join([_label(param.rsplit(".", 1)[-1], v), *(
+                        _label(k.rsplit(".", 1)[-1], x) for k, x in settings)]) + (
+                        f"-seed{s}" if s is not None else "")
+                    self.plan.append(SearchPlan(label, v, s, point_config(
+                        self.base, param, v, self.out / f"search-{label}", s, settings),
+                        settings))
                 # as the trainer would refuse it (a checkpoint read only for a refused mode)
                 mode = self.plan[-1].cfg.search.mode
                 if get_mode(mode).refused and not search_done(self.plan[-1].cfg):
@@ -238,7 +310,8 @@ class Sweep:
 
     # ---- the points -------------------------------------------------------------------------
     def searched(self, sp: SearchPlan, arch: Architecture) -> SweepPoint:
-        return SweepPoint(sp.label, "search", arch, sp.value, seed=sp.seed)
+        return SweepPoint(sp.label, "search", arch, sp.value, seed=sp.seed,
+                          settings=dict(sp.settings))
 
     def reference_points(self) -> list[SweepPoint]:
         return [SweepPoint(f"ref-{a.name}", "reference", a) for a in self.reference_list]
@@ -257,6 +330,7 @@ class Sweep:
                  "sweep_dir": str(self.out)}
         if p.kind == "search":
             extra[self.param] = p.value
+            extra.update(p.settings)
             if p.seed is not None:
                 extra["seed"] = p.seed
         return retrain_config(self.base, self.config_path, p.run_dir), extra
@@ -376,14 +450,17 @@ class Sweep:
                 "run_dir": str(p.run_dir), "ops": " ".join(p.arch.ops)})
             if self.seeds is not None:
                 rows[-1]["seed"] = "" if p.seed is None else p.seed
+            for a in self.grid:
+                rows[-1][a.key] = p.settings.get(a.key, "")
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS + (("seed",) if self.seeds else ()),
-                           lineterminator="\n")
+        w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS + (("seed",) if self.seeds else ())
+                           + tuple(a.key for a in self.grid), lineterminator="\n")
         w.writeheader()
         for row in rows:
             w.writerow({k: ("" if v is None else v) for k, v in row.items()})
         write_text_atomic(self.out / "sweep.csv", buf.getvalue())
         summary = {"config": str(self.config_path), "param": self.param, "values": self.values,
+                   **({"grid": {a.key: list(a.values) for a in self.grid}} if self.grid else {}),
                    "wall_seconds": wall, "random": len(rand),
                    "random_dominated": sum(dom), "latency_tolerance": lat_tol,
                    "accuracy_tolerance": acc_tol, "test_images": n_test, "points": rows}

@@ -143,3 +143,53 @@ def test_a_sweep_whose_searches_would_run_single_path_as_the_theta_mode_is_refus
     one_line_error(lambda: Sweep(cfg, "target", ["0.3x"], out=tmp_path / "s"),
                    "search.mode: single_path is not a θ mode")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_grid_of_any_settings_is_every_combination(tmp_path, capsys, monkeypatch):
+    """--grid KEY=V1,V2 for any setting: the points are the product of the axes (the first
+    one, or a loss flag, draws the front), each its own labelled run with its settings."""
+    from fbnas.sweep.driver import Sweep, parse_axis
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "loss": {"kind": "target", "target": "0.5x"}}))
+    sw = Sweep(cfg, "target", ["0.3x", "0.8x"], out=tmp_path / "s", seeds=[1],
+               grid=[parse_axis("search.mode=two_path,reinforce")])
+    assert [sp.label for sp in sw.plan] == [
+        "target0.3x-modetwo_path-seed1", "target0.3x-modereinforce-seed1",
+        "target0.8x-modetwo_path-seed1", "target0.8x-modereinforce-seed1"]
+    assert [(sp.cfg.loss.to_dict()["target"], sp.cfg.search.mode, sp.cfg.search.seed)
+            for sp in sw.plan] == [("0.3x", "two_path", 1), ("0.3x", "reinforce", 1),
+                                   ("0.8x", "two_path", 1), ("0.8x", "reinforce", 1)]
+    assert sw.plan[1].settings == (("search.mode", "reinforce"),)
+    # a grid without a loss axis: its first axis is the swept one; a 0 weight is still kind ce
+    sw = Sweep(cfg, "search.weights", ["separate", "shared"], out=tmp_path / "t",
+               grid=[parse_axis("loss.lambda=0,2")])
+    assert [sp.label for sp in sw.plan] == ["weightsseparate-lambda0", "weightsseparate-lambda2",
+                                            "weightsshared-lambda0", "weightsshared-lambda2"]
+    assert sw.plan[0].cfg.loss.kind == "ce" and sw.plan[1].cfg.loss.to_dict()["lambda"] == 2
+    assert [sp.cfg.search.weights for sp in sw.plan] == ["separate"] * 2 + ["shared"] * 2
+    # what a grid refuses, in one line
+    for bad, msg in (("search.mode", "is not KEY=V1,V2"), ("mode=full", "names no section"),
+                     ("search.mode=full,full", "repeated value"),
+                     ("loss.beta=1,x", "'x' is not a number")):
+        with pytest.raises(FbnasError, match=msg):
+            parse_axis(bad)
+    with pytest.raises(FbnasError, match="a setting swept twice"):
+        Sweep(cfg, "target", ["0.3x"], grid=[parse_axis("loss.target=0.5x")])
+    with pytest.raises(FbnasError, match="and --seeds"):
+        Sweep(cfg, "target", ["0.3x"], seeds=[0], grid=[parse_axis("search.seed=1,2")])
+    one_line_error(lambda: Sweep(cfg, "target", ["0.3x"], grid=[parse_axis(
+        "search.mode=nonsense")]), "search.mode")
+    # the CLI: --grid alone sweeps; nothing to sweep is one line
+    from fbnas.run import Interrupted
+    seen = {}
+
+    def stop(self):
+        seen["plan"] = self.plan
+        raise Interrupted
+    monkeypatch.setattr(Sweep, "run", stop)
+    assert main(["sweep", "--config", str(cfg), "--out", str(tmp_path / "u"), "--grid",
+                 "search.seed=3,4", "--grid", "loss.target=0.4x"]) == 130
+    assert [sp.label for sp in seen["plan"]] == ["seed3-target0.4x", "seed4-target0.4x"]
+    assert main(["sweep", "--config", str(cfg)]) == 2
+    assert "give the values to sweep" in capsys.readouterr().err
