@@ -27,6 +27,7 @@ from fbnas.bench.score import percentile, regret, truth
 from fbnas.bench.table import Bench
 from fbnas.fit.select import select
 from fbnas.runs.search_run import SearchRun
+from fbnas.sweep.driver import searched_runs
 from scripts.common import BENCH_FILE
 
 
@@ -64,7 +65,8 @@ def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="run directories kept by bench_regret")
+    ap.add_argument("runs", nargs="+", help="run directories kept by bench_regret, or its "
+                                            "sweep folder")
     ap.add_argument("--bench", default=str(BENCH_FILE))
     ap.add_argument("--draws", type=int, default=20, help="noise seeds per run")
     ap.add_argument("--sigma", type=float, default=0.01, help="sd of a timing's log")
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     bench = Bench.load(a.bench)
     rows = []
     print(f"{'run':28s} {'regret':>6s} {'top10':>5s} {'offset':>7s} {'outside':>7s}")
-    for rd in sorted(Path(p) for p in a.runs):
+    for rd in searched_runs(a.runs):
         r = simulate(bench, rd, a.draws, a.sigma)
         rows.append(r)
         print(f"{rd.name:28s} {r['regret']:6.2f} {r['top10']:5.2f} {r['offset']:+7.1%} "

@@ -21,24 +21,26 @@ how many beat matched random, the median τ.
         --targets 0.3x,0.5x,0.8x --jobs 2 --keep runs/regret
     python -m scripts.bench_regret --set search.shared_update=all --keep runs/regret-all
 
-Each search runs as `fbnas train` in its own process with one torch thread (--jobs at once)
-and with search.fit_measure off (networks are fitted to the target by the table: concurrent
-searches must not time networks); the benchmark's latency is the one it measured. With --keep,
-a search whose run directory has an arch_hard.yaml is scored again, not re-run.
+The grid is one `fbnas sweep --grid search.mode=… --grid search.weights=… --grid
+loss.target=… --seeds … --no-retrain --threads 1` (on Ray with --jobs > 1): each
+search with one torch thread and search.fit_measure off (networks are fitted to the target by
+the table: concurrent searches must not time networks); the benchmark's latency is the one it
+measured. With --keep, the sweep resumes there: a finished search is scored again, not re-run
+(`fbnas bench score DIR --bench FILE` scores the same runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fbnas.bench.score import score_run
 from fbnas.bench.table import Bench
-from scripts.common import BENCH_CONFIG, BENCH_FILE, search_process
+from fbnas.sweep.driver import Sweep, parse_axis
+from fbnas.sweep.ray_tasks import RaySweep
+from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,21 +53,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--targets", default="0.3x,0.5x,0.8x")
     ap.add_argument("--tau-at", default="0.5x", help="the target whose runs τ is computed on "
                                                      "('all', or 'none')")
-    ap.add_argument("--jobs", type=int, default=2, help="searches at once (one thread each)")
+    ap.add_argument("--jobs", type=int, default=2, help="searches at once (one thread each; "
+                                                        "more than 1: on Ray)")
     ap.add_argument("--set", action="append", default=[], dest="sets")
-    ap.add_argument("--keep", metavar="DIR", help="keep the runs as DIR/MODE-WEIGHTS-S-T "
-                                                  "(a re-run scores them again)")
+    ap.add_argument("--keep", metavar="DIR", help="keep the sweep in DIR (a re-run resumes it "
+                                                  "and scores its runs again)")
     a = ap.parse_args(argv)
     bench = Bench.load(a.bench)
-    grid = list(itertools.product(a.modes.split(","), a.weights.split(","),
-                                  [int(s) for s in a.seeds.split(",")], a.targets.split(",")))
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(a.keep or tmp)
-        runs = {g: root / "-".join(map(str, g)) for g in grid}
-        with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-            list(pool.map(lambda g: search_process(a.config, runs[g], [
-                f"search.mode={g[0]}", f"search.weights={g[1]}", f"search.seed={g[2]}",
-                f"loss.target={g[3]}", *a.sets]), grid))
+        sw = Sweep(a.config, "search.mode", a.modes.split(","), out=Path(a.keep or tmp) / "sweep",
+                   overrides=["search.fit_measure=off", *QUIET, *a.sets], retrain=False,
+                   seeds=[int(s) for s in a.seeds.split(",")], threads=1,
+                   grid=[parse_axis(f"search.weights={a.weights}"),
+                         parse_axis(f"loss.target={a.targets}")])
+        if a.jobs > 1:
+            RaySweep(sw, a.jobs).run()
+        else:
+            sw.run()
+        # (mode, weights, seed, target) -> the search's run directory
+        runs = {(sp.value, dict(sp.settings)["search.weights"], sp.seed,
+                 dict(sp.settings)["loss.target"]): Path(sp.cfg.run.dir) for sp in sw.plan}
+        grid = list(runs)
         print(f"searches of {a.config} {' '.join(a.sets)} scored on {a.bench} "
               f"({len(bench)} networks)")
         print(f"{'mode':10s} {'weights':8s} {'seed':>4s} {'target':>6s} {'regret':>6s} "

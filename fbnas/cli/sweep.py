@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="sweep directory (default: <run.dir>-sweep)")
     p.add_argument("--retrain-epochs", type=int,
                    help="epochs of each retrain (default: the config's retrain.epochs)")
+    p.add_argument("--no-retrain", action="store_true",
+                   help="search only: no retrains, reference or random networks, nor timing "
+                        "(judge the searches with fbnas bench score OUT --bench FILE)")
     p.add_argument("--random", type=int, default=5, metavar="N",
                    help="random architectures to retrain for contrast (default 5)")
     p.add_argument("--reference", action="append", default=[], metavar="ARCH.yaml",
@@ -97,7 +100,7 @@ def run(args) -> int:
                    else f"fbnas sweep --ray-address {args.ray_address}")
     sw = Sweep(args.config, param, values, args.out, args.set, args.reference, args.random,
                args.seed, args.retrain_epochs, seeds=seeds, threads=args.threads,
-               bench=args.bench, grid=grid)
+               bench=args.bench, grid=grid, retrain=not args.no_retrain)
     try:
         if on_ray:
             s = RaySweep(sw, args.workers, args.ray_address, args.gpus_per_task,

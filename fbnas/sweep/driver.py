@@ -195,6 +195,17 @@ def _set_loss(d: dict, param: str, value: float | str) -> dict:
     return {**d, "loss": loss}
 
 
+def searched_runs(paths: list[str | Path]) -> list[Path]:
+    """Search run directories: each path that is one as it is, a sweep's folder as its finished
+    searches (`search-<label>` holding the returned architecture), in label order."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        inner = sorted(d for d in p.glob("search-*") if RunFiles(d).arch.is_file())
+        out += inner if inner and not RunFiles(p).checkpoint.is_file() else [p]
+    return out
+
+
 def reference_archs(cfg: Config, config_path: str | Path | None,
                     extra: list[str]) -> list[Architecture]:
     """Uniform k3_e6 / k5_e6 networks of the space (where those ops are candidates of every
@@ -256,9 +267,11 @@ class Sweep:
                  references: list[str] | None = None, n_random: int = 5, seed: int = 0,
                  retrain_epochs: int | None = None, log=print, seeds: list[int] | None = None,
                  threads: int | None = None, bench: str | Path | None = None,
-                 grid: list[Axis] | None = None):
+                 grid: list[Axis] | None = None, retrain: bool = True):
         """`param`/`values`: the first axis (a loss parameter, `beta`, or any `section.key`);
-        `grid`: further axes, every combination searched."""
+        `grid`: further axes, every combination searched; `retrain`: False searches only (no
+        retrains, reference or random networks, nor timing: `fbnas bench score` judges the
+        searches)."""
         if param not in PARAMS and "." not in param:
             raise FbnasError(f"sweep: parameter must be one of {', '.join(PARAMS)} or a "
                              f"section.key; got {param!r}")
@@ -278,7 +291,7 @@ class Sweep:
             self.base = with_retrain_epochs(self.base, retrain_epochs)
         self.cfg = config_from_dict(self.base, str(config_path))
         self.param, self.values, self.seeds, self.threads = param, values, seeds, threads
-        self.grid = grid
+        self.grid, self.retrain = grid, retrain
         kind = (self.base.get("loss") or {}).get("kind", "fbnet")
         self.out = Path(out) if out else Path(f"{self.cfg.run.dir}-sweep")
         self.references = references or []
@@ -314,11 +327,15 @@ class Sweep:
                           settings=dict(sp.settings))
 
     def reference_points(self) -> list[SweepPoint]:
+        if not self.retrain:
+            return []
         return [SweepPoint(f"ref-{a.name}", "reference", a) for a in self.reference_list]
 
     def random_points(self, searched: list[SweepPoint]) -> list[SweepPoint]:
         """The random architectures: drawn once every search is done (none of them is a
         searched or a reference architecture)."""
+        if not self.retrain:
+            return []
         taken = {p.arch.hash() for p in searched} | {a.hash() for a in self.reference_list}
         return [SweepPoint(a.name, "random", a)
                 for a in random_archs(self.cfg.space, self.n_random, self.seed, taken)]
@@ -351,7 +368,7 @@ class Sweep:
                 points.append(self.searched(sp, search_point(sp.cfg)))
             points += self.reference_points()
             points += self.random_points(points)
-            for p in points:
+            for p in points if self.retrain else []:
                 if self.from_bench(p):
                     continue
                 self.log(f"== sweep {p.label}: retrain {p.arch.short_hash}")
@@ -388,7 +405,7 @@ class Sweep:
 
     def finish(self, points: list[SweepPoint], t0: float) -> dict[str, Any]:
         """Every point retrained: time them all end to end here, write the report."""
-        if self.bench is None:
+        if self.bench is None and self.retrain:
             self._measure(points)
         return self._report(points, time.perf_counter() - t0)
 
@@ -447,7 +464,8 @@ class Sweep:
                 "top5": r.get("top5"), "val_top1": r.get("val_top1"), "params": r.get("params"),
                 "flops": r.get("flops"),
                 "dominated": flags.get(id(p), "") if p.kind == "random" else "",
-                "run_dir": str(p.run_dir), "ops": " ".join(p.arch.ops)})
+                "run_dir": "" if p.run_dir is None else str(p.run_dir),
+                "ops": " ".join(p.arch.ops)})
             if self.seeds is not None:
                 rows[-1]["seed"] = "" if p.seed is None else p.seed
             for a in self.grid:

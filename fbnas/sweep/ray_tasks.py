@@ -216,6 +216,8 @@ class RaySweep:
             pending[self._submit(job, cfg, s_dev)] = job
 
         def retrain(p: SweepPoint) -> None:
+            if not sw.retrain:  # a sweep of searches only
+                return
             if sw.from_bench(p):  # a lookup, here
                 self.jobs.append(Job("retrain", p.label, point=p, status="done", seconds=0.0))
                 return

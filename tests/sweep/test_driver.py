@@ -193,3 +193,17 @@ def test_a_grid_of_any_settings_is_every_combination(tmp_path, capsys, monkeypat
     assert [sp.label for sp in seen["plan"]] == ["seed3-target0.4x", "seed4-target0.4x"]
     assert main(["sweep", "--config", str(cfg)]) == 2
     assert "give the values to sweep" in capsys.readouterr().err
+
+
+def test_a_sweeps_folder_reads_as_its_finished_searches(tmp_path):
+    """`fbnas bench score SWEEP_DIR` and the scripts take a sweep's folder as its searches."""
+    from fbnas.sweep.driver import searched_runs
+
+    sweep, lone = tmp_path / "sweep", tmp_path / "lone"
+    for d in ("search-b", "search-a", "search-unfinished", "retrain-a"):
+        (sweep / d).mkdir(parents=True)
+    for d in ("search-a", "search-b", "retrain-a"):
+        (sweep / d / "arch_hard.yaml").write_text("x")
+    lone.mkdir()
+    assert searched_runs([sweep, lone]) == [sweep / "search-a", sweep / "search-b", lone]
+    assert searched_runs([sweep / "search-a"]) == [sweep / "search-a"]

@@ -10,12 +10,14 @@ import math
 from fbnas.bench.score import score_run
 from fbnas.bench.table import Bench
 from fbnas.io import write_json_atomic
+from fbnas.sweep.driver import searched_runs
 
 
 def add_parser(actions) -> None:
     p = actions.add_parser("score", help="judge search runs on the benchmark's space by "
                                          "regret, percentile and ranking")
-    p.add_argument("runs", nargs="+", help="search run directories")
+    p.add_argument("runs", nargs="+", help="search run directories, or a sweep's folder (its "
+                                           "searches: fbnas sweep --bench FILE)")
     p.add_argument("--bench", required=True, help="the benchmark file")
     p.add_argument("--near", type=float, default=0.03,
                    help="latency-matched: within ± this share (default 0.03)")
@@ -33,7 +35,7 @@ def _f(x: float, fmt: str) -> str:
 def run(args) -> int:
     bench = Bench.load(args.bench)
     scores = []
-    for r in args.runs:
+    for r in searched_runs(args.runs):
         s = score_run(bench, r, args.near, args.trials, rank=not args.no_rank)
         scores.append(s)
         print(f"{r}: {' '.join(s.ops)}  {s.latency:.1f} {bench.meta['latency']['unit']}, true "
