@@ -30,6 +30,7 @@ from fbnas.blocks import build_block, init_weights
 from fbnas.blocks.masked import choice_masks, expansion, masked_branch, mix
 from fbnas.blocks.shared import WEIGHT_SHARING, SharedIRFWeights, build_shared
 from fbnas.errors import FbnasError
+from fbnas.search.cost_model import OpCosts
 from fbnas.search.modes import PathSample, SearchMode, get_mode, gumbel_weights
 from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace
@@ -350,10 +351,7 @@ class Supernet(nn.Module):
         """The cheapest and dearest architecture's cost under the installed table."""
         if self.width_costs is not None:
             return self.width_costs.bounds()
-        rows = self.cost_rows()
-        lo = sum(float(r.min()) for r in rows) + self.fixed_cost
-        hi = sum(float(r.max()) for r in rows) + self.fixed_cost
-        return lo, hi
+        return OpCosts([r.tolist() for r in self.cost_rows()], self.fixed_cost).bounds()
 
     # ---- sampling -------------------------------------------------------------------------------
     def sample_weights(self, tau: float, hard: bool = False) -> list[torch.Tensor]:

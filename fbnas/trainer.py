@@ -284,9 +284,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if self.dist.is_main:
             arch.save(self.files.arch)
         indices = arch_indices(self.cfg.space, arch)
-        predicted = (self.costs.widths.of(indices) if self.costs.widths is not None else
-                     self.costs.fixed + sum(r[o] for r, o in zip(self.costs.rows, arch.ops,
-                                                                 strict=True)))
+        predicted = self.costs.model(self.cfg.space).of(indices)
         result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
                   "predicted_cost": predicted, "choices": arch.choices_text(self.cfg.space)}
         if self.data.val_loader is not None:  # the architecture returned, as a single path

@@ -23,13 +23,10 @@ from fbnas.config import Config
 from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
-from fbnas.fit.onto_target import (
-    cost_lists,
-    cost_range,
-)
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.signature import layer_width_signatures, stem_signature
 from fbnas.runs.files import RunFiles
+from fbnas.search.cost_model import OpCosts, cost_lists
 from fbnas.search.width_costs import WidthCosts
 
 
@@ -44,6 +41,13 @@ class CostSource:
     description: str
     table: Any = None  # the LatencyTable (or counted table) for predictions
     widths: WidthCosts | None = None  # a width-searched space's costs (then `rows` are widest)
+
+    def model(self, space) -> WidthCosts | OpCosts:
+        """The cost of an architecture of `space` under these costs, one way (of, bounds,
+        rows_at: fbnas.search.cost_model)."""
+        if self.widths is not None:
+            return self.widths
+        return OpCosts(cost_lists(self.rows, space.layer_candidates()), self.fixed)
 
 
 def width_costs(space, table) -> WidthCosts | None:
@@ -197,7 +201,4 @@ def run_costs(cfg: Config, table: LatencyTable) -> CostSource:
 
 def run_target(cfg: Config, costs: CostSource) -> float:
     """The run's loss.target in the table's units (a relative target over its space's range)."""
-    if costs.widths is not None:
-        return cfg.loss.build(costs.widths.bounds()).target
-    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
-    return cfg.loss.build(cost_range(rows, costs.fixed)).target
+    return cfg.loss.build(costs.model(cfg.space).bounds()).target

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fbnas.arch import log_prob
+from fbnas.search.cost_model import predicted_cost
 
 
 @dataclass(frozen=True)
@@ -52,22 +53,6 @@ def range_warning(spec: object, loss: object, bounds: tuple[float, float], unit:
     return (f"loss.target: {spec} ({target:.1f} {unit}) is outside this space's range "
             f"{lo:.1f}-{hi:.1f} {unit} (cheapest-dearest architecture under the cost table); "
             f"the search will end near the {'cheapest' if target < lo else 'dearest'} one")
-
-
-def cost_lists(rows: Sequence[dict[str, float]], candidates: Sequence[Sequence[str]]
-               ) -> list[list[float]]:
-    """A cost table's rows (op -> cost per layer) in each layer's candidate order."""
-    return [[float(row[op]) for op in cands] for row, cands in zip(rows, candidates, strict=True)]
-
-
-def cost_range(rows: Sequence[Sequence[float]], fixed: float) -> tuple[float, float]:
-    """The cheapest and dearest architecture's cost: what a relative (`0.6x`) target spans."""
-    return fixed + sum(min(r) for r in rows), fixed + sum(max(r) for r in rows)
-
-
-def predicted_cost(rows: Sequence[Sequence[float]], fixed: float, indices: Sequence[int]
-                   ) -> float:
-    return fixed + sum(float(r[i]) for r, i in zip(rows, indices, strict=True))
 
 
 def fit_to_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,

@@ -29,13 +29,14 @@ from fbnas.arch import (
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
-from fbnas.fit.onto_target import Round, choose, cost_lists, near_target, predicted_cost
+from fbnas.fit.onto_target import Round, choose, near_target
 from fbnas.fit.select import refit as refit_run
 from fbnas.fit.select import table_fit
 from fbnas.io import write_json_atomic
 from fbnas.latency.bundle import RUNTIMES, network_latencies_us, read_results, write_bundle
 from fbnas.runs.files import ARCH
 from fbnas.runs.search_run import SearchRun
+from fbnas.search.cost_model import predicted_cost
 
 NEAR_TARGET = "near_target_bundle.json"  # which bundle `--near-target` wrote for the run
 
@@ -177,8 +178,7 @@ def pick_measured(run: SearchRun, results: str, log: Callable[[str], None] = pri
     rounds, choices = [], {}
     for a, med, iqr in network_latencies_us(res, man).values():
         idx = arch_indices(cfg.space, a)  # ops, then widths where the run searched them
-        pred = (costs.widths.of(idx) if costs.widths is not None else
-                predicted_cost(cost_lists(costs.rows, cands), costs.fixed, idx))
+        pred = costs.model(cfg.space).of(idx)
         r = Round(tuple(idx[:len(cands)]), pred, med, iqr, arch_log_prob(cfg.space, theta, a),
                   abs(med / target - 1) <= tol)
         rounds.append(r)

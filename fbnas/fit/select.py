@@ -33,15 +33,14 @@ from fbnas.fit.costs import CostSource
 from fbnas.fit.end_to_end import panel, time_archs
 from fbnas.fit.onto_target import (
     Fit,
-    cost_lists,
     fit_to_target,
     fit_with_widths,
     likeliest_in_band,
     measured_fit,
-    predicted_cost,
 )
 from fbnas.latency import LatencyTable
 from fbnas.runs.search_run import SearchRun
+from fbnas.search.cost_model import cost_lists, predicted_cost
 
 Measurer = Callable[[list[int]], tuple[float, float]]
 
@@ -148,7 +147,7 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     if first is not None:
         fitted = [*fit.indices, *widths]
         widths = tuple(first[n:])
-        rows, fixed = costs.widths.rows_at(widths) if costs.widths is not None else (rows, fixed)
+        rows, fixed = costs.model(cfg.space).rows_at(widths)
         cost = predicted_cost(rows, fixed, first[:n])
         fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
             first, [int(t.argmax()) for t in theta], strict=True)),

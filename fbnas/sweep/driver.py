@@ -301,8 +301,8 @@ class Sweep:
         self.plan: list[SearchPlan] = []
         for s in seeds if seeds is not None else [None]:
             for v in values:
-                for settings in itertools.product(*(((a.key, x) for x in a.values)
-                                                    for a in grid)):
+                for settings in itertools.product(*[[(a.key, x) for x in a.values]
+                                                    for a in grid]):
                     label = "-".join([_label(param.rsplit(".", 1)[-1], v), *(
                         _label(k.rsplit(".", 1)[-1], x) for k, x in settings)]) + (
                         f"-seed{s}" if s is not None else "")
@@ -487,6 +487,8 @@ class Sweep:
             summary["random_dominated_per_seed"] = {str(s): n for s, n in per_seed.items()}
         write_json_atomic(self.out / "sweep.json", summary)
         try:
+            if not self.retrain:  # searches only: nothing measured or retrained to draw
+                return summary
             summary["plot"] = str(plot_sweep(rows, self.out / "sweep.png", self.cfg.space.name,
                                              self.param))
         except FbnasError as e:  # matplotlib missing: the CSV is still there
@@ -508,7 +510,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -
 
     def xy(rs):
         pts = [((r["measured_ms"] if r["measured_ms"] is not None else r["predicted_ms"]),
-                100 * r["top1"]) for r in rs]
+                100 * r["top1"]) for r in rs if r["top1"] is not None]
         return [p for p in pts if p[0] is not None and p[1] is not None]
 
     rnd = xy([r for r in rows if r["kind"] == "random"])

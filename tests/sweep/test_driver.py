@@ -161,6 +161,12 @@ def test_a_grid_of_any_settings_is_every_combination(tmp_path, capsys, monkeypat
             for sp in sw.plan] == [("0.3x", "two_path", 1), ("0.3x", "reinforce", 1),
                                    ("0.8x", "two_path", 1), ("0.8x", "reinforce", 1)]
     assert sw.plan[1].settings == (("search.mode", "reinforce"),)
+    two = Sweep(cfg, "target", ["0.3x"], out=tmp_path / "v", grid=[
+        parse_axis("search.weights=separate,shared"), parse_axis("search.mode=two_path")])
+    assert [sp.label for sp in two.plan] == ["target0.3x-weightsseparate-modetwo_path",
+                                             "target0.3x-weightsshared-modetwo_path"]
+    assert [(sp.cfg.search.weights, sp.cfg.search.mode) for sp in two.plan] == [
+        ("separate", "two_path"), ("shared", "two_path")]
     # a grid without a loss axis: its first axis is the swept one; a 0 weight is still kind ce
     sw = Sweep(cfg, "search.weights", ["separate", "shared"], out=tmp_path / "t",
                grid=[parse_axis("loss.lambda=0,2")])
