@@ -6,21 +6,17 @@ fidelity`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from fbnas.arch import Architecture, ChildNet, build_child
+from fbnas.arch import Architecture, build_child
 from fbnas.blocks.shared import child_state, sharable
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.data.loaders import take_images
 from fbnas.distributed import sync_bn_stats
-from fbnas.errors import FbnasError
 from fbnas.run.step import host_values, metric
-from fbnas.runs.files import RunFiles
 
 
 # ---- evaluation ------------------------------------------------------------------------------
@@ -84,26 +80,7 @@ def validate_weights(net: torch.nn.Module, data: Any, device: torch.device, m, a
     return {"acc": correct / max(n, 1), "ce": ce_sum / max(n, 1)}
 
 
-# ---- child checkpoints -------------------------------------------------------------------------
-def load_child(path: str | Path, device: str | torch.device = "cpu"
-               ) -> tuple[Architecture, ChildNet, dict[str, Any]]:
-    """(architecture, child network with the checkpoint's weights in eval mode, raw state)
-    from a retrain checkpoint (a file, or a retrain run directory holding checkpoint.pt)."""
-    p = Path(path)
-    if p.is_dir():
-        p = RunFiles(p).checkpoint
-    state = load_checkpoint(p, kind="child")
-    arch = Architecture.from_dict(state["arch"], f"{p}: arch")
-    model = build_child(arch)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise FbnasError(f"{p}: weights do not fit architecture {arch.short_hash} "
-                         f"({first[:160]})") from None
-    return arch, model.to(device).eval(), state
-
-
+# ---- a supernet's weights as a child's ---------------------------------------------------------
 def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
                          where: str = "supernet") -> dict[str, torch.Tensor]:
     """The child's state dict taken from a supernet's: stem and head as they are, and for each

@@ -35,7 +35,7 @@ from fbnas.distributed import PeriodicAverager, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
 from fbnas.fit.costs import find_latency_table, predict_ms
-from fbnas.fit.end_to_end import measure_child_ms
+from fbnas.latency.end_to_end import measure_child_ms
 from fbnas.rng import rng_state, seed_everything
 from fbnas.run.guard import fused_optimizer, keep_fused
 from fbnas.run.loop import EpochRunner, NonFiniteLoss

@@ -34,8 +34,8 @@ import torch
 from scipy import stats
 
 from fbnas.arch import Architecture, build_child
-from fbnas.fit.timed_models import measure_runtimes
 from fbnas.latency import Protocol, build_table, make_timer, sample_spanning, validate
+from fbnas.latency.timed_models import measure_runtimes
 from fbnas.search_space import load_space
 from scripts.common import ROOT, SPACES, space_config
 

@@ -36,7 +36,6 @@ from torch import nn
 from fbnas.arch import Architecture
 from fbnas.backends.worker import call_in_worker
 from fbnas.errors import FbnasError
-from fbnas.fit.timed_models import ModelSpec, measure_modules, measure_specs
 from fbnas.latency import (
     LatencyTable,
     Protocol,
@@ -46,6 +45,7 @@ from fbnas.latency import (
     validate,
 )
 from fbnas.latency.build import refresh_values, sample_spanning
+from fbnas.latency.timed_models import ModelSpec, measure_modules, measure_specs
 from fbnas.search_space import load_space
 from scripts.common import ROOT, SPACES, Spread, space_config
 

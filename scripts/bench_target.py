@@ -47,9 +47,9 @@ import numpy as np
 
 from fbnas.arch import Architecture, random_archs
 from fbnas.fit.costs import run_target
-from fbnas.fit.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
 from fbnas.fit.onto_target import every_cost
 from fbnas.fit.select import refit
+from fbnas.latency.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
 from fbnas.loss import resolve_target
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun

@@ -38,7 +38,7 @@ from fbnas.arch import Architecture
 from fbnas.bench.table import Bench
 from fbnas.config import load_config
 from fbnas.fit.costs import cached_table_path, resolve_costs
-from fbnas.fit.end_to_end import panel, time_archs
+from fbnas.latency.end_to_end import panel, time_archs
 from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET, ROOT, search_process
 
 WIDTH_CONFIG = ROOT / "configs" / "bench_digits_widths.yaml"

@@ -8,12 +8,11 @@ import pytest
 import torch
 from conftest import TINY_SPACE
 
-from fbnas.arch import arch_from_indices, build_child
+from fbnas.arch import arch_from_indices, build_child, load_child
 from fbnas.backends import FORMATS
 from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
 from fbnas.errors import FbnasError
-from fbnas.evaluate import load_child
 from fbnas.export import (
     check_equivalence,
     export_child,

@@ -10,11 +10,11 @@ import torch
 import yaml
 from conftest import digits_run_config
 
-from fbnas.arch import arch_from_indices
+from fbnas.arch import arch_from_indices, load_child
 from fbnas.cli import main
 from fbnas.config import RetrainConfig, config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.evaluate import load_child, supernet_child_state
+from fbnas.evaluate import supernet_child_state
 from fbnas.retrain import ChildTrainer
 from fbnas.run import Interrupted, close_logger
 

@@ -38,9 +38,9 @@ from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs
-from fbnas.fit.end_to_end import panel, time_archs, timer_for_table
 from fbnas.io import clock
 from fbnas.latency import space_hash
+from fbnas.latency.end_to_end import panel, time_archs, timer_for_table
 from fbnas.retrain import ChildTrainer
 from fbnas.rng import rng_state, set_rng_state
 from fbnas.run import close_logger

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbnas.arch import load_child
 from fbnas.config import RetrainConfig, apply_overrides, config_from_dict, load_config
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
-from fbnas.evaluate import evaluate, load_child
+from fbnas.evaluate import evaluate
 from fbnas.io import write_json_atomic
 from fbnas.run import resolve_device
 from fbnas.settings import setting_choices

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbnas.arch import load_child
 from fbnas.backends import FORMATS
 from fbnas.errors import FbnasError
-from fbnas.evaluate import load_child
 from fbnas.export import (
     check_format,
     default_out,

@@ -4,7 +4,8 @@
 space and timer settings, or measures one (the cache policy: `cached_table_path`); a resumed
 run keeps the table saved in its run directory. `shared_costs` does the same under torchrun
 (rank 0 resolves, the others receive). For a trained child, `find_latency_table` finds the
-table to predict with and `predict_ms` predicts (`fbnas.fit.end_to_end.measure_child_ms` times it).
+table to predict with and `predict_ms` predicts (`fbnas.latency.end_to_end.measure_child_ms`
+times it).
 What a finished search's table makes of its loss.target: `run_costs`, `run_target`. (From θ to
 the returned network: `fbnas.fit.select`.)
 """

@@ -30,7 +30,6 @@ from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import CostSource
-from fbnas.fit.end_to_end import panel, time_archs
 from fbnas.fit.onto_target import (
     Fit,
     fit_to_target,
@@ -39,6 +38,7 @@ from fbnas.fit.onto_target import (
     measured_fit,
 )
 from fbnas.latency import LatencyTable
+from fbnas.latency.end_to_end import panel, time_archs
 from fbnas.runs.search_run import SearchRun
 from fbnas.search.cost_model import cost_lists, predicted_cost
 

@@ -446,7 +446,7 @@ def _time_probes(table: LatencyTable, space: SearchSpace, probes: Sequence[Archi
                  log: Callable[[str], None] | None) -> dict[str, Any]:
     """Time `probes` end to end among themselves and fit the table's context model to them;
     the context records which space they came from (`probe_space`), so that end-to-end
-    measurements can later use them as anchors (fbnas.fit.end_to_end.time_networks)."""
+    measurements can later use them as anchors (fbnas.latency.end_to_end.time_networks)."""
     m = measure_archs(timer, probes, protocol, reference, progress)
     ctx = _context_from(table, probes, {a.name: m.entries[a.name].ratios for a in probes}, log)
     ctx["probe_space"] = space_hash(space)

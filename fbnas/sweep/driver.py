@@ -53,8 +53,8 @@ from fbnas.cost_kinds import is_measured
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import find_latency_table
-from fbnas.fit.end_to_end import panel, time_archs, timer_for_table, timer_label
 from fbnas.io import atomic_write, ensure_dir, load_yaml, write_json_atomic, write_text_atomic
+from fbnas.latency.end_to_end import panel, time_archs, timer_for_table, timer_label
 from fbnas.latency.measure import Protocol
 from fbnas.loss import parse_target
 from fbnas.plots import _plt

@@ -17,9 +17,9 @@ from torch import nn
 from fbnas.backends import allocator as alloc
 from fbnas.backends.worker import call_in_worker, reused_workers
 from fbnas.errors import FbnasError
-from fbnas.fit.timed_models import ModelSpec, measure_specs, parse_input_shape
 from fbnas.latency import LatencyTable, Protocol, build_table, make_timer, measure_archs
 from fbnas.latency.build import sample_spanning
+from fbnas.latency.timed_models import ModelSpec, measure_specs, parse_input_shape
 from fbnas.search_space import SearchSpace
 
 FAST = Protocol(rounds=4, extra_rounds=0)

@@ -22,11 +22,11 @@ from fbnas.backends.fake import FakeTimer
 from fbnas.backends.torchscript import TorchScriptFormat
 from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
-from fbnas.config import LatencyConfig
 from fbnas.cost_kinds import COST_KINDS, CostKind
 from fbnas.errors import FbnasError
 from fbnas.export import check_format, default_out, export_child, format_of, load_exported
 from fbnas.latency import LatencyTable, build_cost_table
+from fbnas.latency.config import LatencyConfig
 from fbnas.search_space import SearchSpace
 
 ROOT = Path(__file__).parents[2]

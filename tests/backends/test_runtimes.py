@@ -10,10 +10,10 @@ from conftest import latency_space
 
 from fbnas.backends import FORMATS, TIMERS
 from fbnas.backends import exported as rt
-from fbnas.config import LatencyConfig
 from fbnas.errors import FbnasError
 from fbnas.latency import Protocol, build_table, make_timer, validate
 from fbnas.latency.build import sample_spanning
+from fbnas.latency.config import LatencyConfig
 from fbnas.latency.signature import Signature
 from fbnas.search_space import SearchSpace
 
@@ -129,7 +129,7 @@ def test_latency_config_takes_the_runtime_devices():
 def test_runtimes_are_measured_side_by_side_with_eager(tmp_path):
     """measure_runtimes: each module in eager and each runtime, in one interleaved
     measurement (keys BACKEND:label); a runtime at another thread count is refused."""
-    from fbnas.fit.timed_models import measure_runtimes
+    from fbnas.latency.timed_models import measure_runtimes
 
     torch.manual_seed(0)
     mods = {"a": (SIG.build(), SIG.input_shape),

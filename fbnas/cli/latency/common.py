@@ -8,10 +8,10 @@ import sys
 
 from fbnas.backends import DTYPES, TIMERS, Timer, clock_choices
 from fbnas.backends.allocator import ALLOCATORS
-from fbnas.config import LatencyConfig
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
+from fbnas.latency.config import LatencyConfig
 from fbnas.latency.measure import Protocol
 
 

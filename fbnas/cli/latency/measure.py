@@ -9,10 +9,10 @@ from pathlib import Path
 from fbnas.arch import Architecture
 from fbnas.cli.latency.common import log, protocol, timer, timer_args
 from fbnas.errors import FbnasError
-from fbnas.fit.end_to_end import Panel, panel, panel_modules, unit_scales
-from fbnas.fit.timed_models import ModelSpec, measure_specs, parse_input_shape
 from fbnas.io import write_json_atomic
 from fbnas.latency import LatencyTable
+from fbnas.latency.end_to_end import Panel, panel, panel_modules, unit_scales
+from fbnas.latency.timed_models import ModelSpec, measure_specs, parse_input_shape
 from fbnas.search_space import load_space
 
 

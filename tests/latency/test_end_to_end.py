@@ -1,4 +1,4 @@
-"""Whole networks timed end to end in the table's units (fbnas/fit/end_to_end.py): interleaved
+"""Whole networks timed end to end in the table's units (fbnas/latency/end_to_end.py): interleaved
 with the table's probes, anchored to them at each network's size when the reference op
 drifts."""
 
@@ -10,16 +10,16 @@ import statistics
 import pytest
 from conftest import slow_reference_op
 
-import fbnas.fit.end_to_end
+import fbnas.latency.end_to_end
 from fbnas.arch import ChildNet, arch_from_indices, build_child
 from fbnas.backends.fake import FakeTimer
-from fbnas.fit.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
 from fbnas.latency import LatencyTable
+from fbnas.latency.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
 from fbnas.run import close_logger
 from fbnas.search_space import SearchSpace
 from fbnas.trainer import SearchTrainer
 
-from .measured import FIT_SPACE, fake_run, run_search, slow_networks
+from tests.fit.measured import FIT_SPACE, fake_run, run_search, slow_networks
 
 
 @pytest.mark.slow  # moved from the fast tier: 4-6 s, its module has other fast tests
@@ -33,13 +33,13 @@ def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, mon
     close_logger(t.log)
     slow_networks(monkeypatch, 1.15)  # two or more rounds
     seen: list[list[str]] = []
-    measure = fbnas.fit.end_to_end.measure_modules
+    measure = fbnas.latency.end_to_end.measure_modules
 
     def spy(timer, modules, protocol=None):
         seen.append(sorted(modules))
         return measure(timer, modules, protocol)
 
-    monkeypatch.setattr(fbnas.fit.end_to_end, "measure_modules", spy)
+    monkeypatch.setattr(fbnas.latency.end_to_end, "measure_modules", spy)
     _, saved = run_search(cfg, tmp_path)
     # every round's network, then the returned one timed once more (the figure reported)
     assert len(seen) == len(saved["meta"]["fit_rounds"]) + 1 >= 3
