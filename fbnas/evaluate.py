@@ -16,7 +16,7 @@ from fbnas.blocks.shared import child_state, sharable
 from fbnas.config import config_from_dict
 from fbnas.data.loaders import take_images
 from fbnas.distributed import sync_bn_stats
-from fbnas.run.step import host_values, metric
+from fbnas.training.step import host_values, metric
 
 
 # ---- evaluation ------------------------------------------------------------------------------

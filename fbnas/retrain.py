@@ -2,7 +2,7 @@
 
 ChildTrainer is the standard recipe (SGD + Nesterov momentum or AdamW, linear warm-up then
 cosine decay, label smoothing, the data section's augmentation) on the search's w ∪ θ split,
-with the same checkpoint/resume/Ctrl-C behaviour as the search (fbnas.run.loop). A retrain run
+with the same checkpoint/resume/Ctrl-C behaviour as the search (fbnas.training.loop). A retrain run
 directory holds:
 
     arch.yaml        the architecture trained (its hash is in config.yaml and results.json)
@@ -37,12 +37,12 @@ from fbnas.evaluate import evaluate, supernet_child_state
 from fbnas.fit.costs import find_latency_table, predict_ms
 from fbnas.latency.end_to_end import measure_child_ms
 from fbnas.rng import rng_state, seed_everything
-from fbnas.run.guard import fused_optimizer, keep_fused
-from fbnas.run.loop import EpochRunner, NonFiniteLoss
-from fbnas.run.resume import ResumePolicy
-from fbnas.run.step import StepFigures, Update, metric
 from fbnas.runs.results import results_record, write_results
 from fbnas.runs.search_run import SearchRun
+from fbnas.training.guard import fused_optimizer, keep_fused
+from fbnas.training.loop import EpochRunner, NonFiniteLoss
+from fbnas.training.resume import ResumePolicy
+from fbnas.training.step import StepFigures, Update, metric
 
 
 # ---- the trainer -----------------------------------------------------------------------------

@@ -4,14 +4,14 @@ Per epoch: weight steps (SGD + momentum, cosine schedule) on the weight split, t
 `warmup_epochs` of weights only — θ steps (Adam) on the disjoint θ split. Weight steps use
 the cross-entropy of the paths the search mode samples (fbnas.search.modes; θ gets no gradient); θ
 steps use the cost-aware loss (weights get no gradient). Both go through the one update step
-of fbnas.run.step. τ is annealed after warm-up (`TauSchedule`). Validation uses the argmax
+of fbnas.training.step. τ is annealed after warm-up (`TauSchedule`). Validation uses the argmax
 architecture, deterministically, on the held-out validation split (never the test split).
 
 Checkpoints are written atomically at the end of every epoch (and every
 `run.checkpoint_every_steps` steps if set, and on Ctrl-C), holding the model, both optimizers,
 the scheduler, RNG states, the position (epoch, phase, step), the resolved config and the cost
 table's fingerprint: `fbnas train --resume RUN_DIR` continues and ends with the same θ as an
-uninterrupted run. The loop, signals, run directory and logging are fbnas.run.loop's.
+uninterrupted run. The loop, signals, run directory and logging are fbnas.training.loop's.
 
 Under `torchrun` (fbnas.distributed, docs/distributed.md) each rank trains on its shard: weight
 steps run through DistributedDataParallel, θ's gradients are averaged before each Adam step,
@@ -41,14 +41,14 @@ from fbnas.fit.onto_target import range_warning
 from fbnas.fit.select import select
 from fbnas.io import write_json_atomic
 from fbnas.rng import rng_state, seed_everything
-from fbnas.run.guard import fused_optimizer, keep_fused, non_finite_what
-from fbnas.run.loop import EpochRunner, Interrupted, NonFiniteLoss
-from fbnas.run.resume import ResumePolicy
 from fbnas.search.figures import epoch_line, tb_scalars
 from fbnas.search.modes import get_mode, ignored_note, refuse_as_theta_mode
 from fbnas.search.schedules import TauSchedule
 from fbnas.search.steps import SearchSteps
 from fbnas.supernet import Supernet
+from fbnas.training.guard import fused_optimizer, keep_fused, non_finite_what
+from fbnas.training.loop import EpochRunner, Interrupted, NonFiniteLoss
+from fbnas.training.resume import ResumePolicy
 
 
 class SearchTrainer(SearchSteps, EpochRunner):
@@ -96,7 +96,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
                                   self.costs.unit)) is not None:
             self.log.warning(warn)
         self.tau_schedule = TauSchedule.from_config(s)
-        # run.nan_check (fbnas.run.guard): deferred needs the fused optimizers, which skip a
+        # run.nan_check (fbnas.training.guard): deferred needs the fused optimizers, which skip a
         # non-finite step's update on the device
         self._init_guard(s.nan_policy)
         fused = self.guard.deferred

@@ -40,7 +40,7 @@ from scripts.common import QUIET, ROOT, SPACES, Spread, alternate, with_code
 DRIVER = """
 import json, sys
 from fbnas.config import load_config
-from fbnas.run import close_logger
+from fbnas.training import close_logger
 from fbnas.trainer import SearchTrainer
 cfg = load_config(sys.argv[1], sys.argv[3:])
 t = SearchTrainer(cfg, cfg.run.dir)

@@ -31,10 +31,10 @@ import torch.nn.functional as F
 import fbnas
 from fbnas.config import Config, apply_overrides, config_from_dict, load_config
 from fbnas.io import load_yaml
-from fbnas.run import close_logger
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = {n: ROOT / "configs" / f"{n}.yaml"

@@ -69,7 +69,7 @@ def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
     values; under `skip` the run ends with that one step skipped and finite weights. Closes
     `t`'s log."""
     from fbnas.checkpoint import load_checkpoint
-    from fbnas.run import NonFiniteLoss, close_logger
+    from fbnas.training import NonFiniteLoss, close_logger
 
     try:
         if policy == "stop":

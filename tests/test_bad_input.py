@@ -1050,7 +1050,7 @@ def snapshot(root: Path) -> dict[str, tuple]:
 def _close_run_loggers(under: Path) -> None:
     """A trainer that failed in its constructor leaves its run logger open; close it."""
     for name, lg in list(logging.Logger.manager.loggerDict.items()):
-        if not name.startswith("fbnas.run") or not isinstance(lg, logging.Logger):
+        if not name.startswith("fbnas.training") or not isinstance(lg, logging.Logger):
             continue
         for h in list(lg.handlers):
             if str(getattr(h, "baseFilename", "")).startswith(str(under)):

@@ -10,8 +10,8 @@ from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.run import close_logger
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 
 def _run(tmp_path, name: str, mode: str, compile_: bool) -> SearchTrainer:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import digits_run_config
 
-import fbnas.run.resume as resume_mod
+import fbnas.training.resume as resume_mod
 from fbnas.backends import TIMERS, clock_choices
 from fbnas.backends.cpu import CpuTimer
 from fbnas.cli import eval as cli_eval
@@ -28,11 +28,11 @@ from fbnas.latency import LatencyTable
 from fbnas.latency.table import _check_meta
 from fbnas.loss import LOSSES, CostLoss, LossConfig
 from fbnas.retrain import ChildTrainer
-from fbnas.run import close_logger
-from fbnas.run.resume import ResumePolicy
 from fbnas.search.modes import MODES, TAU, get_mode, ignored_note, ignored_settings
 from fbnas.settings import setting, setting_choices, settings_of
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
+from fbnas.training.resume import ResumePolicy
 
 # ---- 1. what a resumed run may change ---------------------------------------------------------
 # The sets ResumePolicy listed by hand before the settings declared them.

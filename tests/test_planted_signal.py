@@ -20,9 +20,9 @@ from torch import nn
 from fbnas.blocks import build_block, register_block
 from fbnas.blocks.registry import BLOCKS
 from fbnas.config import config_from_dict
-from fbnas.run import close_logger
 from fbnas.search.modes import get_mode
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 
 class Zero(nn.Module):

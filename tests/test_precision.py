@@ -13,8 +13,8 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.precision import Precision
 from fbnas.retrain import ChildTrainer
-from fbnas.run import close_logger
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 TINY = digits_run_config(
     search={"w_lr": 0.05, "theta_lr": 0.05, "bn_calib_samples": 64},

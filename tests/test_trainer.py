@@ -13,8 +13,8 @@ from fbnas.checkpoint import load_checkpoint
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.run import Interrupted, close_logger
 from fbnas.trainer import SearchTrainer
+from fbnas.training import Interrupted, close_logger
 
 TINY = digits_run_config(data={"limit": 300},
                          search={"epochs": 4, "w_lr": 0.05, "theta_lr": 0.05})
@@ -242,7 +242,7 @@ def test_missing_latency_table_is_a_clear_error(tmp_path, capsys):
 @pytest.mark.parametrize("check", ["step", "deferred"])
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy, check):
-    """Read at once (`step`) or on the device and polled later (`deferred`, fbnas.run.guard):
+    """Read at once (`step`) or on the device and polled later (`deferred`, fbnas.training.guard):
     the same step named, the same position saved, nothing non-finite applied."""
     cfg = make_cfg(tmp_path, search={"epochs": 3, "nan_policy": policy},
                    run={"nan_check": check})

@@ -43,8 +43,8 @@ from fbnas.latency import space_hash
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table
 from fbnas.retrain import ChildTrainer
 from fbnas.rng import rng_state, set_rng_state
-from fbnas.run import close_logger
 from fbnas.sweep.ray_tasks import import_ray
+from fbnas.training import close_logger
 
 MAX_NETWORKS = 5000  # a benchmark trains every network: a larger space is a mistake
 TIME_CHUNK = 32  # networks timed together among the probes

@@ -10,8 +10,8 @@ from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate
 from fbnas.io import write_json_atomic
-from fbnas.run import resolve_device
 from fbnas.settings import setting_choices
+from fbnas.training import resolve_device
 
 
 def add_parser(sub) -> None:

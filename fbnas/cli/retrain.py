@@ -13,8 +13,8 @@ from fbnas.config import apply_overrides, config_from_dict, load_config
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml
 from fbnas.retrain import ChildTrainer
-from fbnas.run import run_trainer
 from fbnas.runs.files import RunFiles
+from fbnas.training import run_trainer
 
 RUN_KEYS = ("arch", "init_from", "extra")  # what a retrain run adds to config.yaml
 

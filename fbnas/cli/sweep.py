@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 
 from fbnas.errors import FbnasError
-from fbnas.run import Interrupted
 from fbnas.sweep.driver import PARAMS, Sweep, parse_axis, parse_values
 from fbnas.sweep.ray_tasks import RaySweep, import_ray
+from fbnas.training import Interrupted
 
 
 def add_parser(sub) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from fbnas.config import load_config
 from fbnas.errors import FbnasError
-from fbnas.run import run_trainer
 from fbnas.runs.files import RunFiles
 from fbnas.trainer import SearchTrainer
+from fbnas.training import run_trainer
 
 
 def add_parser(sub) -> None:

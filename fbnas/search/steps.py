@@ -1,7 +1,7 @@
 """One step of each kind of the search (the SearchTrainer's steps, fbnas.trainer): weight
 steps on the paths the mode (or `search.weight_sampling`, or a warm-up) samples, and θ steps
 through the relaxation or, in a scored mode (`reinforce`), by the score function. Every step
-goes through the one update of fbnas.run.step.
+goes through the one update of fbnas.training.step.
 
 A mixin: it uses the trainer's model (`net`, `model`, `w_forward`), `stepper`, `prec`, `loss`,
 optimizers, `noise`, `tau` and `cfg`, all set up by SearchTrainer._setup.
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import torch
 
 from fbnas.blocks.shared import UsedSlices
-from fbnas.run.step import StepFigures, Update, metric
 from fbnas.search.modes import PathSample, path_log_prob
 from fbnas.search.schedules import warmup_paths
+from fbnas.training.step import StepFigures, Update, metric
 
 
 class SearchSteps:

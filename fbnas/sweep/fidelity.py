@@ -45,10 +45,10 @@ from fbnas.errors import FbnasError
 from fbnas.evaluate import path_sums
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import ChildTrainer
-from fbnas.run import close_logger
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
 from fbnas.supernet import Supernet
+from fbnas.training import close_logger
 
 
 @dataclass

@@ -11,11 +11,11 @@ from fbnas.arch import Architecture
 from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.io import load_json
 from fbnas.retrain import ChildTrainer
-from fbnas.run import close_logger
 from fbnas.runs.files import RunFiles
 from fbnas.runs.results import load_results
 from fbnas.runs.search_run import SearchRun
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 
 def search_done(cfg: Config) -> bool:

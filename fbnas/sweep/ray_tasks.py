@@ -50,11 +50,11 @@ from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs
 from fbnas.fit.select import refit
 from fbnas.io import ensure_dir, load_json, write_json_atomic
-from fbnas.run import Interrupted
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
 from fbnas.sweep.point import retrain_point, search_done, search_point
+from fbnas.training import Interrupted
 
 KILL_ENV = "FBNAS_SWEEP_KILL"
 TASKS = ".tasks"  # OUT/.tasks/<phase>-<label>.json: the pid and host running that task

@@ -12,11 +12,11 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.evaluate import supernet_child_state
 from fbnas.retrain import ChildTrainer
-from fbnas.run import close_logger
 from fbnas.search.modes import theta_modes
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import MixedOp, Supernet
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 SPACE = {**TINY_SPACE, "in_channels": 3,
          "candidates": ["ir_k3_e1", "ir_k5_e3", "ir_k3_e6", "ir_k5_e6_se", "ir_k3_e1_g2", "skip"]}

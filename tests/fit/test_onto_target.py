@@ -16,10 +16,10 @@ from fbnas.arch import arch_indices, log_prob
 from fbnas.config import config_from_dict
 from fbnas.fit.onto_target import fit_to_target, likeliest_in_band
 from fbnas.fit.select import pick_candidates
-from fbnas.run import close_logger
 from fbnas.runs.search_run import SearchRun
 from fbnas.search.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 
 def run_config(loss: dict | None = None, **sections: dict) -> dict:

@@ -10,9 +10,9 @@ import pytest
 from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
-from fbnas.run import close_logger
 from fbnas.search.figures import FIGURES
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 
 @pytest.mark.parametrize("mode,relaxed", [("full", True), ("reinforce", False)])

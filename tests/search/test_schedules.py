@@ -8,8 +8,8 @@ import torch
 from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
-from fbnas.run import close_logger
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 
 def _trainer(tmp_path, **sections):

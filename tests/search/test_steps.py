@@ -8,9 +8,9 @@ import torch
 from conftest import digits_run_config, one_line_error
 
 from fbnas.config import config_from_dict
-from fbnas.run import close_logger
 from fbnas.search.steps import distillation
 from fbnas.trainer import SearchTrainer
+from fbnas.training import close_logger
 
 
 def _trainer(tmp_path, **search):

@@ -13,10 +13,10 @@ import yaml
 from conftest import digits_run_config
 
 import fbnas.latency.build as build
-import fbnas.run.logs as logs
+import fbnas.training.logs as logs
 from fbnas.cli import main
 from fbnas.latency.build import MeasureProgress
-from fbnas.run.logs import Progress
+from fbnas.training.logs import Progress
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) tau ")
 STEP_LINE = re.compile(r"^epoch (\d+)/(\d+) (w|theta): (\d+)/(\d+) steps \(\d+%\) in \d+:\d\d")

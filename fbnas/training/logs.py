@@ -91,7 +91,7 @@ class Progress:
 
 
 def logger_name(run_dir: Path, rank: int = 0) -> str:
-    return f"fbnas.run.{run_dir.resolve()}" + (f".rank{rank}" if rank else "")
+    return f"fbnas.training.{run_dir.resolve()}" + (f".rank{rank}" if rank else "")
 
 
 def run_log_handlers(run_dir: Path, rank: int = 0) -> set[logging.Handler]:
