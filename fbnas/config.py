@@ -33,7 +33,7 @@ from fbnas.io import load_yaml
 from fbnas.latency.config import LatencyConfig
 from fbnas.loss import LossConfig
 from fbnas.precision import PRECISIONS
-from fbnas.search.modes import MODES, get_mode
+from fbnas.search.modes import MODES, get_mode, weight_sampler
 from fbnas.search_space import SearchSpace
 from fbnas.settings import read_fields, setting, settings_of
 
@@ -170,12 +170,10 @@ class SearchConfig:
             (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} leaves no θ "
                                           f"epochs (search.epochs is {c.epochs})"),
             (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}"),
-            (c.uniform_paths > 0 and not get_mode(
-                c.mode if c.weight_sampling == "mode" else c.weight_sampling).single,
+            (c.uniform_paths > 0 and not get_mode(weight_sampler(c.mode, c.weight_sampling)).single,
              f"uniform_paths: {c.uniform_paths} needs single-path weight steps (set "
              "weight_sampling to single_path, or mode to reinforce)"),
-            (c.sandwich and not get_mode(
-                c.mode if c.weight_sampling == "mode" else c.weight_sampling).single,
+            (c.sandwich and not get_mode(weight_sampler(c.mode, c.weight_sampling)).single,
              "sandwich: needs single-path weight steps (set weight_sampling to "
              "single_path, or mode to reinforce)")])
 

@@ -218,11 +218,17 @@ class Reinforce(SearchMode):
         return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], probs)
 
 
+def weight_sampler(mode: str, weight_sampling: str) -> str:
+    """The mode the weight steps sample their paths in: `search.weight_sampling`, or with
+    `mode` the search mode itself (the one place this rule is written)."""
+    return mode if weight_sampling == "mode" else weight_sampling
+
+
 def ignored_settings(mode: str, weight_sampling: str = "mode") -> tuple[str, ...]:
     """The `search:` settings a search in `mode`, its weight steps sampled by `weight_sampling`
     (`mode`: by the mode itself), never reads."""
     m = get_mode(mode)
-    w = m if weight_sampling == "mode" else get_mode(weight_sampling)
+    w = get_mode(weight_sampler(mode, weight_sampling))
     return tuple(k for k in m.ignores if k in w.weight_ignores)
 
 

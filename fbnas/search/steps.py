@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from fbnas.blocks.shared import UsedSlices
-from fbnas.search.modes import PathSample, path_log_prob
+from fbnas.search.modes import PathSample, path_log_prob, weight_sampler
 from fbnas.search.schedules import warmup_paths
 from fbnas.training.step import StepFigures, Update, metric
 
@@ -30,8 +30,9 @@ class SearchSteps:
     @property
     def _weight_mode(self) -> str | None:
         """The mode the weight steps sample in after the warm-up (None: search.mode)."""
-        w = self.cfg.search.weight_sampling
-        return None if w == "mode" else w
+        s = self.cfg.search
+        w = weight_sampler(s.mode, s.weight_sampling)
+        return None if w == s.mode else w
 
     def _w_update(self) -> Update:
         kernels = self.net.superkernels()
