@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 CHECKPOINT = "checkpoint.pt"  # the last checkpoint of a search or a retrain
@@ -22,51 +21,25 @@ CLASSES = "classes.json"  # the `data.classes` subset a run keeps
 TENSORBOARD = "tb"
 
 
-@dataclass(frozen=True)
+def _file(name: str) -> property:
+    return property(lambda self: self.dir / name, doc=f"RUN_DIR/{name}")
+
+
 class RunFiles:
     """The paths of one run directory's files."""
 
-    dir: Path
+    __slots__ = ("dir",)
 
     def __init__(self, run_dir: str | os.PathLike):
-        object.__setattr__(self, "dir", Path(run_dir))
+        self.dir = Path(run_dir)
 
-    @property
-    def checkpoint(self) -> Path:
-        return self.dir / CHECKPOINT
-
-    @property
-    def config(self) -> Path:
-        return self.dir / CONFIG
-
-    @property
-    def theta(self) -> Path:
-        return self.dir / THETA
-
-    @property
-    def history(self) -> Path:
-        return self.dir / HISTORY
-
-    @property
-    def table(self) -> Path:
-        return self.dir / TABLE
-
-    @property
-    def arch(self) -> Path:
-        return self.dir / ARCH
-
-    @property
-    def results(self) -> Path:
-        return self.dir / RESULTS
-
-    @property
-    def log(self) -> Path:
-        return self.dir / LOG
-
-    @property
-    def classes(self) -> Path:
-        return self.dir / CLASSES
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.dir / TENSORBOARD
+    checkpoint = _file(CHECKPOINT)
+    config = _file(CONFIG)
+    theta = _file(THETA)
+    history = _file(HISTORY)
+    table = _file(TABLE)
+    arch = _file(ARCH)
+    results = _file(RESULTS)
+    log = _file(LOG)
+    classes = _file(CLASSES)
+    tensorboard = _file(TENSORBOARD)
