@@ -17,6 +17,17 @@ For the run's returned network (its arch_hard.yaml):
   path accuracy on the supernet's weights (BN re-estimated, as `fbnas fidelity` computes it) and
   the networks' mean validation accuracy, and Kendall τ between the two validation CEs.
 
+How it compares with a random network of its latency, as a user reads it: `beats_random`, the
+chance that it is more accurate than one drawn from the networks within ±`near` of its latency
+(ties count half; the median over runs is the share of its band a typical pick beats).
+
+The ranking inside latency bands, where the choice is made: `tau_within`, Kendall τ of the
+supernet's path accuracy against the truth inside disjoint bands of latency (`bands`: log-width
+2·log(1 + near), those of at least 5 networks, weighted by size); like for like against one
+training, `tau_seed` (the supernet against one seed's validation accuracy, mean over seeds)
+beside the yardstick `yardstick_tau` (one seed's against another's, over the space) and
+`yardstick_tau_within` (the same inside the bands).
+
 Baselines beside it: a random network of matched latency (within ±`near`: the mean regret of
 those networks and its standard deviation), and random search given the search's wall time
 (networks of matched latency drawn and "trained" by `Bench.query` until their recorded training
@@ -69,6 +80,11 @@ class Score:
     random_regret_sd: float
     random_search_regret: float
     random_search_networks: float
+    beats_random: float = math.nan  # P(more accurate than a random network of its latency)
+    tau_within: float = math.nan  # supernet vs truth inside latency bands
+    tau_seed: float = math.nan  # supernet vs one seed's validation accuracy (like for like)
+    yardstick_tau: float = math.nan  # one seed's validation accuracy against another's
+    yardstick_tau_within: float = math.nan  # the same inside latency bands
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +133,49 @@ def percentile(t: dict[str, dict[str, float]], k: str, near: float) -> float:
     as, in percent (100: the best of them)."""
     pool = matched(t, t[k]["latency"], near)
     return 100.0 * sum(t[j]["acc"] <= t[k]["acc"] for j in pool) / len(pool)
+
+
+def beats(t: dict[str, dict[str, float]], k: str, near: float) -> float:
+    """The chance that `k` is more accurate than a network drawn from the others within
+    ±`near` of its latency (ties count half); NaN where it has no such neighbour."""
+    mine = t[k]["acc"]
+    pool = [t[j]["acc"] for j in matched(t, t[k]["latency"], near) if j != k]
+    return _mean(1.0 if a < mine else 0.5 if a == mine else 0.0 for a in pool)
+
+
+def bands(t: dict[str, dict[str, float]], near: float) -> list[list[str]]:
+    """Disjoint latency bands, from the fastest network up: each holds the networks up to
+    (1 + near)² times its fastest one's latency."""
+    out: list[list[str]] = []
+    lo = None
+    for j in sorted(t, key=lambda j: t[j]["latency"]):
+        if lo is None or t[j]["latency"] > lo * (1 + near) ** 2:
+            out.append([])
+            lo = t[j]["latency"]
+        out[-1].append(j)
+    return out
+
+
+def tau_within(groups: list[list[str]], x: dict[str, float], y: dict[str, float],
+               smallest: int = 5) -> float:
+    """Kendall τ of `x` against `y` inside each group of at least `smallest` networks, the
+    groups' mean weighted by their sizes (NaN where no group is large enough or every τ is
+    undefined)."""
+    num = den = 0.0
+    for g in groups:
+        if len(g) < smallest:
+            continue
+        tau = float(stats.kendalltau([x[j] for j in g], [y[j] for j in g]).statistic)
+        if math.isfinite(tau):
+            num, den = num + len(g) * tau, den + len(g)
+    return num / den if den else math.nan
+
+
+def seed_values(bench: Bench, keys: list[str], metric: str = "val_acc") -> list[dict[str, float]]:
+    """Per benchmark seed: each network's `metric` at the full budget under that seed."""
+    b = str(bench.budgets[-1])
+    return [{k: float(bench.networks[k]["runs"][str(s)][b][metric]) for k in keys}
+            for s in bench.seeds]
 
 
 def exhaustive(bench: Bench, pool: list[str]) -> list[str]:
@@ -176,10 +235,22 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     best_trained = exhaustive(bench, feasible)
     rng = random.Random(seed)
     found = [random_search(bench, pool, secs, rng) for _ in range(trials)]
-    tau = rho = tau_ce = math.nan
+    tau = rho = tau_ce = tau_band = tau_seed = math.nan
+    keys = sorted(t)
+    groups = bands(t, near)
+    per_seed = seed_values(bench, keys)
+    yard = yard_band = math.nan
+    if len(per_seed) >= 2:
+        yard = float(stats.kendalltau([per_seed[0][j] for j in keys],
+                                      [per_seed[1][j] for j in keys]).statistic)
+        yard_band = tau_within(groups, per_seed[0], per_seed[1])
     if rank:
-        keys = sorted(t)
         est = supernet_ranking(run, bench, keys)
+        path_acc = {j: est[j][0] for j in keys}
+        tau_band = tau_within(groups, path_acc, {j: t[j]["val_acc"] for j in keys})
+        tau_seed = _mean(float(stats.kendalltau([path_acc[j] for j in keys],
+                                                [v[j] for j in keys]).statistic)
+                         for v in per_seed)
         tau = float(stats.kendalltau([est[j][0] for j in keys],
                                      [t[j]["val_acc"] for j in keys]).statistic)
         rho = float(stats.spearmanr([est[j][0] for j in keys],
@@ -199,4 +270,6 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
         random_regret=statistics.fmean(regrets),
         random_regret_sd=statistics.pstdev(regrets),
         random_search_regret=statistics.fmean(regret(t, j) for j, _ in found),
-        random_search_networks=statistics.fmean(n for _, n in found))
+        random_search_networks=statistics.fmean(n for _, n in found),
+        beats_random=beats(t, k, near), tau_within=tau_band, tau_seed=tau_seed,
+        yardstick_tau=yard, yardstick_tau_within=yard_band)

@@ -201,6 +201,10 @@ def test_score_reads_regret_and_percentile_off_the_truth(built, searched, tmp_pa
     assert -1 <= s.kendall_tau <= 1 and -1 <= s.spearman_rho <= 1
     assert s.search_seconds > 0 and s.random_search_networks >= 1
     assert s.random_regret >= 0 and s.random_search_regret >= 0
+    others = [a for j, (_, a) in t.items() if j != k]
+    assert s.beats_random == pytest.approx(sum(
+        1.0 if a < acc else 0.5 if a == acc else 0.0 for a in others) / len(others))
+    assert -1 <= s.yardstick_tau <= 1 and -1 <= s.tau_seed <= 1
     # what the run's target allows: the networks measured within ±3% of it, else the nearest's
     # distance plus 3%; the best of them by regret
     target = s.target
@@ -319,3 +323,30 @@ def test_exhaustive_training_keeps_each_seeds_best_validation_accuracy_ties_by_c
     assert exhaustive(b, ["a", "b", "c"]) == ["c", "b"]
     assert exhaustive(b, ["a", "b"]) == ["a", "b"]
     assert exhaustive(b, []) == []
+
+
+def test_figures_as_a_user_reads_them():
+    """P(pick > a random network of its latency) with ties half, disjoint latency bands, and
+    Kendall τ inside them weighted by their sizes."""
+    from fbnas.bench.score import bands, beats, tau_within
+    t = {k: {"latency": la, "acc": a} for k, la, a in (
+        ("a", 100.0, 0.90), ("b", 101.0, 0.80), ("c", 102.0, 0.90), ("d", 99.0, 0.95),
+        ("e", 200.0, 0.70))}
+    assert beats(t, "a", 0.03) == pytest.approx((1 + 0.5 + 0) / 3)  # b lower, c tied, d higher
+    assert beats(t, "d", 0.03) == pytest.approx(1.0)
+    assert math.isnan(beats(t, "e", 0.03))  # nobody near its latency
+    assert bands(t, 0.03) == [["d", "a", "b", "c"], ["e"]]
+    # a band reaches (1 + near)² past its fastest network, then a new one starts
+    t2 = {str(i): {"latency": 100.0 * 1.02 ** i, "acc": 0.5} for i in range(7)}
+    assert [len(g) for g in bands(t2, 0.03)] == [3, 3, 1]
+    x = {k: float(i) for i, k in enumerate("abcdefgh")}
+    same, rev = dict(x), {k: -v for k, v in x.items()}
+    groups = [list("abcde"), list("fgh")]
+    assert tau_within(groups, x, same) == pytest.approx(1.0)
+    assert tau_within(groups, x, rev) == pytest.approx(-1.0)
+    assert tau_within([list("abcde"), list("fghij")][:1] + [list("fgh")], x, same,
+                      smallest=3) == pytest.approx(1.0)
+    mixed = {**same, **{k: -v for k, v in x.items() if k in "fgh"}}  # agree in one, not other
+    assert tau_within([list("abcde"), list("fgh")], x, mixed, smallest=3) == pytest.approx(
+        (5 * 1.0 + 3 * -1.0) / 8)
+    assert math.isnan(tau_within([list("ab")], x, same))  # no band of 5
