@@ -40,7 +40,7 @@ from fbnas.fit.end_to_end import measure_child_ms
 from fbnas.io import write_json_atomic
 from fbnas.rng import rng_state, seed_everything
 from fbnas.run.guard import fused_optimizer, keep_fused
-from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss
+from fbnas.run.loop import CHECKPOINT, EpochRunner, NonFiniteLoss, torch_threads
 from fbnas.run.resume import ResumePolicy
 from fbnas.run.step import StepFigures, Update, metric
 
@@ -232,13 +232,15 @@ class ChildTrainer(EpochRunner):
         self.log.info(f"retrain {self.arch.name} [{self.arch.short_hash}]: {r.epochs} epochs, "
                       f"{r.optimizer} lr {r.lr}, {self.steps_per_epoch} steps/epoch, "
                       f"device {self.device}"
+                      + (f", {r.threads} thread{'s' * (r.threads > 1)}" if r.threads else "")
                       + (f", {r.precision}" if r.precision != "float32" else "")
                       + (", channels_last" if r.channels_last else "")
                       + (f", from supernet {self.init_from}" if self.init_from else ""))
         if (warn := self.prec.warning("retrain")) is not None:
             self.log.warning(warn)
-        self._run_epochs(r.epochs)
-        return self.finish()
+        with torch_threads(r.threads):  # retrain.threads: the training's and the test's
+            self._run_epochs(r.epochs)
+            return self.finish()
 
     def finish(self) -> dict[str, Any]:
         """Test accuracy, params, FLOPs, predicted and measured latency -> results.json."""

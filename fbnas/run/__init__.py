@@ -10,9 +10,10 @@ from fbnas.run.loop import (
     NonFiniteLoss,
     resolve_device,
     run_trainer,
+    torch_threads,
 )
 from fbnas.run.resume import ResumePolicy, check_kept_settings
 
 __all__ = ["CHECKPOINT", "EpochRunner", "Interrupted", "NonFiniteLoss", "ResumePolicy",
            "attach_log_file", "check_kept_settings", "close_logger", "make_logger",
-           "resolve_device", "run_log_handlers", "run_trainer"]
+           "resolve_device", "run_log_handlers", "run_trainer", "torch_threads"]
