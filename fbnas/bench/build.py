@@ -155,7 +155,13 @@ def _train_on_ray(cfg: Config, todo: list[tuple[int, Architecture]], missing, bu
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             i, a = pending.pop(ready[0])
-            record(i, a, ray.get(ready[0]))
+            try:
+                runs = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as e:  # the task's own one-line error
+                if isinstance(getattr(e, "cause", None), FbnasError):
+                    raise FbnasError(str(e.cause)) from None
+                raise
+            record(i, a, runs)
     finally:
         if owned:
             ray.shutdown()

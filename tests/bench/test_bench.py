@@ -410,6 +410,23 @@ def _ray_build_equals_retrain(tmp_path):
                        rec["train_loss"], rec["train_acc"]), (k, seed)
 
 
+@pytest.mark.slow
+def test_a_ray_worker_on_other_sources_stops_the_build_in_one_line(tmp_path, monkeypatch,
+                                                                    capsys):
+    # as if the driver ran other fbnas sources than the workers import
+    monkeypatch.setattr(bench_build, "driver_code",
+                        lambda: {"source_hash": "0" * 64, "package": "/elsewhere/fbnas"})
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps(_cfg(tmp_path, epochs=1)))
+    out = tmp_path / "b.json.gz"
+    assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--workers", "2",
+                 "--rounds", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("fbnas bench: error: bench build, network ")
+    assert f"imports fbnas from {PACKAGE}" in err and "/elsewhere/fbnas" in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("workers", [[], pytest.param(["--workers", "2"], marks=pytest.mark.slow)])
 def test_sweep_reads_the_benchmark_instead_of_retraining(built, tmp_path, capsys, workers):
     tmp, _, out, _ = built
