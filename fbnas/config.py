@@ -200,6 +200,10 @@ class RetrainConfig:
     grad_clip: float | None = setting(None, "float", gt=0.0, nullable=True)
     seed: int = setting(0, "int", min=0)
     device: str = setting("auto", "str", choices=DEVICES, resumable=True)
+    # torch's CPU threads while training (null: torch's default, the machine's cores). The
+    # thread count changes the float reduction order, so a retrain equals another bit for bit
+    # only at the same count: the benchmark configs set 1, as `fbnas bench build` trains
+    threads: int | None = setting(None, "int", min=1, resumable=True, added=None)
     # torch.compile the child for training
     compile: bool = setting(False, "bool", resumable=True)
     # time the trained child end to end on latency.device

@@ -40,7 +40,7 @@ from fbnas.rng import rng_state, seed_everything
 from fbnas.runs.results import results_record, write_results
 from fbnas.runs.search_run import SearchRun
 from fbnas.training.guard import fused_optimizer, keep_fused
-from fbnas.training.loop import EpochRunner, NonFiniteLoss
+from fbnas.training.loop import EpochRunner, NonFiniteLoss, torch_threads
 from fbnas.training.resume import ResumePolicy
 from fbnas.training.step import StepFigures, Update, metric
 
@@ -229,13 +229,15 @@ class ChildTrainer(EpochRunner):
         self.log.info(f"retrain {self.arch.name} [{self.arch.short_hash}]: {r.epochs} epochs, "
                       f"{r.optimizer} lr {r.lr}, {self.steps_per_epoch} steps/epoch, "
                       f"device {self.device}"
+                      + (f", {r.threads} thread{'s' * (r.threads > 1)}" if r.threads else "")
                       + (f", {r.precision}" if r.precision != "float32" else "")
                       + (", channels_last" if r.channels_last else "")
                       + (f", from supernet {self.init_from}" if self.init_from else ""))
         if (warn := self.prec.warning("retrain")) is not None:
             self.log.warning(warn)
-        self._run_epochs(r.epochs)
-        return self.finish()
+        with torch_threads(r.threads):  # retrain.threads: the training's and the test's
+            self._run_epochs(r.epochs)
+            return self.finish()
 
     def finish(self) -> dict[str, Any]:
         """Test accuracy, params, FLOPs, predicted and measured latency -> results.json."""

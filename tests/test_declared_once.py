@@ -61,9 +61,12 @@ OLD_RETRAIN_RESUMABLE = {
     ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
     ("run", "checkpoint_every_steps"), ("retrain", "device"),
     ("retrain", "measure_latency"), ("retrain", "compile"), ("retrain", "channels_last"),
-    ("data", "workers"), ("data", "root"), ("data", "eval_batch_size")}
+    ("data", "workers"), ("data", "root"), ("data", "eval_batch_size"),
+    # declared since (issue 51): the training's thread count
+    ("retrain", "threads")}
 OLD_RETRAIN_ADDED = {("retrain", "precision"): "float32", ("retrain", "channels_last"): False,
-                     ("run", "ddp_sync_every"): 1, ("data", "placement"): "auto"}
+                     ("run", "ddp_sync_every"): 1, ("data", "placement"): "auto",
+                     ("retrain", "threads"): None}
 
 
 @pytest.mark.parametrize("trainer,resumable,added", [

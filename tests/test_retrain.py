@@ -66,6 +66,34 @@ def test_lr_schedule_warms_up_then_decays_to_lr_min():
     assert RetrainConfig(epochs=2, warmup_epochs=0, schedule="constant").lr_at(7, 5) == 0.05
 
 
+def test_retrain_threads_hold_while_training_and_testing_then_are_restored(tmp_path,
+                                                                           monkeypatch):
+    """retrain.threads (issue 51): the figures of a CPU training depend on the thread count,
+    so a config that sets it trains and tests at that count, whatever the process had."""
+    seen = []
+    real_epoch, real_eval = ChildTrainer.train_epoch, ChildTrainer._evaluate
+    monkeypatch.setattr(ChildTrainer, "train_epoch",
+                        lambda t: seen.append(("epoch", torch.get_num_threads())) or real_epoch(t))
+    monkeypatch.setattr(ChildTrainer, "_evaluate",
+                        lambda t, ld: seen.append(("eval", torch.get_num_threads()))
+                        or real_eval(t, ld))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cfg = make_cfg(tmp_path, retrain={"epochs": 2, "threads": 1})
+        fit(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r"))
+        assert seen and all(n == 1 for _, n in seen) and ("eval", 1) in seen[-1:]
+        assert torch.get_num_threads() == 2  # restored
+        seen.clear()
+        cfg = make_cfg(tmp_path, retrain={"epochs": 1, "warmup_epochs": 0})  # unset: as it was
+        fit(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r2"))
+        assert seen and all(n == 2 for _, n in seen)
+    finally:
+        torch.set_num_threads(saved)
+    with pytest.raises(FbnasError, match="retrain.threads: must be >= 1"):
+        make_cfg(tmp_path, retrain={"threads": 0})
+
+
 def test_bad_retrain_settings_name_the_key(tmp_path):
     with pytest.raises(FbnasError, match="retrain.optimizer"):
         make_cfg(tmp_path, retrain={"optimizer": "lion"})

@@ -5,8 +5,12 @@ Each (network, seed) is `fbnas retrain`'s training (`ChildTrainer`, the config's
 `data` sections, `retrain.seed` = the seed), recording train / validation / test figures at
 every budget (an epoch count of that one schedule: the smaller budgets are the same run's
 earlier epochs, NAS-Bench-201's convention, not shorter schedules); so `fbnas retrain --config
-BENCH.yaml --arch A.yaml --set retrain.seed=S` reproduces the entry at the full budget (the
-test evaluations at the smaller budgets leave every random number generator as it was).
+BENCH.yaml --arch A.yaml --set retrain.seed=S` reproduces the entry at the full budget, to the
+last digit (the test evaluations at the smaller budgets leave every random number generator as
+it was). The config must set `retrain.threads`: the thread count changes the float reduction
+order, so the build (serial or on Ray, one task of that many CPUs per network) and a user's
+retrain train at that count. A Ray task first checks that its worker imports the driver's
+fbnas sources; the file records the code it was built with (`fbnas.provenance`).
 Latency: the table's prediction, and the measured fit's end-to-end protocol (networks timed
 among the table's probe networks, anchored to them), in chunks.
 
@@ -33,6 +37,7 @@ import torch
 
 from fbnas import __version__
 from fbnas.arch import Architecture, arch_from_indices, child_stats
+from fbnas.backends.base import cpu_model
 from fbnas.bench.table import Bench, training_record
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
@@ -41,9 +46,10 @@ from fbnas.fit.costs import resolve_costs
 from fbnas.io import clock
 from fbnas.latency import space_hash
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table
+from fbnas.provenance import check_same_code, code_record, describe_code
 from fbnas.retrain import ChildTrainer
 from fbnas.rng import rng_state, set_rng_state
-from fbnas.sweep.ray_tasks import import_ray
+from fbnas.sweep.ray_tasks import driver_code, import_ray, worker_env
 from fbnas.training import close_logger
 
 MAX_NETWORKS = 5000  # a benchmark trains every network: a larger space is a mistake
@@ -120,36 +126,52 @@ def train_one(cfg: Config, arch: Architecture, seed: int, budgets: Sequence[int]
 
 
 def train_seeds(cfg: Config, arch: Architecture, seeds: Sequence[int], budgets: Sequence[int],
-                work: str | Path, threads: int | None = None) -> dict[str, Any]:
-    """`train_one` under each seed: seed -> budget -> record (a Ray task when `threads`)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+                work: str | Path, code: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`train_one` under each seed: seed -> budget -> record. A Ray task is given the driver's
+    `code` and first checks that its worker imports the same fbnas."""
+    if code is not None:
+        check_same_code(code, f"bench build, network {arch.short_hash}")
     return {str(s): train_one(cfg, arch, s, budgets, Path(work)) for s in seeds}
 
 
 def _train_on_ray(cfg: Config, todo: list[tuple[int, Architecture]], missing, budgets,
                   work: str, workers: int, record, log: Callable[[str], None]) -> None:
-    """The networks as Ray tasks, one thread each (`workers` at once); the driver records
-    each as it finishes, so a killed build keeps every network that finished."""
+    """The networks as Ray tasks of `retrain.threads` CPUs each (`workers` at once; each
+    trains at that thread count, as the serial build and `fbnas retrain` do); the driver
+    records each as it finishes, so a killed build keeps every network that finished."""
     ray = import_ray(f"fbnas bench build --workers {workers}")
+    threads = cfg.retrain.threads
     owned = not ray.is_initialized()
     if owned:
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-    task = ray.remote(train_seeds).options(num_cpus=1)
-    log(f"bench: {len(todo)} networks on {workers} Ray workers, one thread each")
+        ray.init(num_cpus=workers * threads, include_dashboard=False, log_to_driver=False,
+                 runtime_env=worker_env())
+    task = ray.remote(train_seeds).options(num_cpus=threads)
+    log(f"bench: {len(todo)} networks on {workers} Ray workers, {threads} thread"
+        f"{'s' * (threads > 1)} each (retrain.threads)")
+    code = driver_code()
     try:
-        pending = {task.remote(cfg, a, missing(a), budgets, work, 1): (i, a) for i, a in todo}
+        pending = {task.remote(cfg, a, missing(a), budgets, work, code): (i, a)
+                   for i, a in todo}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             i, a = pending.pop(ready[0])
-            record(i, a, ray.get(ready[0]))
+            try:
+                runs = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as e:  # the task's own one-line error
+                if isinstance(getattr(e, "cause", None), FbnasError):
+                    raise FbnasError(str(e.cause)) from None
+                raise
+            record(i, a, runs)
     finally:
         if owned:
             ray.shutdown()
 
 
 def machine() -> dict[str, Any]:
+    """The building machine; `cpu_capability` is the vector code torch's kernels dispatch to
+    (AVX2, AVX512, ...), which changes the float results as the thread count does."""
     return {"platform": platform.platform(), "processor": platform.processor(),
+            "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpus": torch.get_num_threads(), "python": sys.version.split()[0]}
 
 
@@ -159,8 +181,12 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
                 log: Callable[[str], None] = print) -> Bench:
     """Train (or resume) and time every network of `cfg.space` into the benchmark `out`.
     `limit`: stop after that many networks trained in this call (a partial build resumes).
-    `workers` >= 2: train that many networks at once as Ray tasks of one thread each."""
+    `workers` >= 2: train that many networks at once as Ray tasks of `retrain.threads` CPUs."""
     space = cfg.space
+    if cfg.retrain.threads is None:
+        raise FbnasError(f"{cfg.source}: retrain.threads is not set; a benchmark records what "
+                         f"`fbnas retrain --config {cfg.source}` trains, which depends on the "
+                         "thread count: set it (1: one thread per network)")
     budgets = sorted(set(budgets or default_budgets(cfg.retrain.epochs)))
     if budgets[-1] != cfg.retrain.epochs:
         raise FbnasError(f"bench budgets {budgets}: the largest must be retrain.epochs "
@@ -174,6 +200,8 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
             "latency": {"cost": table.cost, "unit": costs.unit, "fingerprint": costs.fingerprint,
                         "device": table.meta.get("device"), "backend": table.meta.get("backend")},
             "versions": {"fbnas": __version__, "torch": torch.__version__},
+            # the code and machine that trained; a sitting on others adds its own (resume)
+            "code": [{**code_record(), "machine": machine()}],
             "machine": machine(), "build_seconds": 0.0, "config": cfg.source}
     path = Path(out)
     bench = Bench.load(path) if path.is_file() else Bench(meta, {}, path)
@@ -181,6 +209,18 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         if bench.meta[k] != meta[k]:
             raise FbnasError(f"{path}: was built with another {k} than {cfg.source} gives; "
                              "build into a new file")
+    here = meta["code"][0]
+    built = bench.meta.setdefault("code", [])
+
+    def sitting(c: dict[str, Any]) -> tuple:
+        return c.get("source_hash"), c.get("machine")
+    if not built or sitting(built[-1]) != sitting(here):
+        if built:
+            log(f"bench: {path} was built so far by {describe_code(built[-1])} on "
+                f"{built[-1].get('machine', {}).get('platform')}; resuming with "
+                f"{describe_code(here)} on {here['machine']['platform']} (other code or "
+                "another machine can train the same network to other last digits)")
+        built.append(here)
     todo = [(i, a) for i, a in enumerate(archs) if not bench.complete(a.hash())]
     if limit is not None:
         todo = todo[:limit]

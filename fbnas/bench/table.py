@@ -13,7 +13,12 @@ and each network's latency: predicted by the space's table and measured end to e
 
 The file is gzip'd JSON (`BENCH_SCHEMA`), written atomically; `networks` maps an architecture's
 hash to {"ops", "params", "flops", "predicted", "measured", "runs": {seed: {budget: record}}}
-(and "channels", the stages' widths, in a width-searched space).
+(and "channels", the stages' widths, in a width-searched space). The meta holds the space, the
+training (`training_record`), budgets, seeds, latency source, versions, the machine and, since
+issue 51, "code": the code and machine each sitting of the build trained on
+(`fbnas.provenance.code_record`: commit, local changes, the sources' hash; plus "machine"), the
+first being the commit it was built at; a file from before has none (`Bench.code` is then
+empty) and loads as it did.
 """
 
 from __future__ import annotations
@@ -87,6 +92,13 @@ class Bench:
         atomic_write(p, lambda f: f.write(blob), mode="wb")
         self.path = p
         return p
+
+    @property
+    def code(self) -> list[dict[str, Any]]:
+        """The code records of the build's sittings (`fbnas.provenance.code_record` and the
+        machine), the first that it was built at; empty for a file from before they were
+        recorded."""
+        return list(self.meta.get("code") or [])
 
     # ---- networks ----------------------------------------------------------------------------
     def key(self, arch: Architecture | str, where: str = "architecture") -> str:
@@ -213,11 +225,21 @@ def check_space(b: Bench, cfg: Any, run: str | Path) -> None:
                          f"'{cfg.space.name}' ({run}'s space)")
 
 
+def same_training(recorded: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether a file's training record is `now`'s; a file from before a retrain key existed
+    (`retrain.threads`, issue 51) lacks it and is compared on the keys it has."""
+    if recorded.get("retrain", {}).keys() - now.get("retrain", {}).keys():
+        return False
+    kept = {**now, "retrain": {k: v for k, v in now.get("retrain", {}).items()
+                               if k in recorded.get("retrain", {})}}
+    return recorded == kept
+
+
 def bench_for(path: str | Path, cfg: Any) -> Bench:
     """The benchmark at `path`, checked to be of `cfg`'s space and retrain recipe."""
     b = Bench.load(path)
     check_space(b, cfg, cfg.source)
-    if b.meta["training"] != training_record(cfg):
+    if not same_training(b.meta["training"], training_record(cfg)):
         raise FbnasError(f"{path}: trained with another data or retrain section than "
                          f"{cfg.source}; its records are not what this config would retrain")
     return b

@@ -50,6 +50,7 @@ from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs
 from fbnas.fit.select import refit
 from fbnas.io import ensure_dir, load_json, write_json_atomic
+from fbnas.provenance import PACKAGE, check_same_code, source_hash
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
@@ -69,6 +70,20 @@ def import_ray(what: str) -> Any:
     return ray
 
 
+def worker_env() -> dict[str, Any]:
+    """The runtime_env of a local Ray this process starts: the workers' PYTHONPATH led by the
+    folder this process imports fbnas from. Ray also puts the driver's working folder first on
+    a worker's path, so a worker started from another checkout's root imports that one's
+    fbnas: `check_same_code` (each task's first step) refuses that in one line."""
+    path = [str(PACKAGE.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(path)}}
+
+
+def driver_code() -> dict[str, Any]:
+    """What a task checks its worker's fbnas against (`check_same_code`)."""
+    return {"source_hash": source_hash(), "package": str(PACKAGE)}
+
+
 def _kill_at_first_checkpoint(run: Path) -> None:
     """The test hook: SIGKILL this process once `run/checkpoint.pt` exists."""
     def watch() -> None:
@@ -80,8 +95,11 @@ def _kill_at_first_checkpoint(run: Path) -> None:
 
 def run_task(phase: str, label: str, cfg: Config, arch: Architecture | None,
              extra: dict[str, Any] | None, threads: int, cwd: str, kill: str | None,
-             events: str) -> dict[str, Any]:
-    """One search or retrain, in a Ray worker: the same work as the serial sweep's."""
+             events: str, code: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One search or retrain, in a Ray worker: the same work as the serial sweep's (with the
+    driver's fbnas: `code`, checked)."""
+    if code is not None:
+        check_same_code(code, f"sweep {phase} {label}")
     if os.path.isdir(cwd):  # relative paths in the config mean what they mean to the driver
         os.chdir(cwd)
     torch.set_num_threads(threads)
@@ -146,7 +164,7 @@ class RaySweep:
             ray.init(address=self.address, log_to_driver=False)
         else:
             ray.init(num_cpus=self.workers * self.threads, include_dashboard=False,
-                     log_to_driver=False)
+                     log_to_driver=False, runtime_env=worker_env())
         return True
 
     def _gpus(self, device: str) -> float:
@@ -162,7 +180,7 @@ class RaySweep:
             name=f"fbnas {job.phase} {job.label}")
         self.jobs.append(job)
         return fn.remote(job.phase, job.label, cfg, arch, extra, self.threads, os.getcwd(),
-                         os.environ.get(KILL_ENV), str(self._events))
+                         os.environ.get(KILL_ENV), str(self._events), driver_code())
 
     # ---- the sweep ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -9,9 +9,10 @@ from fbnas.training.loop import (
     NonFiniteLoss,
     resolve_device,
     run_trainer,
+    torch_threads,
 )
 from fbnas.training.resume import ResumePolicy, check_kept_settings
 
 __all__ = ["EpochRunner", "Interrupted", "NonFiniteLoss", "ResumePolicy",
            "attach_log_file", "check_kept_settings", "close_logger", "make_logger",
-           "resolve_device", "run_log_handlers", "run_trainer"]
+           "resolve_device", "run_log_handlers", "run_trainer", "torch_threads"]

@@ -69,6 +69,20 @@ def resolve_device(name: str, key: str = "search.device") -> torch.device:
     return torch.device(name)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """torch's CPU thread count set to `n` inside (None: left as it is), restored after."""
+    if n is None:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 class EpochRunner:
     """Base of the search and retrain trainers (see the module docstring)."""
 

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import pytest
-from conftest import digits_run_config
+import torch
+from conftest import digits_run_config, one_line_error
 
 import fbnas.bench.build as bench_build
+from fbnas import __version__
 from fbnas.arch import Architecture
 from fbnas.bench.build import all_archs, build_bench
-from fbnas.bench.table import Bench
+from fbnas.bench.table import Bench, bench_for, same_training, training_record
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
+from fbnas.provenance import PACKAGE, source_hash
 
 # 2 searchable layers x 2 ops: 4 networks
 SPACE = {
@@ -28,9 +32,23 @@ SPACE = {
 }
 
 
+# the same shape at 16x16 with wider layers: large enough that one and two threads sum the
+# floats in other orders (at 8x8 they happen to agree), so a build at another thread count
+# than `fbnas retrain` would show
+SPACE16 = {
+    "name": "bench_tiny16", "input_size": 16, "in_channels": 1, "num_classes": 10,
+    "stem": {"channels": 8, "stride": 1},
+    "candidates": ["ir_k3_e1", "ir_k3_e6"],
+    "stages": [{"channels": 16, "repeats": 1, "stride": 1},
+               {"channels": 24, "repeats": 1, "stride": 2}],
+    "head": {"channels": 32},
+}
+
+
 def _cfg(tmp_path, **retrain):
     d = digits_run_config(
-        retrain={"epochs": 2, "lr": 0.05, "warmup_epochs": 0, **retrain}, space=SPACE,
+        retrain={"epochs": 2, "lr": 0.05, "warmup_epochs": 0, "threads": 1, **retrain},
+        space=SPACE,
         data={"limit": 120},
         latency={"cost": "latency", "device": "fake", "cache_dir": str(tmp_path / "cache")})
     d["run"]["dir"] = str(tmp_path / "run")
@@ -119,6 +137,82 @@ def test_seed_tau_is_the_rank_agreement_of_the_first_two_seeds(built):
     want = kendalltau(per[b.seeds[0]], per[b.seeds[1]]).statistic
     assert b.seed_tau("val_ce", 2) == pytest.approx(want)
     assert -1.0 <= b.seed_tau() <= 1.0
+
+
+def test_a_build_needs_retrain_threads(tmp_path):
+    d = _cfg(tmp_path)
+    del d["retrain"]["threads"]
+    cfg = config_from_dict(d, "nothreads.yaml")
+    out = tmp_path / "b.json.gz"
+    one_line_error(lambda: build_bench(cfg, out, seeds=(0,), rounds=3, log=lambda s: None),
+                   "nothreads.yaml: retrain.threads is not set", "fbnas retrain --config")
+    assert not out.exists()
+
+
+def test_the_file_records_the_code_it_was_built_at(built, capsys):
+    _, _, out, _ = built
+    b = Bench.load(out)
+    (code,) = b.code  # one sitting
+    assert code["source_hash"] == source_hash() and code["fbnas"] == __version__
+    head = subprocess.run(["git", "-C", str(PACKAGE.parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
+    checkout = head.returncode == 0 and subprocess.run(
+        ["git", "-C", str(PACKAGE.parent), "rev-parse", "--show-toplevel"], capture_output=True,
+        text=True).stdout.strip() == str(PACKAGE.parent)
+    assert code["commit"] == (head.stdout.strip() if checkout else None)
+    assert isinstance(code["dirty"], bool) or not checkout
+    assert b.meta["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert b.meta["training"]["retrain"]["threads"] == 1
+    assert main(["bench", "show", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert ("built at commit " + code["commit"][:12] if checkout else "built at fbnas") in said
+    assert "retrain.threads 1" in said
+
+
+def test_a_file_from_before_loads_and_serves_the_config_that_now_sets_threads(built,
+                                                                                tmp_path,
+                                                                                capsys):
+    """A file written before the code and retrain.threads were recorded (the shipped ones of
+    issue 39) loads, is read by a sweep, is shown; a build refuses to resume it."""
+    _, cfg, out, _ = built
+    old = Bench.load(out)
+    del old.meta["code"], old.meta["training"]["retrain"]["threads"]
+    path = old.save(tmp_path / "old.json.gz")
+    b = bench_for(path, cfg)
+    assert b.code == [] and len(b) == 4
+    assert main(["bench", "show", str(path)]) == 0
+    assert "built at an unrecorded commit" in capsys.readouterr().out
+    with pytest.raises(FbnasError, match="another training than bench.yaml gives"):
+        build_bench(cfg, path, seeds=(0, 1), rounds=3, log=lambda s: None)
+    now = training_record(cfg)
+    two = {**now, "retrain": {**now["retrain"], "threads": 2}}
+    assert same_training(old.meta["training"], now) and not same_training(two, now)
+    assert not same_training({**now, "retrain": {**now["retrain"], "extra": 1}}, now)
+
+
+def test_a_sitting_on_other_code_is_recorded_beside_the_first(tmp_path, monkeypatch):
+    cfg = config_from_dict(_cfg(tmp_path, epochs=1), "bench.yaml")
+    out, lines = tmp_path / "b.json.gz", []
+    build_bench(cfg, out, seeds=(0,), rounds=3, limit=1, log=lines.append)
+    first = Bench.load(out).code
+    assert first[0]["machine"] == bench_build.machine()
+    other = {**first[0], "commit": "f" * 40, "source_hash": "e" * 64}
+    del other["machine"]
+    monkeypatch.setattr(bench_build, "code_record", lambda: dict(other))
+    build_bench(cfg, out, seeds=(0,), rounds=3, limit=1, log=lines.append)
+    assert Bench.load(out).code == [first[0], {**other, "machine": bench_build.machine()}]
+    assert any(ln.startswith("bench: ") and "resuming with commit ffffffffffff" in ln
+               for ln in lines)
+    build_bench(cfg, out, seeds=(0,), rounds=3, limit=1, log=lines.append)  # the same again
+    assert len(Bench.load(out).code) == 2
+
+
+def test_a_worker_importing_other_fbnas_sources_refuses_in_one_line(built):
+    _, cfg, _, _ = built
+    a = all_archs(cfg.space)[0]
+    code = {"source_hash": "0" * 64, "package": "/elsewhere/fbnas"}
+    one_line_error(lambda: bench_build.train_seeds(cfg, a, [0], [2], "/nonexistent", code),
+                   f"network {a.short_hash}", str(PACKAGE), "/elsewhere/fbnas", "PYTHONPATH")
 
 
 @pytest.mark.slow
@@ -279,6 +373,62 @@ def test_a_build_on_ray_workers_records_what_the_serial_build_does(built, tmp_pa
                     for bud, r in runs.items()} for s, runs in bench.networks[k]["runs"].items()}
     for k in serial:
         assert figures(b, k) == figures(serial, k)
+
+
+@pytest.mark.slow
+def test_a_ray_build_records_what_fbnas_retrain_gives(tmp_path):
+    """Issue 51: the Ray build (`--workers 2`, each task checking that its worker imports
+    this fbnas) records, to the last digit, what `fbnas retrain --config` of that network
+    under that seed reads: the config's retrain.threads (1) holds in both, though this process
+    runs 2 (a retrain at 2 threads reads other last digits on this space)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _ray_build_equals_retrain(tmp_path)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _ray_build_equals_retrain(tmp_path):
+    d = _cfg(tmp_path)
+    d["space"], d["data"]["limit"] = SPACE16, 400
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps(d))
+    out = tmp_path / "ray.json.gz"
+    assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--workers", "2",
+                 "--rounds", "3"]) == 0
+    b = Bench.load(out)
+    assert len(b) == 4 and all(b.complete(k) for k in b) and b.code[0]["source_hash"]
+    for k, seed in zip(sorted(b)[:2], (1, 0), strict=True):
+        arch, run = tmp_path / f"{k[:8]}.yaml", tmp_path / f"r-{k[:8]}"
+        b.arch(k).save(arch)
+        assert main(["retrain", "--arch", str(arch), "--config", str(conf), "--out", str(run),
+                     "--set", f"retrain.seed={seed}", "--set", "retrain.measure_latency=false"]
+                    ) == 0
+        res = json.loads((run / "results.json").read_text())
+        last = json.loads((run / "history.json").read_text())[-1]
+        rec = b.networks[k]["runs"][str(seed)]["2"]
+        got = (res["top1"], res["test_ce"], res["val_top1"], res["val_ce"],
+               last["train_loss"], last["train_acc"])
+        assert got == (rec["test_acc"], rec["test_ce"], rec["val_acc"], rec["val_ce"],
+                       rec["train_loss"], rec["train_acc"]), (k, seed)
+
+
+@pytest.mark.slow
+def test_a_ray_worker_on_other_sources_stops_the_build_in_one_line(tmp_path, monkeypatch,
+                                                                    capsys):
+    # as if the driver ran other fbnas sources than the workers import
+    monkeypatch.setattr(bench_build, "driver_code",
+                        lambda: {"source_hash": "0" * 64, "package": "/elsewhere/fbnas"})
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps(_cfg(tmp_path, epochs=1)))
+    out = tmp_path / "b.json.gz"
+    assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--workers", "2",
+                 "--rounds", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("fbnas bench: error: bench build, network ")
+    assert f"imports fbnas from {PACKAGE}" in err and "/elsewhere/fbnas" in err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("workers", [[], pytest.param(["--workers", "2"], marks=pytest.mark.slow)])

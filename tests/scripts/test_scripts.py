@@ -335,7 +335,8 @@ def tiny_bench(tiny, tmp_path_factory) -> tuple[str, str]:
     from fbnas.config import load_config
 
     out = tmp_path_factory.mktemp("bench") / "tiny.json.gz"
-    build_bench(load_config(tiny, ["data.limit=200"]), out, seeds=(0, 1), log=lambda s: None)
+    build_bench(load_config(tiny, ["data.limit=200", "retrain.threads=1"]), out, seeds=(0, 1),
+                log=lambda s: None)
     return tiny, str(out)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 
 from fbnas.bench.table import Bench
+from fbnas.provenance import describe_code
 
 
 def add_parser(actions) -> None:
@@ -27,6 +28,12 @@ def run(args) -> int:
           f"seeds {m['seeds']}, budgets {m['budgets']} epochs; built in "
           f"{m['build_seconds']:.0f} s with fbnas {m['versions']['fbnas']}, torch "
           f"{m['versions']['torch']} on {m['machine']['platform']}")
+    code = b.code
+    print("built at " + (describe_code(code[0]) if code else "an unrecorded commit (a file "
+                         "from before fbnas recorded it)")
+          + "".join(f", resumed at {describe_code(c)}" for c in code[1:])
+          + (f"; retrain.threads {b.meta['training']['retrain']['threads']}"
+             if "threads" in b.meta["training"].get("retrain", {}) else ""))
     for budget in b.budgets:
         means = [b.mean(k, args.metric, budget) for k in done]
         sds = [statistics.stdev([float(b.networks[k]["runs"][str(s)][str(budget)][args.metric])
