@@ -71,6 +71,53 @@ NAN_CHECKS = ("auto", "step", "deferred")  # fbnas.training.guard
 WARMUP_SAMPLING = ("mode", "uniform", "fair")
 
 
+# `search:` settings a user reads as groups: `w: {lr: 0.1, momentum: 0.9}` is `w_lr`,
+# `w_momentum`; the flat names are the canonical ones (resolved configs, checkpoints) and old
+# configs that write them load as they did. A group's keys are its fields' names without the
+# prefix (tau0 is `tau: {start: ...}`).
+SEARCH_GROUPS = ("w", "theta", "tau", "fit", "final")
+_GROUP_RENAMED = {"tau0": ("tau", "start")}
+
+
+def search_groups() -> dict[str, dict[str, str]]:
+    """group -> key -> the flat `search:` setting it stands for, derived from SearchConfig's
+    fields."""
+    out: dict[str, dict[str, str]] = {g: {} for g in SEARCH_GROUPS}
+    for name in settings_of(SearchConfig):
+        if name in _GROUP_RENAMED:
+            g, k = _GROUP_RENAMED[name]
+            out[g][k] = name
+            continue
+        for g in SEARCH_GROUPS:
+            if name.startswith(g + "_"):
+                out[g][name[len(g) + 1:]] = name
+    return out
+
+
+def ungroup(d: Any, where: str = "search") -> Any:
+    """A `search:` mapping with its groups (`fit: {tolerance: 0.05}`) written as the flat
+    settings they stand for (`fit_tolerance: 0.05`); a key outside a group's, or a setting
+    given both ways, is a one-line error."""
+    if not isinstance(d, dict) or not any(isinstance(d.get(g), dict) for g in SEARCH_GROUPS):
+        return d
+    groups, flat = search_groups(), dict(d)
+    for g in SEARCH_GROUPS:
+        sub = flat.get(g)
+        if not isinstance(sub, dict):
+            continue
+        del flat[g]
+        for k, v in sub.items():
+            name = groups[g].get(k)
+            if name is None:
+                raise FbnasError(f"{where}.{g}.{k}: unknown key (the {g} group's keys: "
+                                 f"{', '.join(groups[g])})")
+            if name in flat:
+                raise FbnasError(f"{where}.{g}.{k} and {where}.{name} are one setting: set "
+                                 "one of them")
+            flat[name] = v
+    return flat
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     """The alternating trainer (paper defaults).
@@ -163,6 +210,7 @@ class SearchConfig:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "search") -> SearchConfig:
+        d = ungroup(d, where)
         if isinstance(d, dict) and isinstance(d.get("fit_measure"), bool):
             # YAML 1.1 reads `fit_measure: off` (and on) as a boolean
             d = {**d, "fit_measure": "on" if d["fit_measure"] else "off"}
@@ -384,7 +432,8 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
         source=source,
         retrain=RetrainConfig.from_dict(data.get("retrain"), f"{source}: retrain"),
         given=frozenset((s, k) for s in SECTIONS if s != "space" and isinstance(data.get(s), dict)
-                        for k, v in data[s].items() if v is not None),
+                        for k, v in (ungroup(data[s]) if s == "search" else data[s]).items()
+                        if v is not None),
     )
 
 

@@ -132,3 +132,29 @@ def test_a_shorter_retrain_keeps_its_warm_up_where_it_fits():
                                                       "warmup_epochs": min(default, 0)}
     bad = {"retrain": "fast"}  # left for the config check to name
     assert with_retrain_epochs(bad, 5) is bad
+
+
+def test_search_settings_read_as_groups_or_flat():
+    """`search: {fit: {tolerance: 0.05}}` is `fit_tolerance: 0.05`; old flat configs load as
+    before; a key outside a group's, or one setting given both ways, is one line."""
+    from fbnas.config import SEARCH_GROUPS, SearchConfig, search_groups
+
+    grouped = SearchConfig.from_dict({
+        "w": {"lr": 0.2, "momentum": 0.8}, "theta": {"lr": 0.03}, "fit": {"tolerance": 0.05,
+        "measure": False}, "tau": {"start": 3.0, "min": 0.2}, "final": {"candidates": 4}})
+    flat = SearchConfig.from_dict({
+        "w_lr": 0.2, "w_momentum": 0.8, "theta_lr": 0.03, "fit_tolerance": 0.05,
+        "fit_measure": "off", "tau0": 3.0, "tau_min": 0.2, "final_candidates": 4})
+    assert grouped == flat and grouped.fit_measure == "off"
+    # every field of a group's prefix is in it, and nothing else
+    groups = search_groups()
+    names = {n for g in groups.values() for n in g.values()}
+    assert {n for n in vars(flat) if n.split("_")[0] in SEARCH_GROUPS} | {"tau0"} == names
+    with pytest.raises(FbnasError, match=r"search.fit.tolernce: unknown key \(the fit group's"):
+        SearchConfig.from_dict({"fit": {"tolernce": 0.05}})
+    with pytest.raises(FbnasError, match="search.fit.tolerance and search.fit_tolerance are one"):
+        SearchConfig.from_dict({"fit": {"tolerance": 0.05}, "fit_tolerance": 0.03})
+    # --set reaches a group's key too
+    from fbnas.config import apply_overrides
+    d = apply_overrides({"search": {"fit": {"rounds": 3}}}, ["search.fit.rounds=5"])
+    assert SearchConfig.from_dict(d["search"]).fit_rounds == 5
