@@ -83,7 +83,22 @@ def parse_irf(name: str) -> IRFSpec:
     return IRFSpec(kernel, expansion, groups, bool(fields.get("cascade")), bool(fields.get("se")))
 
 
-class IRFBlock(nn.Module):
+class IRFForward(nn.Module):
+    """The inverted-residual forward, written once: `pw` (1x1 expand, BN, ReLU), `shuffle`,
+    `dw` (KxK depthwise, BN, ReLU), `se`, `pwl` (1x1 project, BN), and the shortcut where
+    `has_skip`. A block supplies those modules: its own convs (`IRFBlock`) or slices of a
+    layer's superkernel (`fbnas.blocks.shared.SlicedIRF`)."""
+
+    has_skip: bool
+
+    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
+        """x + f(x) when the shapes match, else f(x); `shortcut=False` gives f(x) alone (the
+        residual branch, which a MixedOp mixes under one shared shortcut)."""
+        y = self.pwl(self.se(self.dw(self.shuffle(self.pw(x)))))
+        return x + y if self.has_skip and shortcut else y
+
+
+class IRFBlock(IRFForward):
     """1x1 expand -> BN -> ReLU -> KxK depthwise (stride) -> BN -> ReLU -> 1x1 project -> BN."""
 
     def __init__(self, c_in: int, c_out: int, stride: int, spec: IRFSpec):
@@ -103,12 +118,6 @@ class IRFBlock(nn.Module):
         self.dw = nn.Sequential(*dw)
         self.se = SqueezeExcite(mid) if spec.se else nn.Identity()
         self.pwl = ConvBN(mid, c_out, 1, groups=g, relu=False)
-
-    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
-        """x + f(x) when the shapes match, else f(x); `shortcut=False` gives f(x) alone (the
-        residual branch, which a MixedOp mixes under one shared shortcut)."""
-        y = self.pwl(self.se(self.dw(self.shuffle(self.pw(x)))))
-        return x + y if self.has_skip and shortcut else y
 
 
 def _parse(name: str):

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fbnas.blocks.common import ChannelShuffle
-from fbnas.blocks.irf import IRFSpec, parse_irf
+from fbnas.blocks.irf import IRFForward, IRFSpec, parse_irf
 from fbnas.errors import FbnasError
 
 # search.weights: FBNet's separate weights per candidate, or one superkernel per layer
@@ -191,7 +191,7 @@ class _SlicedConv(nn.Module):
         return F.conv2d(x, self.conv_weight(), None, self.stride, self.padding, 1, self.groups)
 
 
-class SlicedIRF(nn.Module):
+class SlicedIRF(IRFForward):
     """An `ir_k{K}_e{E}[_g{G}]` candidate computed on slices of the layer's superkernel, with
     its own BatchNorms; the same function as an IRFBlock holding those weights."""
 
@@ -207,12 +207,9 @@ class SlicedIRF(nn.Module):
         self.dw = nn.Sequential(nn.Sequential(
             _SlicedConv(store, "dw.0.0.weight", spec, c_in, stride, depthwise=True),
             nn.BatchNorm2d(mid), nn.ReLU(inplace=True)))
+        self.se = nn.Identity()  # a shared candidate has no squeeze-excite
         self.pwl = nn.Sequential(_SlicedConv(store, "pwl.0.weight", spec, c_in),
                                  nn.BatchNorm2d(c_out))
-
-    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
-        y = self.pwl(self.dw(self.shuffle(self.pw(x))))
-        return x + y if self.has_skip and shortcut else y
 
 
 def build_shared(ops: Sequence[str], c_in: int, c_out: int, stride: int
