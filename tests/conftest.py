@@ -63,6 +63,12 @@ class NanGradient(torch.autograd.Function):
         return g * float("nan")
 
 
+def needs(package: str, extra: str):
+    """The module `package`, or the calling test skipped with its name and fbnas's extra that
+    installs it (an optional package: Ray, ExecuTorch, ONNX Runtime)."""
+    return pytest.importorskip(package, reason=f"needs {package}: pip install 'fbnas[{extra}]'")
+
+
 def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
     """Fit search trainer `t`, which meets one non-finite step: under `nan_policy: stop` the
     error matches `match` and the checkpoint holds `position` (epoch, phase, step) and finite

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import latency_space
+from conftest import latency_space, needs
 
 from fbnas.backends import FORMATS, TIMERS
 from fbnas.backends import exported as rt
@@ -23,7 +23,11 @@ SIG = Signature("block", "ir_k3_e3", 8, 16, 2, 8, 8)
 RUNTIMES = tuple(n for n, c in TIMERS.items() if issubclass(c, rt.ExportedTimer))
 
 
+PACKAGES = {"executorch": ("executorch", "executorch"), "ort": ("onnxruntime", "onnx")}
+
+
 def _timer(runtime: str, tmp_path, **kw):
+    needs(*PACKAGES[runtime])
     return make_timer(runtime, allocator="system", cache_dir=tmp_path / "exported", **kw)
 
 

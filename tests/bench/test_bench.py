@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import digits_run_config, one_line_error
+from conftest import digits_run_config, needs, one_line_error
 
 import fbnas.bench.build as bench_build
 from fbnas import __version__
@@ -360,6 +360,7 @@ def test_fidelity_reads_the_benchmark_instead_of_retraining(built, searched, tmp
 
 @pytest.mark.slow
 def test_a_build_on_ray_workers_records_what_the_serial_build_does(built, tmp_path):
+    needs("ray", "ray")
     _, cfg, out, _ = built
     serial = Bench.load(out)
     par_out = tmp_path / "ray.json.gz"
@@ -377,6 +378,7 @@ def test_a_build_on_ray_workers_records_what_the_serial_build_does(built, tmp_pa
 
 @pytest.mark.slow
 def test_a_ray_build_records_what_fbnas_retrain_gives(tmp_path):
+    needs("ray", "ray")
     """Issue 51: the Ray build (`--workers 2`, each task checking that its worker imports
     this fbnas) records, to the last digit, what `fbnas retrain --config` of that network
     under that seed reads: the config's retrain.threads (1) holds in both, though this process

@@ -147,16 +147,17 @@ def test_init_from_a_shared_weight_supernet_gets_the_sliced_weights(tmp_path):
     arch = arch_from_indices(cfg.space, [1, 0], "t")  # ir_k5_e3, then ir_k3_e1
     t = ChildTrainer(cfg, arch, tmp_path / "r", init_from=tmp_path / "run")
     close_logger(t.log)
-    child = t.model.state_dict()
+    # compared on the CPU: the trainers put their models on `device: auto` (CUDA where there is one)
+    child = {k: v.cpu() for k, v in t.model.state_dict().items()}
     sh0, sh1 = s.model.mixed[0].shared, s.model.mixed[1].shared
     # layer 0: e3 of 8 channels = 24 expanded rows; its k5 is the whole superkernel window
-    assert torch.equal(child["blocks.0.pw.0.weight"], sh0.pw[:24])
-    assert torch.equal(child["blocks.0.dw.0.0.weight"], sh0.dw[:24])
-    assert torch.equal(child["blocks.0.pwl.0.weight"], sh0.pwl[:, :24])
+    assert torch.equal(child["blocks.0.pw.0.weight"], sh0.pw.cpu()[:24])
+    assert torch.equal(child["blocks.0.dw.0.0.weight"], sh0.dw.cpu()[:24])
+    assert torch.equal(child["blocks.0.pwl.0.weight"], sh0.pwl.cpu()[:, :24])
     # layer 1: k3 e1 is the centre 3x3 of the first 8 channels
-    assert torch.equal(child["blocks.1.dw.0.0.weight"], sh1.dw[:8, :, 1:4, 1:4])
+    assert torch.equal(child["blocks.1.dw.0.0.weight"], sh1.dw.cpu()[:8, :, 1:4, 1:4])
     # and the candidate's own BatchNorm
-    sd = s.model.state_dict()
+    sd = {k: v.cpu() for k, v in s.model.state_dict().items()}
     assert torch.equal(child["blocks.1.pw.1.running_mean"],
                        sd["mixed.1.candidates.0.pw.1.running_mean"])
 

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 import yaml
+from conftest import needs
 
 from fbnas.arch import Architecture
 from fbnas.cli import main
@@ -35,6 +35,7 @@ SAME = ("label", "kind", "arch_hash", "predicted_ms", "top1", "top5", "val_top1"
 
 @pytest.fixture(scope="module")
 def ray_session():
+    ray = needs("ray", "ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -153,6 +154,7 @@ def test_serial_sweep_does_not_import_ray():
 
 
 def test_ray_sweep_flags_are_checked(config, capsys):
+    needs("ray", "ray")  # the Ray flags are read once Ray imports
     for flags, msg in ((["--workers", "0"], "--workers: must be >= 1"),
                        (["--workers", "2", "--retries", "-1"], "--retries: must be >= 0"),
                        (["--workers", "2", "--gpus-per-task", "-0.5"], "--gpus-per-task"),
