@@ -32,7 +32,7 @@ from fbnas.errors import FbnasError
 from fbnas.io import load_yaml
 from fbnas.latency.config import LatencyConfig
 from fbnas.loss import LossConfig
-from fbnas.precision import PRECISIONS
+from fbnas.precision import PRECISIONS, layout_setting
 from fbnas.search.modes import MODES, get_mode, weight_sampler
 from fbnas.search_space import SearchSpace
 from fbnas.settings import read_fields, setting, settings_of
@@ -131,7 +131,8 @@ class SearchConfig:
     checkpoint_activations: recompute each layer's activations in backward instead of
     storing them (less memory, more time; same gradients and BN statistics).
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
-    NHWC memory layout for the training steps (fbnas.precision).
+    NHWC memory layout for the training steps (fbnas.precision; channels_last `auto`: on CUDA,
+    off on the CPU).
     tau0 … tau_min: the temperature schedule's data (fbnas.search.schedules.TauSchedule): exp is
     τ = max(tau_min, τ0·exp(−tau_decay·(epoch − warmup))), linear goes τ0 → tau_min over the
     θ epochs.
@@ -160,7 +161,8 @@ class SearchConfig:
     mode: str = setting("full", "str", choices=MODES, added="full")
     checkpoint_activations: bool = setting(False, "bool", resumable=True, added=False)
     precision: str = setting("float32", "str", choices=PRECISIONS, added="float32")
-    channels_last: bool = setting(False, "bool", resumable=True, added=False)
+    channels_last: bool | str = setting("auto", "raw", resumable=True, added=False,
+                                        convert=layout_setting)
     # which paths the weights train on during the warm-up epochs: as `mode` samples them,
     # `uniform` (one uniformly drawn path per step, SPOS) or `fair` (every candidate of every
     # layer once per step, in shuffled paths, gradients summed: FairNAS strict fairness)
@@ -259,7 +261,8 @@ class RetrainConfig:
     # float32 | bf16 | fp16 (CUDA): autocast (fbnas.precision)
     precision: str = setting("float32", "str", choices=PRECISIONS, added="float32")
     # NHWC weights and inputs
-    channels_last: bool = setting(False, "bool", resumable=True, added=False)
+    channels_last: bool | str = setting("auto", "raw", resumable=True, added=False,
+                                        convert=layout_setting)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "retrain") -> RetrainConfig:

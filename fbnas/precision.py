@@ -46,10 +46,27 @@ def cpu_has_bf16() -> bool:
         return False
 
 
+LAYOUTS = ("auto", True, False)  # channels_last: auto (on CUDA), true, false
+
+
+def layout_setting(value: object, where: str) -> bool | str:
+    """A `channels_last` setting read: true, false or auto (a one-line error otherwise)."""
+    if value not in LAYOUTS or (value in (0, 1) and not isinstance(value, bool)):
+        raise FbnasError(f"{where}: expected true, false or auto, got {value!r}")
+    return value
+
+
+def resolve_channels_last(value: bool | str, device: torch.device) -> bool:
+    """`channels_last: auto` is on for CUDA (any precision: cuDNN's NHWC convolutions and
+    BatchNorm; docs/search_modes.md) and off on the CPU, where NHWC is not measured faster for
+    the search step; true and false are themselves."""
+    return device.type == "cuda" if value == "auto" else bool(value)
+
+
 class Precision:
     """The autocast context, loss scalers and layout conversion of one trainer."""
 
-    def __init__(self, precision: str, channels_last: bool, device: torch.device,
+    def __init__(self, precision: str, channels_last: bool | str, device: torch.device,
                  where: str = "search", scalers: int = 1, local_sgd: bool = False):
         if precision not in PRECISIONS:
             raise FbnasError(f"{where}.precision: {precision!r} is not one of "
@@ -62,7 +79,8 @@ class Precision:
             # optimizer states (and scales) would drift apart
             raise FbnasError(f"{where}.precision: fp16 cannot be combined with "
                              "run.ddp_sync_every > 1; use bf16 or run.ddp_sync_every: 1")
-        self.precision, self.channels_last, self.device = precision, channels_last, device
+        self.precision, self.device = precision, device
+        self.channels_last = resolve_channels_last(channels_last, device)
         self.dtype = _DTYPES.get(precision)
         self.scalers = [_grad_scaler(device.type) for _ in range(scalers)] \
             if precision == "fp16" else []

@@ -231,7 +231,7 @@ class ChildTrainer(EpochRunner):
                       f"device {self.device}"
                       + (f", {r.threads} thread{'s' * (r.threads > 1)}" if r.threads else "")
                       + (f", {r.precision}" if r.precision != "float32" else "")
-                      + (", channels_last" if r.channels_last else "")
+                      + (", channels_last" if self.prec.channels_last else "")
                       + (f", from supernet {self.init_from}" if self.init_from else ""))
         if (warn := self.prec.warning("retrain")) is not None:
             self.log.warning(warn)

@@ -276,7 +276,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         self.log.info(f"search '{self.cfg.space.name}': {s.epochs} epochs ({s.warmup_epochs} "
                       f"warm-up), {self.costs.description}, device {self.device}"
                       + (f", {s.precision}" if s.precision != "float32" else "")
-                      + (", channels_last" if s.channels_last else ""))
+                      + (", channels_last" if self.prec.channels_last else ""))
         if (warn := self.prec.warning("search")) is not None:
             self.log.warning(warn)
         self._run_epochs(s.epochs)

@@ -2,8 +2,9 @@
 
 Runs what `fbnas train` runs: SearchTrainer.weight_step + theta_step (one "step" = both, as in
 the issue's table) on one synthetic batch held on the device, for every variant of
---modes x --precisions (bf16 with channels_last, as `search.precision: bf16` +
-`search.channels_last: true`), each its own trainer. Variants are timed in interleaved rounds
+--modes x --precisions x --layouts (`search.channels_last`: `auto`, the default, is NHWC on
+CUDA and NCHW on the CPU; `channels_last` and `nchw` force one; each variant's name says the
+layout it ran), each its own trainer. Variants are timed in interleaved rounds
 (forward order on even rounds, reverse on odd), so drift hits all alike. Printed per variant:
 
   step s       median (min-max) over rounds of one weight + one θ step
@@ -26,6 +27,13 @@ the issue's table) on one synthetic batch held on the device, for every variant 
     python -m scripts.bench_gpu --nan-check both   # the per-step NaN read against the deferred
     python -m scripts.bench_gpu --code /tmp/base   # the same table for a baseline checkout
     python -m scripts.bench_gpu --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
+    python -m scripts.bench_gpu --modes full --precisions float32 --layouts nchw,channels_last
+
+Warm-up: the first steps of a variant include cuDNN choosing an algorithm (a plan) for every
+distinct convolution configuration (shape, stride, groups, layout, dtype) and, with
+search.compile, compilation; printed per variant as `warm-up (3 steps ...)`. A space with many
+distinct candidate shapes (the ImageNet space's kernels x expansions x stages) pays it once per
+configuration and layout; bf16 + channels_last pays most (the figures: docs/measurements.md).
 
 The default config is configs/fbnet_imagenet.yaml, whose runs keep 100 of ImageNet's classes
 (`data.classes: 100`): synthetic data refuses `data.classes`, so the table is made with the head
@@ -123,13 +131,16 @@ def classes_sets(config: str) -> list[str]:
     return [] if n is None else [f"space.num_classes={n}", "data.classes=null"]
 
 
-def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: Path
-            ) -> SearchTrainer:
+LAYOUT_SETS = {"auto": [], "channels_last": ["search.channels_last=true"],
+               "nchw": ["search.channels_last=false"]}
+
+
+def trainer(args, mode: str, precision: str, layout: str, compiled: bool, check: str,
+            work: Path) -> SearchTrainer:
     # keys at their defaults are left out, so that a baseline checkout without them runs too
-    sets = [f"search.mode={configured_mode(mode)}", *([f"search.precision={precision}",
-                                      "search.channels_last=true"] if precision == "bf16" else
-                                     [f"search.precision={precision}"] if precision != "float32"
-                                     else []),
+    sets = [f"search.mode={configured_mode(mode)}",
+            *([f"search.precision={precision}"] if precision != "float32" else []),
+            *LAYOUT_SETS[layout],
             *([f"run.nan_check={check}"] if check != "auto" else []),
             *(["search.compile=true"] if compiled else []),
             *classes_sets(args.config),
@@ -137,7 +148,7 @@ def trainer(args, mode: str, precision: str, compiled: bool, check: str, work: P
             f"data.synthetic_size={4 * args.batch}", "data.val_fraction=0",
             "data.workers=0",  # the loader gives the one batch that is timed, nothing more
             f"search.device={args.device}",
-            f"run.dir={work / f'{mode}-{precision}-{int(compiled)}-{check}'}",
+            f"run.dir={work / f'{mode}-{precision}-{layout}-{int(compiled)}-{check}'}",
             "run.progress=false", "run.tensorboard=false", *args.set]
     return search_trainer(run_config(args.config, sets), sampler=mode)
 
@@ -152,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="auto (cuda if present), cuda or cpu")
     ap.add_argument("--modes", default="full,two_path,single_path")
     ap.add_argument("--precisions", default="float32,bf16")
+    ap.add_argument("--layouts", default="auto",
+                    help="search.channels_last per variant: auto (the default: NHWC on CUDA), "
+                         "channels_last, nchw; comma-separated to compare")
     ap.add_argument("--steps", type=int, default=5, help="steps per timed block")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--passes", type=float, default=3.0,
@@ -184,11 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fbnas_bench_gpu_"))
     comp = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
     checks = ("step", "deferred") if args.nan_check == "both" else (args.nan_check,)
-    variants = [(m, p, c, k) for m in args.modes.split(",") for p in args.precisions.split(",")
-                for c in comp for k in checks]
-    name = {v: f"{v[0]}, {v[1]}" + (" + channels_last" if v[1] == "bf16" else "")
-            + (", compiled" if v[2] else "") + (f", nan_check {v[3]}" if len(checks) > 1
-                                                 else "") for v in variants}
+    layouts = args.layouts.split(",")
+    if bad := [x for x in layouts if x not in LAYOUT_SETS]:
+        ap.error(f"--layouts: {bad[0]!r} is not one of {', '.join(LAYOUT_SETS)}")
+    variants = [(m, p, la, c, k) for m in args.modes.split(",")
+                for p in args.precisions.split(",") for la in layouts for c in comp
+                for k in checks]
+    name = {v: f"{v[0]}, {v[1]}" + (", compiled" if v[3] else "")
+            + (f", nan_check {v[4]}" if len(checks) > 1 else "") for v in variants}
     bw = copy_bandwidth(device, args.copy_gib)
     print(f"{args.config}: batch {args.batch}, {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
@@ -211,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for v in variants:
                 t = trainers[v] = trainer(args, *v, work)
+                cl = getattr(getattr(t, "prec", None), "channels_last", None)
+                name[v] += {True: " + channels_last", False: ", NCHW", None: ""}[cl]
                 batch[v] = first_batch(t)
                 saved[v] = saved_bytes(t, batch[v][0])
                 # warm-up: kernel selection, caches, compilation

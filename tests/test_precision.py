@@ -253,3 +253,25 @@ def test_a_channels_last_model_is_timed_in_the_timer_layout():
     timer = make_timer("cpu", threads=1, batch=1, dtype="float32", channels_last=True)
     timer.prepare(net, (4, 8, 8), "child")
     assert net[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_channels_last_auto_is_nhwc_on_cuda_and_nchw_on_the_cpu():
+    """search.channels_last / retrain.channels_last: auto by default (issue 52), true and false
+    as before; anything else is one line naming the key."""
+    from fbnas.config import RetrainConfig, SearchConfig
+    from fbnas.errors import FbnasError
+    from fbnas.precision import Precision, resolve_channels_last
+
+    assert SearchConfig().channels_last == "auto" and RetrainConfig().channels_last == "auto"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_channels_last("auto", cuda) is True
+    assert resolve_channels_last("auto", cpu) is False
+    assert resolve_channels_last(True, cpu) is True and resolve_channels_last(False, cuda) is False
+    assert Precision("float32", "auto", cpu).channels_last is False
+    assert Precision("float32", True, cpu).channels_last is True
+    for v in (True, False, "auto"):
+        assert SearchConfig.from_dict({"channels_last": v}).channels_last == v
+    for bad in ("yes", 1, 0):
+        with pytest.raises(FbnasError, match=r"search.channels_last: expected true, false or "
+                                             "auto"):
+            SearchConfig.from_dict({"channels_last": bad})

@@ -152,7 +152,8 @@ class EpochRunner:
         if self.dist.distributed and self.device.type == "cuda":
             self.device = self.dist.device
 
-    def _init_precision(self, precision: str, channels_last: bool, scalers: int = 1) -> None:
+    def _init_precision(self, precision: str, channels_last: bool | str, scalers: int = 1
+                        ) -> None:
         """Autocast, loss scalers and layout (fbnas.precision)."""
         self.prec = Precision(precision, channels_last, self.device, self.SECTION,
                               scalers=scalers,

@@ -175,7 +175,8 @@ def _check_bench_gpu(out: str, modes: list[str], precisions: list[str], cuda: bo
     first = None
     for mode in modes:
         for p in precisions:
-            name = f"{mode}, {p}" + (" + channels_last" if p == "bf16" else "")
+            # the layout each variant ran (channels_last: auto is NHWC on CUDA, NCHW on a CPU)
+            name = f"{mode}, {p}" + (" + channels_last" if cuda else ", NCHW")
             m = line(out, rf"^{re.escape(name)}\s+({NUM}) \({NUM}-{NUM}\)\s+(\d+)\s+({NUM}|-)"
                           rf"\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})$")
             assert float(m[1]) > 0 and float(m[4]) > 0 and float(m[6]) > 0
