@@ -210,12 +210,18 @@ class Reinforce(SearchMode):
     ignores = weight_ignores = (*TAU, "hard")
     why = weight_why = "draws single paths by Gumbel-max at temperature 1"
 
-    def sample(self, theta, tau, hard):
+    def draw(self, theta) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+        """(m, each layer's drawn index as an [L] tensor on θ's device, the cost weights): a
+        path not yet read on the host (a θ step draws its k paths, then reads them at once)."""
         logits = stacked(theta)
         _, idx = argmax_one_hot(perturbed(logits.detach()))  # Gumbel-max: a draw from softmax
         m = unstack(torch.zeros_like(logits).scatter_(-1, idx, 1.0), theta)
         probs = unstack(torch.softmax(logits, -1), theta)
-        return PathSample(m, [[i] for i in idx.squeeze(-1).tolist()], probs)
+        return m, idx.squeeze(-1), probs
+
+    def sample(self, theta, tau, hard):
+        m, idx, probs = self.draw(theta)
+        return PathSample(m, [[i] for i in idx.tolist()], probs)
 
 
 def weight_sampler(mode: str, weight_sampling: str) -> str:
@@ -244,9 +250,11 @@ def ignored_note(mode: str, weight_sampling: str, given: Collection[str]) -> str
     return f"note: {by} ignores {', '.join(f'search.{k}' for k in keys)} ({why})"
 
 
-def path_log_prob(theta: Sequence[torch.Tensor], active: Sequence[Sequence[int]]
+def path_log_prob(theta: Sequence[torch.Tensor], active: Sequence[Sequence[int]] | torch.Tensor
                   ) -> torch.Tensor:
-    """log p(path) = Σ_l log softmax(θ_l)[i_l] of a single path (`active` one index per layer)."""
+    """log p(path) = Σ_l log softmax(θ_l)[i_l] of a single path (`active` one index per layer,
+    or an [L] index tensor already on θ's device: no host copy)."""
     lp = torch.log_softmax(stacked(theta), -1)
-    idx = torch.tensor([a[0] for a in active], device=lp.device).unsqueeze(-1)
-    return lp.gather(-1, idx).sum()
+    idx = (active if isinstance(active, torch.Tensor) else
+           torch.tensor([a[0] for a in active], device=lp.device))
+    return lp.gather(-1, idx.unsqueeze(-1)).sum()

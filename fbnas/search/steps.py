@@ -145,14 +145,22 @@ class SearchSteps:
         theta = self.net.arch_parameters()
         with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:
             ces, logps, accs = [], [], []
+            # the k paths drawn first, each on its own noise as before (a forward draws no
+            # random number), then read on the host at once: one sync, not k
+            draws = []
             for _ in range(k):
-                p = self._sample()
-                with torch.no_grad(), self.prec.autocast():
-                    logits, _ = self.model(self.prec.input(x), m=p.m, active=p.active,
-                                           cost_m=p.cost_m)
+                with self.noise():
+                    draws.append(self.net.search_mode.draw(self.net.theta))
+            paths = torch.stack([idx for _, idx, _ in draws]).tolist()
+            with torch.no_grad(), self.prec.autocast():  # one autocast region for the k
+                outs = [self.model(self.prec.input(x), m=m, active=[[i] for i in path],
+                                   cost_m=cost_m)[0]
+                        for (m, _, cost_m), path in zip(draws, paths, strict=True)]
+            for logits in outs:
                 ces.append(self.loss.ce(logits.float(), y))
                 accs.append((logits.argmax(1) == y).float().mean())
-                logps.append(path_log_prob(theta, p.active))
+            for _, idx, _ in draws:  # the indices stay on the device
+                logps.append(path_log_prob(theta, idx))
             ce, logp = torch.stack(ces), torch.stack(logps)
             adv = (ce - ce.mean()) * (k / max(k - 1, 1))  # CE_j − mean of the others
             score = (adv * logp).mean()

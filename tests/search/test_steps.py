@@ -2,6 +2,7 @@
 
 import contextlib
 import copy
+import sys
 
 import pytest
 import torch
@@ -144,5 +145,53 @@ def test_a_theta_step_freezes_the_weights_and_gets_the_same_theta_gradient(tmp_p
         hook.remove()
         assert seen == [False]
         assert all(q.requires_grad for q in params) and all(q.grad is None for q in params)
+    finally:
+        close_logger(t.log)
+
+
+def test_a_reinforce_theta_step_reads_its_paths_on_the_host_once(tmp_path, monkeypatch):
+    """Issue 52: the k scoring paths are drawn, then read at once (one `.tolist()`, not k), and
+    their log-probabilities are taken from indices on θ's device (no list copied to it); θ and
+    the BatchNorm statistics are what one draw-forward-read per path gave."""
+    from fbnas.search import modes
+
+    t = _trainer(tmp_path, mode="reinforce")
+    try:
+        x, y = next(iter(t.data.theta_loader))
+        k = t.net.search_mode.score_paths
+        # the reference: one path drawn, read and scored after another (before issue 52)
+        ref = copy.deepcopy(t.net)
+        torch.manual_seed(3)
+        theta = list(ref.theta)
+        ces, logps = [], []
+        for _ in range(k):
+            p = ref.sample_path(t.tau)
+            with torch.no_grad():
+                logits, _ = ref(x, m=p.m, active=p.active, cost_m=p.cost_m)
+            ces.append(t.loss.ce(logits.float(), y))
+            logps.append(modes.path_log_prob(theta, p.active))
+        reads = {"tolist": 0, "item": 0, "tensor": 0}
+
+        def counted(name, real):
+            def call(*a, **kw):  # fbnas's own reads (not the optimizer's CPU step counter)
+                if "/fbnas/" in sys._getframe(1).f_code.co_filename:
+                    reads[name] += 1
+                return real(*a, **kw)
+            return call
+        for name in ("tolist", "item"):
+            monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch, "tensor", counted("tensor", torch.tensor))
+        torch.manual_seed(3)
+        before = [q.detach().clone() for q in t.net.theta]
+        t._score_theta_step(x, y, k)
+        monkeypatch.undo()
+        # the paths once, and the non-finite check's flag (run.nan_check step, the CPU's
+        # default; deferred on CUDA reads none); no index list copied to the device
+        assert reads["tolist"] + reads["item"] <= 2 and reads["tensor"] == 0
+        # the same paths, so the same BatchNorm statistics as the one-by-one reference
+        for a, b in zip(t.net.state_dict().items(), ref.state_dict().items(), strict=True):
+            if "running" in a[0]:
+                assert torch.equal(a[1], b[1]), a[0]
+        assert any(not torch.equal(a, q) for a, q in zip(before, t.net.theta, strict=True))
     finally:
         close_logger(t.log)
