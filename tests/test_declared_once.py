@@ -58,9 +58,9 @@ OLD_SEARCH_ADDED = {
     ("search", "shared_update"): "all", ("search", "sandwich"): False,
     ("search", "final_pick"): "theta",
     # declared since (issue 51): dataset cluttered_digits, which runs before them did not use
-    **{("data", k): v for k, v in (("clutter_digit_size", 8), ("clutter_fragments", 4),
-                                   ("clutter_fragment_size", 4), ("clutter_per_source", 2),
-                                   ("clutter_test_per_source", None), ("clutter_seed", 0))}}
+    **{("data", k): v for k, v in (("clutter_digit_size", 8), ("clutter_fragments", 2),
+                                   ("clutter_fragment_size", 4), ("clutter_per_source", 3),
+                                   ("clutter_test_per_source", 4), ("clutter_seed", 0))}}
 CLUTTER_ADDED = {k: v for k, v in OLD_SEARCH_ADDED.items() if k[1].startswith("clutter_")}
 OLD_RETRAIN_RESUMABLE = {
     ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),

@@ -302,7 +302,7 @@ def _cluttered_digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> 
                                  "digits)")
     scaled = scale_digits(images, d)
     per = {"train": cfg.clutter_per_source, "val": cfg.clutter_per_source,
-           "test": cfg.clutter_test_per_source or cfg.clutter_per_source}
+           "test": cfg.clutter_test_per_source}
     drawn = {part: draw(scaled, target, src, size, cfg.clutter_fragments, fs, per[part],
                         mix_seed(cfg.clutter_seed, Stream.CLUTTER, k))
              for k, (part, src) in enumerate(parts.items(), 1)}

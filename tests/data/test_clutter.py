@@ -14,8 +14,8 @@ from fbnas.data.clutter import draw, scale_digits
 from fbnas.data.sampling import split_groups
 from fbnas.data.sources import _load_digits, load_source
 
-SMALL = {"dataset": "cluttered_digits", "clutter_per_source": 1, "val_fraction": 0.15,
-         "batch_size": 32}
+SMALL = {"dataset": "cluttered_digits", "clutter_per_source": 1, "clutter_test_per_source": 1,
+         "val_fraction": 0.15, "batch_size": 32}
 
 
 def _cfg(**over) -> DataConfig:
@@ -30,7 +30,7 @@ def _used(ds, rows) -> set[int]:
 
 @pytest.fixture(scope="module")
 def source():
-    return load_source(_cfg(clutter_per_source=2), 24, 1, 10, 0)
+    return load_source(_cfg(clutter_per_source=2, clutter_test_per_source=3), 24, 1, 10, 0)
 
 
 def test_no_source_image_is_in_two_of_train_val_and_test(source):
@@ -53,8 +53,8 @@ def test_no_source_image_is_in_two_of_train_val_and_test(source):
         assert not (ds.fragments == ds.source[:, None]).any()
     # clutter_per_source canvases per source, consecutive; labels are the digit's
     _, target = _load_digits()
-    assert len(source.train) == 2 * len(tr) and len(source.test) == 2 * len(te)
-    assert np.array_equal(np.bincount(source.test.source, minlength=1797)[te], np.full(len(te), 2))
+    assert len(source.train) == 2 * len(tr) and len(source.test) == 3 * len(te)
+    assert np.array_equal(np.bincount(source.test.source, minlength=1797)[te], np.full(len(te), 3))
     assert torch.equal(source.train.labels, torch.from_numpy(target[source.train.source]))
 
 
@@ -85,11 +85,13 @@ def test_w_theta_val_keep_each_source_image_in_one_part(build):
 
 
 def test_same_config_same_canvases_and_clutter_seed_changes_them(source):
-    again = load_source(_cfg(clutter_per_source=2), 24, 1, 10, seed=7)  # the run's seed: unused
+    again = load_source(_cfg(clutter_per_source=2, clutter_test_per_source=3), 24, 1, 10,
+                        seed=7)  # the run's seed: unused
     for a, b in ((source.train, again.train), (source.test, again.test)):
         assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
         assert np.array_equal(a.fragments, b.fragments)
-    other = load_source(_cfg(clutter_per_source=2, clutter_seed=1), 24, 1, 10, 0)
+    other = load_source(_cfg(clutter_per_source=2, clutter_test_per_source=3, clutter_seed=1),
+                        24, 1, 10, 0)
     assert not torch.equal(other.test.images, source.test.images)
     assert set(other.test.source.tolist()) == set(source.test.source.tolist())  # fixed test
     assert other.val != source.val or not np.array_equal(other.train.source[list(other.val)],
@@ -148,9 +150,10 @@ def test_limit_and_too_few_sources_keep_whole_source_images():
                                     "clutter_digit_size: 8"]),
     ({"clutter_fragments": -1}, ["data.clutter_fragments: must be >= 0, got -1"]),
     ({"clutter_per_source": 0}, ["data.clutter_per_source: must be >= 1, got 0"]),
+    ({"clutter_test_per_source": 0}, ["data.clutter_test_per_source: must be >= 1, got 0"]),
     ({"clutter_digit_size": 0}, ["data.clutter_digit_size: must be >= 1"]),
     ({"clutter_seed": "x"}, ["data.clutter_seed: expected an integer"]),
-    ({"dataset": "digits", "clutter_fragments": 2},
+    ({"dataset": "digits", "clutter_fragments": 5},
      ["data.clutter_fragments: applies to dataset cluttered_digits only, not digits"]),
     ({"crop_scale": [0.5, 1.0]}, ["data.crop_scale", "not cropped"]),
     ({"classes": 11}, ["data.classes: 11 is more than the 10 classes of cluttered_digits"]),
@@ -172,6 +175,7 @@ def test_resolved_config_lists_the_clutter_keys_only_for_this_dataset():
     cfg = _cfg(clutter_fragments=6)
     d = cfg.to_dict()
     assert (d["clutter_fragments"], d["clutter_per_source"], d["clutter_seed"]) == (6, 1, 0)
+    assert DataConfig(dataset="cluttered_digits").to_dict()["clutter_test_per_source"] == 4
     assert DataConfig.from_dict(d) == cfg
     assert not any(k.startswith("clutter_") for k in DataConfig().to_dict())
 
@@ -201,6 +205,7 @@ def test_a_tiny_search_and_retrain_run_on_it(tmp_path):
         space={"input_size": 12},
         data={"dataset": "cluttered_digits", "clutter_digit_size": 6,
               "clutter_fragment_size": 3, "clutter_fragments": 2, "clutter_per_source": 1,
+              "clutter_test_per_source": 1,
               "classes": 3},  # 3 of the digits: a third of the canvases, for speed
         search={"epochs": 1, "warmup_epochs": 0}, run={"dir": str(tmp_path / "search")})
     cfg = tmp_path / "run.yaml"
