@@ -56,7 +56,12 @@ OLD_SEARCH_ADDED = {
     ("search", "uniform_paths"): 0,
     # declared since (issue 39): what runs before them did
     ("search", "shared_update"): "all", ("search", "sandwich"): False,
-    ("search", "final_pick"): "theta"}
+    ("search", "final_pick"): "theta",
+    # declared since (issue 51): dataset cluttered_digits, which runs before them did not use
+    **{("data", k): v for k, v in (("clutter_digit_size", 8), ("clutter_fragments", 2),
+                                   ("clutter_fragment_size", 4), ("clutter_per_source", 3),
+                                   ("clutter_test_per_source", 4), ("clutter_seed", 0))}}
+CLUTTER_ADDED = {k: v for k, v in OLD_SEARCH_ADDED.items() if k[1].startswith("clutter_")}
 OLD_RETRAIN_RESUMABLE = {
     ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),
     ("run", "checkpoint_every_steps"), ("retrain", "device"),
@@ -66,7 +71,7 @@ OLD_RETRAIN_RESUMABLE = {
     ("retrain", "threads")}
 OLD_RETRAIN_ADDED = {("retrain", "precision"): "float32", ("retrain", "channels_last"): False,
                      ("run", "ddp_sync_every"): 1, ("data", "placement"): "auto",
-                     ("retrain", "threads"): None}
+                     ("retrain", "threads"): None, **CLUTTER_ADDED}
 
 
 @pytest.mark.parametrize("trainer,resumable,added", [

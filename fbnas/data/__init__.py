@@ -10,6 +10,12 @@ Datasets (`data.dataset`):
 
 - `digits`: scikit-learn's bundled 8x8 digits (1797 images, no download); a fixed, stratified
   20% is the test split.
+- `cluttered_digits`: those digits, each at a random place on a canvas of the space's input
+  size among random fragments of other digits (fbnas.data.clutter, cluttered MNIST's
+  construction), `data.clutter_*`; the sources split into train / val / test before any
+  canvas is drawn (test: the digits' test split; val: fixed by `clutter_seed`), each part's
+  canvases drawn from its own digits only, and the w / θ split keeps a source's canvases in
+  one part.
 - `cifar10`, `cifar100`: torchvision's CIFAR from `data.root` (`download: true` fetches it).
 - `imagefolder`: `data.root/train/<class>/*` and `data.root/val/<class>/*`; validation is
   carved from train/, and val/ is the test split.

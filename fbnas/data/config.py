@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from fbnas.errors import FbnasError
 from fbnas.io import show
 from fbnas.settings import read_fields, setting
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
+DATASETS = ("digits", "cluttered_digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 NEEDS_ROOT = ("cifar10", "cifar100", "imagefolder")
 SPLITS = ("val", "test")
 AUGMENTS = ("default", "none", "light", "imagenet")
 PLACEMENTS = ("auto", "loader", "device")  # fbnas.data.device
-IN_MEMORY = ("digits", "synthetic", "cifar10", "cifar100")  # data.placement: device
+IN_MEMORY = ("digits", "cluttered_digits", "synthetic", "cifar10", "cifar100")  # placement: device
+DIGIT_SETS = ("digits", "cluttered_digits")  # 8x8 digits: shifted and turned, never cropped
 # class counts known without reading the data (data.classes is checked against them at load
 # for the others)
-CLASS_COUNTS = {"digits": 10, "cifar10": 10, "cifar100": 100}
-
+CLASS_COUNTS = {"digits": 10, "cluttered_digits": 10, "cifar10": 10, "cifar100": 100}
+CLUTTER = "clutter_"  # the prefix of the keys of dataset cluttered_digits, set for no other
 
 
 
@@ -57,6 +58,18 @@ class DataConfig:
     # data on a GPU, else a DataLoader), device (the whole split as one device tensor, batched
     # on-device augmentation; those datasets only), loader (a DataLoader)
     placement: str = setting("auto", "str", choices=PLACEMENTS, added="auto")
+    # dataset cluttered_digits (fbnas.data.clutter): each digit drawn at clutter_digit_size px
+    # at a random place on a canvas of the space's input size, among clutter_fragments random
+    # clutter_fragment_size px crops of other digits of its own split; clutter_per_source
+    # canvases per training and validation digit (clutter_test_per_source per test digit);
+    # clutter_seed fixes the canvases and the sources' train / val split (whatever the run's
+    # seed). The defaults are configs/cluttered_digits.yaml's, issue 51's pilot (docs/bench.md)
+    clutter_digit_size: int = setting(8, "int", min=1, added=8)
+    clutter_fragments: int = setting(2, "int", min=0, added=2)
+    clutter_fragment_size: int = setting(4, "int", min=1, added=4)
+    clutter_per_source: int = setting(3, "int", min=1, added=3)
+    clutter_test_per_source: int = setting(4, "int", min=1, added=4)
+    clutter_seed: int = setting(0, "int", min=0, added=0)
     where: str = field(default="data", compare=False, repr=False)  # for error messages
 
     def __post_init__(self) -> None:
@@ -69,7 +82,10 @@ class DataConfig:
                     else "the torchvision dataset folder")
             raise FbnasError(f"{w}.root: required for dataset {self.dataset} ({what})")
         for key, lo in (("batch_size", 1), ("eval_batch_size", 1), ("workers", 0),
-                        ("synthetic_size", 1)):
+                        ("synthetic_size", 1), ("clutter_digit_size", 1),
+                        ("clutter_fragments", 0), ("clutter_fragment_size", 1),
+                        ("clutter_per_source", 1), ("clutter_test_per_source", 1),
+                        ("clutter_seed", 0)):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise FbnasError(f"{w}.{key}: must be an integer >= {lo}, got {v!r}")
@@ -77,6 +93,7 @@ class DataConfig:
                                        or not isinstance(self.limit, int) or self.limit < 1):
             raise FbnasError(f"{w}.limit: must be an integer >= 1 or null, got {self.limit!r}")
         self._check_classes()
+        self._check_clutter()
         if self.augment not in (True, False, *AUGMENTS):
             raise FbnasError(f"{w}.augment: must be one of {', '.join(AUGMENTS)} (or true / "
                              f"false), got {show(self.augment)}")
@@ -86,10 +103,10 @@ class DataConfig:
                                      for v in cs) and 0.0 < cs[0] <= cs[1] <= 1.0):
             raise FbnasError(f"{w}.crop_scale: expected [lo, hi] with 0 < lo <= hi <= 1, got "
                              f"{show(cs)}")
-        if cs is not None and self.dataset == "digits":
+        if cs is not None and self.dataset in DIGIT_SETS:
             raise FbnasError(f"{w}.crop_scale: digits are shifted and turned, not cropped; "
                              "crop_scale applies to cifar10, cifar100 and imagefolder")
-        if self.preset == "imagenet" and self.dataset == "digits":
+        if self.preset == "imagenet" and self.dataset in DIGIT_SETS:
             raise FbnasError(f"{w}.augment: imagenet (random resized crops) does not fit 8x8 "
                              "digits; use light or none")
         if self.placement == "device" and self.dataset not in IN_MEMORY:
@@ -104,6 +121,20 @@ class DataConfig:
             raise FbnasError(f"{w}.w_fraction: must be in (0, 1), got {self.w_fraction}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise FbnasError(f"{w}.val_fraction: must be in [0, 1), got {self.val_fraction}")
+
+    def _check_clutter(self) -> None:
+        w = self.where
+        if self.dataset != "cluttered_digits":
+            for fd in fields(self):
+                v = getattr(self, fd.name)
+                if fd.name.startswith(CLUTTER) and v != fd.default:
+                    raise FbnasError(f"{w}.{fd.name}: applies to dataset cluttered_digits "
+                                     f"only, not {self.dataset} (got {show(v)})")
+            return
+        if self.clutter_fragment_size > self.clutter_digit_size:
+            raise FbnasError(f"{w}.clutter_fragment_size: {self.clutter_fragment_size} is "
+                             f"larger than the digit ({w}.clutter_digit_size: "
+                             f"{self.clutter_digit_size}); a fragment is a crop of a digit")
 
     def _check_classes(self) -> None:
         w, n = self.where, self.classes
@@ -135,21 +166,24 @@ class DataConfig:
         a = {True: "default", False: "none"}.get(self.augment, self.augment)
         if a != "default":
             return a
-        return {"digits": "light", "imagefolder": "imagenet", "synthetic": "none"}.get(
-            self.dataset, "cifar")
+        return {"digits": "light", "cluttered_digits": "light", "imagefolder": "imagenet",
+                "synthetic": "none"}.get(self.dataset, "cifar")
 
     def flips(self) -> bool:
         return self.flip if self.flip is not None else self.preset in ("imagenet", "cifar")
 
     def to_dict(self) -> dict[str, Any]:
         """The section as a resolved config writes it; `classes` and `class_seed` appear only
-        when a class subset is chosen, so a run without one resolves as before (and resumes
-        runs written before the keys existed)."""
+        when a class subset is chosen, and the `clutter_*` keys only for dataset
+        cluttered_digits, so other runs resolve as before (and resume runs written before the
+        keys existed)."""
         d = asdict(self)
         d.pop("where")
         if self.classes is None:
             d.pop("classes")
             d.pop("class_seed")
+        if self.dataset != "cluttered_digits":
+            d = {k: v for k, v in d.items() if not k.startswith(CLUTTER)}
         return d
 
 

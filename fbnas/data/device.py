@@ -22,8 +22,6 @@ import torch.nn.functional as F
 
 from fbnas.data.sampling import EpochSampler, mix_seed
 from fbnas.data.sources import (
-    DIGITS_MEAN,
-    DIGITS_STD,
     LUMA,
     DigitsDataset,
     SyntheticDataset,
@@ -102,13 +100,13 @@ def on_device(ds: DigitsDataset | SyntheticDataset | _Transformed, device: torch
     images, labels = upload(("digits", id(ds.images), ds.size), lambda: (
         ds._cache if ds._cache is not None else ds._fit(ds.images[:, None]), ds.labels))
     grid = tuple(t.to(device) for t in ds._grid)
-    side, channels, augment, flip = ds.side, ds.channels, ds.augment, ds.flip
+    channels, augment, flip = ds.channels, ds.augment, ds.flip
+    px, mean, std = ds.shift_px, ds.mean, ds.std
 
     def transform(x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
         n = len(x)
         if augment:  # DigitsDataset's turn and shift, one per image, in one grid_sample
             r = torch.rand(n, 3, generator=g, device=x.device).mul_(2).sub_(1)
-            px = side / 8.0
             a = torch.deg2rad(r[:, 0] * ds.MAX_DEG)[:, None, None]
             tx = (r[:, 1] * ds.MAX_SHIFT * px)[:, None, None]
             ty = (r[:, 2] * ds.MAX_SHIFT * px)[:, None, None]
@@ -116,7 +114,7 @@ def on_device(ds: DigitsDataset | SyntheticDataset | _Transformed, device: torch
         if flip:
             coin = torch.rand(n, generator=g, device=x.device) < 0.5
             x = torch.where(coin[:, None, None, None], x.flip(-1), x)
-        x = (x - DIGITS_MEAN) / DIGITS_STD
+        x = (x - mean) / std
         return x.expand(-1, channels, -1, -1).contiguous()
 
     return images, labels, transform

@@ -17,10 +17,20 @@ from fbnas.data.sampling import (
     check_distributed,
     mix_seed,
     seeded_generator,
+    split_groups,
     split_indices,
 )
-from fbnas.data.sources import load_source
+from fbnas.data.sources import Source, load_source
 from fbnas.errors import FbnasError
+
+
+def split_source(src: Source, cfg: DataConfig, seed: int
+                 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(w, θ, val) of a source's training set: sample by sample, or by source image with the
+    val part the data fixed (cluttered_digits: no source image in two parts)."""
+    if src.groups is None:
+        return split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
+    return split_groups(src.groups, src.val or (), cfg, seed)
 
 
 def _every(ds: Dataset) -> range:
@@ -146,7 +156,7 @@ def build_search_data(cfg: DataConfig, input_size: int | Sequence[int], in_chann
     the training device (`data.placement` may hold the splits there)."""
     rank, world = check_distributed(distributed)
     src = load_source(cfg, input_size, in_channels, num_classes, seed)
-    w, theta, val = split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
+    w, theta, val = split_source(src, cfg, seed)
     at = (rank, world, pin_memory, device, {})  # the {}: uploads shared by the loaders
     return SearchData(
         w_loader=_train_loader(src.train, w, cfg, seed, Stream.W, *at),
@@ -166,7 +176,7 @@ def build_train_data(cfg: DataConfig, input_size: int | Sequence[int], in_channe
     """Loaders to retrain a child: w ∪ θ for training; val and test exactly as the search's."""
     rank, world = check_distributed(distributed)
     src = load_source(cfg, input_size, in_channels, num_classes, seed)
-    w, theta, val = split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
+    w, theta, val = split_source(src, cfg, seed)
     train = tuple(sorted(w + theta))
     at = (rank, world, pin_memory, device, {})  # the {}: uploads shared by the loaders
     return TrainData(
@@ -190,7 +200,7 @@ def build_eval_data(cfg: DataConfig, input_size: int | Sequence[int], in_channel
     src = load_source(cfg, input_size, in_channels, num_classes, seed)
     if split == "test":
         return _eval_loader(src.test, _every(src.test), cfg, rank, world, pin_memory)
-    _, _, val = split_indices(len(src.train), cfg, seed)  # type: ignore[arg-type]
+    _, _, val = split_source(src, cfg, seed)
     if not val:
         raise FbnasError(f"{cfg.where}.val_fraction: is 0, so there is no validation split; "
                          "evaluate on split 'test' or set a val_fraction > 0")

@@ -16,7 +16,7 @@ from fbnas.errors import FbnasError
 class Stream:
     """Independent random streams derived from the run's seed."""
 
-    SPLIT, W, THETA, TRAIN, SYNTH_TRAIN, SYNTH_TEST, WORKERS, CLASSES = range(1, 9)
+    SPLIT, W, THETA, TRAIN, SYNTH_TRAIN, SYNTH_TEST, WORKERS, CLASSES, CLUTTER = range(1, 10)
 
 
 
@@ -133,3 +133,33 @@ def split_indices(n_train: int, cfg: DataConfig, seed: int
     return w, theta, val
 
 
+def split_groups(groups: Sequence[int], val: Sequence[int], cfg: DataConfig, seed: int
+                 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(w, θ, val) index tuples into a training set whose samples come in groups (the
+    canvases drawn from one source image, `cluttered_digits`) and whose val part is fixed by
+    the data (`val`: sample indices, whole groups): disjoint, sorted, and no group in two parts.
+
+    The groups of the other samples are put in one seeded order (as `split_indices` orders
+    samples); `limit` keeps the groups in that order while their samples number `limit` or
+    fewer (2 groups at least); the first `w_fraction` of the groups kept are w, the rest θ.
+    """
+    groups = np.asarray(groups, dtype=np.int64)
+    val = tuple(sorted(int(i) for i in val))
+    rest = np.ones(len(groups), dtype=bool)
+    rest[list(val)] = False
+    names, sizes = np.unique(groups[rest], return_counts=True)  # sorted
+    perm = torch.randperm(len(names), generator=seeded_generator(seed, Stream.SPLIT)).numpy()
+    names, sizes = names[perm], sizes[perm]
+    if cfg.limit is not None:
+        names = names[:max(int(np.sum(np.cumsum(sizes) <= cfg.limit)), 2)]
+    if len(names) < 2:
+        fix = f"raise {cfg.where}.limit" if cfg.limit is not None else "use more sources"
+        raise FbnasError(f"{cfg.where}: {len(names)} source images outside val are too few: "
+                         f"w and θ need 1 each at least ({fix})")
+    n_w = min(max(round(cfg.w_fraction * len(names)), 1), len(names) - 1)
+    part = {int(g): k for k, g in enumerate(names)}
+    where = np.array([part.get(int(g), -1) if r else -1 for g, r in zip(groups, rest,
+                                                                         strict=True)])
+    w = tuple(int(i) for i in np.flatnonzero((where >= 0) & (where < n_w)))
+    theta = tuple(int(i) for i in np.flatnonzero(where >= n_w))
+    return w, theta, val

@@ -1,4 +1,4 @@
-"""Datasets: digits, CIFAR, ImageFolder, synthetic, and their transforms.
+"""Datasets: digits, cluttered digits, CIFAR, ImageFolder, synthetic, and their transforms.
 
 torchvision (about 1.1 s to import on the 2-core VM, after torch) and scikit-learn (about
 0.7 s) are imported inside the function that loads the dataset that needs them, so a run
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from fbnas.data.clutter import Canvases, draw, scale_digits
 from fbnas.data.config import DataConfig
 from fbnas.data.sampling import Stream, mix_seed, seeded_generator
 from fbnas.errors import FbnasError
@@ -103,6 +104,8 @@ class DigitsDataset(Dataset):
         self.augment = augment
         self.side = min(size)
         self._grid = _base_grid(*size)
+        # normalisation, and the pixels (at the input size) one unit of MAX_SHIFT moves
+        self.mean, self.std, self.shift_px = DIGITS_MEAN, DIGITS_STD, self.side / 8.0
         self._cache = None
         if len(images) * size[0] * size[1] <= DIGITS_CACHE_FLOATS:
             self._cache = self._fit(images[:, None])
@@ -123,13 +126,35 @@ class DigitsDataset(Dataset):
                                                                                        None])
         if self.augment:
             r = torch.rand(3).mul_(2).sub_(1).tolist()  # torch's RNG: seeded per worker
-            px = self.side / 8.0
+            px = self.shift_px
             x = _affine(x, self._grid, r[0] * self.MAX_DEG, r[1] * self.MAX_SHIFT * px,
                         r[2] * self.MAX_SHIFT * px)
         if self.flip and bool(torch.rand(()) < 0.5):
             x = x.flip(-1)
-        x = (x[0] - DIGITS_MEAN) / DIGITS_STD
+        x = (x[0] - self.mean) / self.std
         return x.expand(self.channels, -1, -1).contiguous(), int(self.labels[i])
+
+
+class ClutteredDigitsDataset(DigitsDataset):
+    """Canvases of cluttered digits (fbnas.data.clutter) at the input size, normalised by the
+    training canvases' mean and sd; the grey channel is repeated to `channels`. With
+    `augment`: the digits' turn (±10°) and shift (±2 digit pixels) of the whole canvas.
+    `source` and `fragments` say which source digits each canvas was drawn from."""
+
+    def __init__(self, canvases: Canvases, channels: int, augment: bool, mean: float,
+                 std: float, digit_size: int):
+        self.images = torch.from_numpy(canvases.images)  # (N, H, W)
+        self.labels = torch.from_numpy(canvases.labels)
+        self.source, self.fragments = canvases.source, canvases.fragments
+        self.size = tuple(canvases.images.shape[1:])
+        self.channels, self.augment, self.flip = channels, augment, False
+        self.side = min(self.size)
+        self._grid = _base_grid(*self.size)
+        self.mean, self.std, self.shift_px = mean, std, digit_size / 8.0
+        self._cache = self.images[:, None]  # already at the input size
+
+    def _fit(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 class SyntheticDataset(Dataset):
@@ -166,6 +191,12 @@ class Source:
     names: tuple[str, ...] = ()  # the class names, in label order
     # `data.classes`: the dataset's class indices kept (label i is class kept[i]); None: all
     kept: tuple[int, ...] | None = None
+    # samples drawn from one source image (cluttered_digits): the source of each training
+    # sample, and the validation part the data fixes (training indices, whole sources); the
+    # w / θ / val split then keeps each source in one part (fbnas.data.sampling.split_groups).
+    # None: samples are split one by one (split_indices)
+    groups: np.ndarray | None = None
+    val: tuple[int, ...] | None = None
 
 
 def pick_classes(cfg: DataConfig, names: Sequence[str], where_from: str = "") -> tuple[int, ...]:
@@ -234,6 +265,62 @@ def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
         num_classes=len(kept), names=tuple(names[k] for k in kept),
         kept=kept if cfg.classes is not None else None,
     )
+
+
+def _cluttered_digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
+    """The digits' sources split into test (the digits' fixed test split), val (`val_fraction`
+    of the rest, drawn by `clutter_seed`) and train *before* any canvas is drawn; each part's
+    canvases (fbnas.data.clutter) take their digit and their fragments from that part only.
+
+    The run's w / θ split (by its seed, after drawing) keeps each source's canvases in one part
+    (`groups`), so no digit is in both; a fragment in a w canvas may be cut from a θ canvas's
+    digit, as both come from the train part: no label of a θ digit reaches w that way (a
+    fragment is clutter, under another digit's label), and retraining merges w and θ anyway.
+    Val and test share nothing with them."""
+    w = cfg.where
+    d, fs = cfg.clutter_digit_size, cfg.clutter_fragment_size
+    if d > min(size):
+        raise FbnasError(f"{w}.clutter_digit_size: {d} does not fit the canvas, the search "
+                         f"space's input_size {size[0]}x{size[1]}")
+    images, target = _load_digits()
+    tr, te = digits_split()
+    names = tuple(str(k) for k in range(10))
+    kept = pick_classes(cfg, names)
+    if cfg.classes is not None:  # sources of the kept digits only, labels renumbered
+        tr, te = (ix[np.isin(target[ix], kept)] for ix in (tr, te))
+        target = np.searchsorted(np.asarray(kept), target)
+    perm = torch.randperm(len(tr), generator=seeded_generator(cfg.clutter_seed, Stream.CLUTTER,
+                                                             0)).numpy()
+    n_val = min(max(round(cfg.val_fraction * len(tr)), 1), len(tr) - 2) if (
+        cfg.val_fraction > 0) else 0
+    parts = {"train": np.sort(tr[perm[n_val:]]), "val": np.sort(tr[perm[:n_val]]), "test": te}
+    if cfg.clutter_fragments:
+        for part, src in parts.items():
+            if 0 < len(src) < 2:
+                raise FbnasError(f"{w}.clutter_fragments: the {part} part has one source "
+                                 "digit; its fragments need another (set 0, or keep more "
+                                 "digits)")
+    scaled = scale_digits(images, d)
+    per = {"train": cfg.clutter_per_source, "val": cfg.clutter_per_source,
+           "test": cfg.clutter_test_per_source}
+    drawn = {part: draw(scaled, target, src, size, cfg.clutter_fragments, fs, per[part],
+                        mix_seed(cfg.clutter_seed, Stream.CLUTTER, k))
+             for k, (part, src) in enumerate(parts.items(), 1)}
+    train = drawn["train"]
+    mean, std = float(train.images.mean(dtype=np.float64)), float(train.images.std(
+        dtype=np.float64))
+    fit = Canvases(*(np.concatenate([getattr(drawn["train"], f), getattr(drawn["val"], f)])
+                     for f in ("images", "labels", "source", "fragments")))
+    n_train = len(train.labels)
+
+    def view(c: Canvases, augment: bool) -> ClutteredDigitsDataset:
+        return ClutteredDigitsDataset(c, channels, augment, mean, max(std, 1e-6), d)
+
+    return Source(
+        train=view(fit, cfg.preset == "light"), train_eval=view(fit, False),
+        test=view(drawn["test"], False), num_classes=len(kept),
+        names=tuple(names[k] for k in kept), kept=kept if cfg.classes is not None else None,
+        groups=fit.source, val=tuple(range(n_train, len(fit.labels))))
 
 
 def _synthetic(cfg: DataConfig, size: tuple[int, int], channels: int, num_classes: int,
@@ -380,6 +467,8 @@ def load_source(cfg: DataConfig, input_size: int | Sequence[int], in_channels: i
         raise FbnasError(f"in_channels: must be a positive integer, got {in_channels!r}")
     if cfg.dataset == "digits":
         src = _digits(cfg, size, in_channels)
+    elif cfg.dataset == "cluttered_digits":
+        src = _cluttered_digits(cfg, size, in_channels)
     elif cfg.dataset == "synthetic":
         src = _synthetic(cfg, size, in_channels, num_classes, seed)
     elif cfg.dataset == "imagefolder":

@@ -273,6 +273,21 @@ def test_bench_reproduce():
     assert line(out, r"^within 2 seed-sd \(test and val\): [01] of 1$")
 
 
+def test_pilot_task(tmp_path):
+    # `python -m scripts.pilot_task --config configs/cluttered_digits.yaml --workers 2 --at 0.3
+    # --log /tmp/pilot.log --out /tmp/pilot.jsonl`: 2 networks, 2 seeds, 1 epoch, one canvas
+    # per source
+    log = tmp_path / "pilot.log"
+    out = run("pilot_task", "--config", "configs/cluttered_digits.yaml", "--workers", "2",
+              "--at", "0.3", "--log", str(log), "--out", str(tmp_path / "pilot.jsonl"),
+              "--networks", "2", "--seeds", "0,1", "--set",
+              "retrain.epochs=1", "--set", "retrain.warmup_epochs=0", "--set",
+              "data.clutter_per_source=1")
+    assert line(out, rf"band {NUM} MFLOPs ±3% holds \d+ networks, 2 drawn")
+    assert line(out, rf"^p95 {NUM}, p80 {NUM}: gap {NUM} pt = {NUM} SE; best {NUM}%$")
+    assert len(log.read_text().splitlines()) == 4
+
+
 def test_bench_sweep(tmp_path):
     # `python -m scripts.bench_sweep` (targets 0.3x, 0.5x, 0.8x; 5 random; 15 retrain epochs):
     # one target, 1 random network, 2 search epochs and 1 retrain epoch on 300 digits; a fresh

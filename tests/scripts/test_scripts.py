@@ -360,6 +360,19 @@ def test_bench_regret(tiny_bench, tmp_path):
 
 
 @pytest.mark.slow
+def test_pilot_task(tiny, tmp_path, capsys):
+    out_file = tmp_path / "pilot.jsonl"
+    argv = ["--config", tiny, "--networks", "3", "--seeds", "0,1", "--band", "0.6",
+            "--set", "data.limit=100", "--out", str(out_file)]
+    out = run_main("pilot_task", argv, capsys)
+    assert "networks 3, seeds 2: RMS seed sd" in out and "criterion" in out
+    assert len(out_file.read_text().splitlines()) == 6
+    again = run_main("pilot_task", argv, capsys)  # resumes: nothing left to train
+    assert len(out_file.read_text().splitlines()) == 6
+    assert again.splitlines()[-3:-1] == out.splitlines()[-3:-1]
+
+
+@pytest.mark.slow
 def test_bench_reproduce(tiny_bench, capsys):
     import random
 

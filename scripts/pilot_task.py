@@ -1,0 +1,181 @@
+"""Is a task hard enough for a benchmark of its space? (issue 51, item 1)
+
+Takes --networks networks of one cost band (FLOPs within ±--band of one value: the --at
+quantile of the space's networks, its median by default, or --flops; counted, so no latency
+table has to be timed), trains each with the child recipe (`fbnas retrain`'s ChildTrainer,
+the config's retrain and data sections, retrain.seed = each of --seeds; one torch thread per
+worker process) and prints, per
+network, the mean test top-1 over the seeds and its sd; then the RMS seed sd, the standard
+error of a network's truth (RMS sd / sqrt(seeds)), the 95th and 80th percentiles of the
+networks' means and their gap, the gap in units of that standard error, and the best
+network's mean. Issue 51 accepts a task when the gap is at least 3 standard errors and the
+best network is not saturated (about 95% or less).
+
+    python -m scripts.pilot_task --config configs/cluttered_digits.yaml --workers 2 --at 0.3 \\
+        --log /tmp/pilot.log --out /tmp/pilot.jsonl
+
+Each finished training is appended to --out (JSON lines): a re-run with the same --out skips
+the (network, seed) pairs it holds, so a killed pilot resumes; `--report` prints the figures
+of what it holds (for the --seeds given) and trains nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import multiprocessing as mp
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fbnas.arch import Architecture, arch_from_indices
+from fbnas.config import Config, load_config
+from fbnas.latency.counted import build_cost_table
+from fbnas.retrain import ChildTrainer
+from fbnas.run import close_logger
+
+
+def band(cfg: Config, flops: float | None, at: float, width: float, n: int, draw: int
+         ) -> tuple[float, list[tuple[Architecture, float]], int]:
+    """(centre, the drawn networks with their FLOPs, how many the band holds): every network
+    of the space counted by the FLOPs table, those within ±`width` of `centre` (`flops`, or
+    the `at` quantile of the space's networks), `n` of them drawn by `draw`."""
+    space = cfg.space
+    table = build_cost_table(space, "flops")
+    cands = space.decision_candidates()
+    nets = []
+    for idx in np.ndindex(*(len(c) for c in cands)):
+        a = arch_from_indices(space, list(idx), "n" + "".join(map(str, idx)))
+        nets.append((a, table.predict(a, "raw")))
+    centre = flops if flops is not None else float(np.quantile([f for _, f in nets], at))
+    inside = [(a, f) for a, f in nets if abs(f / centre - 1) <= width]
+    return centre, random.Random(draw).sample(inside, min(n, len(inside))), len(inside)
+
+
+def train(job: tuple[Config, dict, int]) -> dict:
+    """One (network, seed): the child recipe in a scratch folder; its test and val top-1."""
+    cfg, arch_d, seed = job
+    torch.set_num_threads(1)
+    arch = Architecture.from_dict(arch_d, "pilot")
+    c = replace(cfg, retrain=replace(cfg.retrain, seed=seed, measure_latency=False),
+                run=replace(cfg.run, progress=False, tensorboard=False))
+    quiet = logging.getLogger("fbnas.pilot.train")
+    quiet.setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        t = ChildTrainer(c, arch, Path(tmp) / "run", log=quiet)
+        try:
+            res = t.fit()
+        finally:
+            close_logger(t.log)
+    return {"name": arch.name, "ops": list(arch.ops), "seed": seed, "test": res["top1"],
+            "val": res["val_top1"], "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def summary(rows: list[dict], seeds: list[int]) -> dict:
+    """The pilot's figures from its (network, seed) records, in accuracy points."""
+    by: dict[str, dict[int, float]] = {}
+    for r in rows:
+        by.setdefault(r["name"], {})[r["seed"]] = 100 * r["test"]
+    full = {k: [v[s] for s in seeds] for k, v in by.items() if all(s in v for s in seeds)}
+    means = {k: statistics.fmean(v) for k, v in full.items()}
+    sds = {k: statistics.stdev(v) for k, v in full.items()}
+    rms = math.sqrt(statistics.fmean(s * s for s in sds.values()))
+    se = rms / math.sqrt(len(seeds))
+    p95, p80 = (float(np.percentile(list(means.values()), q)) for q in (95, 80))
+    return {"networks": len(full), "means": means, "sds": sds, "rms_sd": rms, "se": se,
+            "p95": p95, "p80": p80, "gap": p95 - p80, "ratio": (p95 - p80) / se,
+            "best": max(means.values()), "worst": min(means.values()),
+            "sd_between": statistics.stdev(means.values())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/cluttered_digits.yaml")
+    ap.add_argument("--set", action="append", default=[], dest="sets",
+                    help="a config override, as fbnas's --set (repeatable)")
+    ap.add_argument("--networks", type=int, default=20)
+    ap.add_argument("--seeds", default="0,1,2", help="retrain.seed values, comma-separated")
+    ap.add_argument("--band", type=float, default=0.03, help="relative half-width of the band")
+    ap.add_argument("--flops", type=float, default=None,
+                    help="the band's centre in FLOPs (default: the --at quantile of the space)")
+    ap.add_argument("--at", type=float, default=0.5,
+                    help="the band's centre as a quantile of the space's networks' FLOPs")
+    ap.add_argument("--draw", type=int, default=0, help="seed of the draw of networks")
+    ap.add_argument("--workers", type=int, default=1, help="processes, one thread each")
+    ap.add_argument("--out", default=None, help="JSON lines of the trainings (resumes)")
+    ap.add_argument("--log", default=None, help="a progress log (one line per training)")
+    ap.add_argument("--report", action="store_true",
+                    help="train nothing: the figures of the networks --out holds for --seeds")
+    a = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    cfg = load_config(a.config, a.sets)
+    cfg = replace(cfg, retrain=replace(cfg.retrain, device="cpu"))
+    seeds = [int(s) for s in a.seeds.split(",")]
+    centre, nets, held = band(cfg, a.flops, a.at, a.band, a.networks, a.draw)
+    print(f"{a.config}: {cfg.data.dataset}, input {cfg.space.macro.input_size}, "
+          f"{cfg.retrain.epochs} epochs; band {centre / 1e6:.3f} MFLOPs ±{100 * a.band:g}% "
+          f"holds {held} networks, {len(nets)} drawn; seeds {seeds}; {a.workers} worker(s)",
+          flush=True)
+    out = Path(a.out) if a.out else None
+    rows = []
+    if out is not None and out.is_file():
+        rows = [json.loads(ln) for ln in out.read_text().splitlines() if ln.strip()]
+    names = {n.name for n, _ in nets}
+    rows = [r for r in rows if r["name"] in names and r["seed"] in seeds]
+    done = {(r["name"], r["seed"]) for r in rows}
+    jobs = [] if a.report else [(cfg, n.to_dict(), s) for s in seeds for n, _ in nets
+                                if (n.name, s) not in done]
+    log = open(a.log, "a") if a.log else None  # noqa: SIM115 (closed below)
+    try:
+        pool = mp.get_context("fork").Pool(a.workers) if a.workers > 1 else None
+        results = pool.imap_unordered(train, jobs) if pool else map(train, jobs)
+        for k, r in enumerate(results, 1):
+            rows.append(r)
+            if out is not None:
+                with out.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+            if log is not None:
+                log.write(f"{time.strftime('%H:%M:%S')} {k}/{len(jobs)} {r['name']} seed "
+                          f"{r['seed']}: test {100 * r['test']:.2f} val {100 * r['val']:.2f} "
+                          f"({r['seconds']} s)\n")
+                log.flush()
+        if pool is not None:
+            pool.close()
+            pool.join()
+    finally:
+        if log is not None:
+            log.close()
+    flops = {n.name: f for n, f in nets}
+    complete = {n for n in names if all((n, sd) in {(r["name"], r["seed"]) for r in rows}
+                                        for sd in seeds)}
+    if len(complete) < 2 or len(seeds) < 2:
+        print(f"{len(complete)} network(s) trained under every seed of {seeds}: no figures")
+        return 0
+    s = summary(rows, seeds)
+    print(f"{'network':10s} {'MFLOPs':>7s} {'mean':>6s} {'sd':>5s}  ops")
+    ops = {r["name"]: r["ops"] for r in rows}
+    for k in sorted(s["means"], key=s["means"].get, reverse=True):
+        print(f"{k:10s} {flops[k] / 1e6:7.3f} {s['means'][k]:6.2f} {s['sds'][k]:5.2f}  "
+              f"{' '.join(o.replace('ir_', '') for o in ops[k])}")
+    print(f"networks {s['networks']}, seeds {len(seeds)}: RMS seed sd {s['rms_sd']:.2f} pt, SE of "
+          f"a network's truth {s['se']:.2f} pt; between networks sd {s['sd_between']:.2f} pt, "
+          f"range {s['worst']:.2f}-{s['best']:.2f}")
+    print(f"p95 {s['p95']:.2f}, p80 {s['p80']:.2f}: gap {s['gap']:.2f} pt = "
+          f"{s['ratio']:.2f} SE; best {s['best']:.2f}%")
+    ok = s["ratio"] >= 3 and s["best"] <= 95
+    print(f"criterion (gap >= 3 SE, best about 95% or less): {'met' if ok else 'not met'}; "
+          f"wall {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
