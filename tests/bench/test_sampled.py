@@ -388,6 +388,7 @@ def test_score_on_a_sampled_benchmark_by_hand(added, tmp_path, capsys):
                  "5", "--near", str(near), "--json", str(tmp_path / "s.json")]) == 0
     said = capsys.readouterr().out
     assert "the truth is SAMPLED" in said and "(of the reference sample)" in said
+    assert "random search over the sample (" in said and "over the sample: its target" in said
     rec = json.loads((tmp_path / "s.json").read_text())[0]
     assert rec["sampled"] is True and rec["reference"] == len(ref)
     # a reference network as the pick counts itself among its band, as an exhaustive one does

@@ -67,7 +67,8 @@ def run(args) -> int:
               f"{f'; tau over the {s.reference} reference networks' if s.sampled else ''}")
         print(f"  random matched network{' (of the sample)' * s.sampled}: regret "
               f"{100 * s.random_regret:.2f} ± "
-              f"{100 * s.random_regret_sd:.2f} pt; random search ({s.random_search_networks:.1f}"
+              f"{100 * s.random_regret_sd:.2f} pt; random search"
+              f"{' over the sample' * s.sampled} ({s.random_search_networks:.1f}"
               f" networks in the same time): regret {100 * s.random_search_regret:.2f} pt")
         if s.on_target and s.sampled:
             print(f"  over the sample: its target {s.target:.1f} {bench.meta['latency']['unit']}"
