@@ -1,2 +1,3 @@
 """The ground-truth benchmark: every network of a small space trained and timed (build),
-queried as NAS-Bench-101 is (table), and search runs scored against it."""
+or a reference sample of a large one drawn per target band (sample), queried as NAS-Bench-101
+is (table), and search runs scored against it."""

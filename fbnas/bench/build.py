@@ -16,6 +16,12 @@ among the table's probe networks, anchored to them), in chunks.
 
 The file is written after every network, atomically: a killed build resumes where it stopped
 (the networks done are kept); a build against another space or training config is refused.
+
+A sampled benchmark (`sample`, a `fbnas.bench.sample.SampleSpec`) trains, instead of every
+network, a reference sample drawn uniformly from the networks predicted within each target
+band (the draw is written into the file before the first network trains, and a resumed build
+trains that draw), plus any networks added (`add`, or later `add_to_bench`: the networks a
+search or a baseline returned), each with the same seeds, recipe, records and timing.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ from typing import Any
 import torch
 
 from fbnas import __version__
-from fbnas.arch import Architecture, arch_from_indices, child_stats
+from fbnas.arch import Architecture, arch_from_indices, arch_indices, child_stats
 from fbnas.backends.base import cpu_model
+from fbnas.bench.sample import SampleSpec, draw_reference, reference_indices, same_draw
 from fbnas.bench.table import Bench, training_record
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
@@ -68,7 +75,7 @@ def all_archs(space) -> list[Architecture]:
     n = math.prod(len(c) for c in cands)
     if n > MAX_NETWORKS:
         raise FbnasError(f"space '{space.name}': {n} networks; a benchmark trains every one, "
-                         f"at most {MAX_NETWORKS}")
+                         f"at most {MAX_NETWORKS} (or build a sampled benchmark: --sample N)")
     return [arch_from_indices(space, list(idx), f"{space.name}_{i}")
             for i, idx in enumerate(itertools.product(*(range(len(c)) for c in cands)))]
 
@@ -178,8 +185,12 @@ def machine() -> dict[str, Any]:
 def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
                 budgets: Sequence[int] | None = None, rounds: int = 30,
                 limit: int | None = None, workers: int | None = None,
-                log: Callable[[str], None] = print) -> Bench:
-    """Train (or resume) and time every network of `cfg.space` into the benchmark `out`.
+                log: Callable[[str], None] = print, sample: SampleSpec | None = None,
+                add: Sequence[tuple[Architecture, str]] = (), only_added: bool = False
+                ) -> Bench:
+    """Train (or resume) and time every network of `cfg.space` into the benchmark `out`, or,
+    with `sample`, its reference sample and the networks of `add` ((architecture, where it came
+    from) pairs; `only_added`: train only the added networks now).
     `limit`: stop after that many networks trained in this call (a partial build resumes).
     `workers` >= 2: train that many networks at once as Ray tasks of `retrain.threads` CPUs."""
     space = cfg.space
@@ -192,7 +203,11 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         raise FbnasError(f"bench budgets {budgets}: the largest must be retrain.epochs "
                          f"({cfg.retrain.epochs}), so that `fbnas retrain` reproduces it")
     seeds = sorted(set(int(s) for s in seeds))
-    archs = all_archs(space)
+    path = Path(out)
+    if sample is None and add:
+        raise FbnasError(f"{add[0][1]}: only a sampled benchmark (--sample N) takes added "
+                         "networks; an exhaustive one holds every network of its space")
+    archs = all_archs(space) if sample is None else []
     costs = resolve_costs(cfg, log)
     table = costs.table
     meta = {"space": space.to_dict(), "space_hash": space_hash(space),
@@ -203,12 +218,16 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
             # the code and machine that trained; a sitting on others adds its own (resume)
             "code": [{**code_record(), "machine": machine()}],
             "machine": machine(), "build_seconds": 0.0, "config": cfg.source}
-    path = Path(out)
     bench = Bench.load(path) if path.is_file() else Bench(meta, {}, path)
     for k in ("space_hash", "training", "budgets", "seeds"):
         if bench.meta[k] != meta[k]:
             raise FbnasError(f"{path}: was built with another {k} than {cfg.source} gives; "
                              "build into a new file")
+    if sample is not None:
+        archs = _sampled_archs(cfg, bench, path, sample, add, costs, log)
+    elif bench.sampled:
+        raise FbnasError(f"{path}: a sampled benchmark ({bench.spec.flags()}); resume it with "
+                         "those flags, or add networks with `fbnas bench add`")
     here = meta["code"][0]
     built = bench.meta.setdefault("code", [])
 
@@ -221,7 +240,11 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
                 f"{describe_code(here)} on {here['machine']['platform']} (other code or "
                 "another machine can train the same network to other last digits)")
         built.append(here)
-    todo = [(i, a) for i, a in enumerate(archs) if not bench.complete(a.hash())]
+    if bench.sampled:
+        bench.save()  # the draw and the added networks, before any training
+    wanted = set(bench.added()) if only_added else None
+    todo = [(i, a) for i, a in enumerate(archs) if not bench.complete(a.hash())
+            and (wanted is None or a.hash() in wanted)]
     if limit is not None:
         todo = todo[:limit]
     t_start = last = time.perf_counter()
@@ -262,6 +285,56 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         if is_measured(table.cost):
             _time_all(cfg, bench, table, rounds, log)
     return bench
+
+
+def _sampled_archs(cfg: Config, bench: Bench, path: Path, spec: SampleSpec,
+                   add: Sequence[tuple[Architecture, str]], costs, log: Callable[[str], None]
+                   ) -> list[Architecture]:
+    """A sampled build's networks: the reference sample (drawn now into a new file; a
+    resumed build trains the file's draw, which must be `spec`'s) then the added ones (those
+    of `add` recorded in the file's metadata first)."""
+    space = cfg.space
+    if bench.networks and not bench.sampled:
+        raise FbnasError(f"{path}: an exhaustive benchmark; build the sampled one into a new "
+                         "file")
+    if not bench.sampled:
+        bench.meta["sample"] = draw_reference(space, costs.model(space), spec, costs.unit, log)
+    elif bench.spec != spec:
+        raise FbnasError(f"{path}: its reference sample was drawn with {bench.spec.flags()}, "
+                         f"not {spec.flags()}; resume it with those, or build into a new file")
+    else:
+        again = draw_reference(space, costs.model(space), spec, costs.unit, lambda s: None)
+        if not same_draw(again, bench.meta["sample"]):
+            log(f"bench: {path}: this config's costs now draw another reference sample than "
+                "the file's (a re-measured table?); training the file's draw")
+    sample = bench.meta["sample"]
+    added = {n["hash"] for n in sample["added"]}
+    for a, where in add:
+        a.check_fits(space, where)
+        if a.hash() not in added:
+            sample["added"].append({"hash": a.hash(), "indices": arch_indices(space, a),
+                                    "from": where})
+            added.add(a.hash())
+    every = dict(reference_indices(sample))  # a network both drawn and added trains once
+    for n in sample["added"]:
+        every.setdefault(n["hash"], n["indices"])
+    return [arch_from_indices(space, idx, f"{space.name}_{h[:12]}") for h, idx in every.items()]
+
+
+def add_to_bench(cfg: Config, out: str | Path, add: Sequence[tuple[Architecture, str]],
+                 rounds: int = 30, workers: int | None = None,
+                 log: Callable[[str], None] = print) -> Bench:
+    """Add networks (a search's or a baseline's picks) to the sampled benchmark `out`, trained
+    under its seeds and budgets with `cfg`'s recipe (which must be the file's) and timed as
+    its other networks; only the added networks not yet complete are trained."""
+    b = Bench.load(out)
+    if not b.sampled:
+        raise FbnasError(f"{out}: an exhaustive benchmark holds every network of its space; "
+                         "nothing to add")
+    if not add:
+        raise FbnasError("bench add: give the architecture files to add")
+    return build_bench(cfg, out, b.seeds, b.budgets, rounds, None, workers, log, b.spec, add,
+                       only_added=True)
 
 
 def _time_all(cfg: Config, bench: Bench, table, rounds: int, log: Callable[[str], None]

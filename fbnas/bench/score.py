@@ -33,6 +33,18 @@ those networks and its standard deviation), and random search given the search's
 (networks of matched latency drawn and "trained" by `Bench.query` until their recorded training
 seconds add up to the search's; the one with the best queried validation accuracy kept; mean
 regret over `trials` such searches).
+
+On a sampled benchmark (`Bench.sampled`: a reference sample of N networks per target band plus
+added networks, fbnas.bench.sample) the run's network must be in the file (drawn or added:
+`fbnas bench add`), and every figure above is read over the reference sample instead of every
+network (`Score.sampled`, `Score.reference`): the percentile and `beats_random` over the
+reference networks within ±`near` of its latency (the pick counted among them only if it was
+drawn), regret against the best reference network no slower (or itself: never below 0), the
+random baselines drawing from the reference networks of matched latency, τ over the reference
+networks. The on-target and exhaustive-training figures are those of the sampled networks
+measured within ±fit_tolerance of the target; where none is, they are omitted
+(`Score.omitted` says why: the fit's rule in a gap needs every network's latency). A pick whose
+latency no reference network is near (outside the sample's bands) is a one-line error.
 """
 
 from __future__ import annotations
@@ -58,6 +70,9 @@ TRUTH = "test_acc"  # what regret and percentile judge by (mean over seeds, full
 
 @dataclass
 class Score:
+    """One run judged (the module docstring defines each figure); on a sampled benchmark
+    (`sampled`) every figure is read over its `reference` networks, not the space's."""
+
     run: str
     ops: list[str]
     latency: float
@@ -85,6 +100,9 @@ class Score:
     tau_seed: float = math.nan  # supernet vs one seed's validation accuracy (like for like)
     yardstick_tau: float = math.nan  # one seed's validation accuracy against another's
     yardstick_tau_within: float = math.nan  # the same inside latency bands
+    sampled: bool = False  # the truth is a reference sample: every figure is over the sample
+    reference: int = 0  # the complete networks the figures are read over (all, or the sample's)
+    omitted: str = ""  # why the on-target and exhaustive figures are omitted (NaN), if they are
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,10 +122,14 @@ def truth(bench: Bench) -> dict[str, dict[str, float]]:
     return out
 
 
-def regret(t: dict[str, dict[str, float]], k: str) -> float:
-    """The best true accuracy among networks no slower than `k`, minus `k`'s."""
+def regret(t: dict[str, dict[str, float]], k: str,
+           among: dict[str, dict[str, float]] | None = None) -> float:
+    """The best true accuracy among networks no slower than `k` (those of `among`, default
+    `t`, and `k` itself), minus `k`'s."""
     lat = t[k]["latency"]
-    return max(v["acc"] for v in t.values() if v["latency"] <= lat) - t[k]["acc"]
+    pool = t if among is None else among
+    return max([t[k]["acc"], *(v["acc"] for v in pool.values() if v["latency"] <= lat)]
+               ) - t[k]["acc"]
 
 
 def matched(t: dict[str, dict[str, float]], lat: float, near: float) -> list[str]:
@@ -128,18 +150,24 @@ def _mean(xs) -> float:
     return statistics.fmean(xs) if xs else math.nan
 
 
-def percentile(t: dict[str, dict[str, float]], k: str, near: float) -> float:
-    """The share of networks within ±`near` of `k`'s latency that `k` is at least as accurate
-    as, in percent (100: the best of them)."""
-    pool = matched(t, t[k]["latency"], near)
+def percentile(t: dict[str, dict[str, float]], k: str, near: float,
+               among: dict[str, dict[str, float]] | None = None) -> float:
+    """The share of networks (of `among`, default `t`) within ±`near` of `k`'s latency that
+    `k` is at least as accurate as, in percent (100: the best of them); NaN where none is."""
+    pool = matched(t if among is None else among, t[k]["latency"], near)
+    if not pool:
+        return math.nan
     return 100.0 * sum(t[j]["acc"] <= t[k]["acc"] for j in pool) / len(pool)
 
 
-def beats(t: dict[str, dict[str, float]], k: str, near: float) -> float:
-    """The chance that `k` is more accurate than a network drawn from the others within
-    ±`near` of its latency (ties count half); NaN where it has no such neighbour."""
+def beats(t: dict[str, dict[str, float]], k: str, near: float,
+          among: dict[str, dict[str, float]] | None = None) -> float:
+    """The chance that `k` is more accurate than a network drawn from the others (of `among`,
+    default `t`) within ±`near` of its latency (ties count half); NaN where it has no such
+    neighbour."""
     mine = t[k]["acc"]
-    pool = [t[j]["acc"] for j in matched(t, t[k]["latency"], near) if j != k]
+    pool = [t[j]["acc"] for j in matched(t if among is None else among, t[k]["latency"], near)
+            if j != k]
     return _mean(1.0 if a < mine else 0.5 if a == mine else 0.0 for a in pool)
 
 
@@ -224,20 +252,39 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     if k not in t:
         raise FbnasError(f"{run_dir}: its network {arch.short_hash} is not complete in the "
                          "benchmark")
+    # the networks the truth is read over: all, or the reference sample's
+    ref = t if not bench.sampled else {j: t[j] for j in bench.reference() if j in t}
     lat = t[k]["latency"]
-    pool = matched(t, lat, near)
+    pool = matched(ref, lat, near)
+    if not pool:
+        drawn = ", ".join(f"{b['target']} ({b['lo']:.6g}-{b['hi']:.6g})"
+                          for b in bench.meta["sample"]["band_list"])
+        raise FbnasError(f"{run_dir}: no network of {bench.path}'s reference sample lies within "
+                         f"±{near:.0%} of its network's latency {lat:.6g} "
+                         f"{bench.meta['latency']['unit']} (the sample's bands, predicted: "
+                         f"{drawn}); build a sampled benchmark with a band at its target")
     mine = t[k]["acc"]
-    pct = percentile(t, k, near)
-    regrets = [regret(t, j) for j in pool]
+    pct = percentile(t, k, near, ref)
+    regrets = [regret(t, j, ref) for j in pool]
     secs = run.search_seconds
     target = float(arch.meta.get("target", math.nan))
-    feasible = ([] if math.isnan(target) else on_target(t, target, run.fit_tolerance))
+    omitted = ""
+    if math.isnan(target):
+        feasible = []
+    elif bench.sampled:  # the fit's rule in a gap would need every network's latency
+        feasible = [j for j in ref if abs(ref[j]["latency"] / target - 1) <= run.fit_tolerance]
+        if not feasible:
+            omitted = (f"no network of the reference sample is measured within "
+                       f"±{run.fit_tolerance:.0%} of the target {target:.6g} (the fit's rule "
+                       "in a gap needs every network)")
+    else:
+        feasible = on_target(t, target, run.fit_tolerance)
     best_trained = exhaustive(bench, feasible)
     rng = random.Random(seed)
     found = [random_search(bench, pool, secs, rng) for _ in range(trials)]
     tau = rho = tau_ce = tau_band = tau_seed = math.nan
-    keys = sorted(t)
-    groups = bands(t, near)
+    keys = sorted(ref)
+    groups = bands(ref, near)
     per_seed = seed_values(bench, keys)
     yard = yard_band = math.nan
     if len(per_seed) >= 2:
@@ -259,17 +306,19 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
                                         [t[j]["val_ce"] for j in keys]).statistic)
     return Score(
         run=str(run.dir), ops=list(arch.ops), latency=lat, true_acc=mine,
-        regret=regret(t, k), percentile=pct, matched=len(pool), kendall_tau=tau,
+        regret=regret(t, k, ref), percentile=pct, matched=len(pool), kendall_tau=tau,
         spearman_rho=rho, kendall_tau_ce=tau_ce, search_seconds=secs, target=target,
-        on_target_regret=min((regret(t, j) for j in feasible), default=math.nan),
+        on_target_regret=min((regret(t, j, ref) for j in feasible), default=math.nan),
         on_target=len(feasible),
-        on_target_percentile=max((percentile(t, j, near) for j in feasible), default=math.nan),
-        exhaustive_regret=_mean(regret(t, j) for j in best_trained),
-        exhaustive_percentile=_mean(percentile(t, j, near) for j in best_trained),
-        exhaustive_top10=_mean(percentile(t, j, near) >= 90 for j in best_trained),
+        on_target_percentile=max((percentile(t, j, near, ref) for j in feasible),
+                                 default=math.nan),
+        exhaustive_regret=_mean(regret(t, j, ref) for j in best_trained),
+        exhaustive_percentile=_mean(percentile(t, j, near, ref) for j in best_trained),
+        exhaustive_top10=_mean(percentile(t, j, near, ref) >= 90 for j in best_trained),
         random_regret=statistics.fmean(regrets),
         random_regret_sd=statistics.pstdev(regrets),
-        random_search_regret=statistics.fmean(regret(t, j) for j, _ in found),
+        random_search_regret=statistics.fmean(regret(t, j, ref) for j, _ in found),
         random_search_networks=statistics.fmean(n for _, n in found),
-        beats_random=beats(t, k, near), tau_within=tau_band, tau_seed=tau_seed,
-        yardstick_tau=yard, yardstick_tau_within=yard_band)
+        beats_random=beats(t, k, near, ref), tau_within=tau_band, tau_seed=tau_seed,
+        yardstick_tau=yard, yardstick_tau_within=yard_band, sampled=bench.sampled,
+        reference=len(ref), omitted=omitted)

@@ -19,6 +19,15 @@ issue 51, "code": the code and machine each sitting of the build trained on
 (`fbnas.provenance.code_record`: commit, local changes, the sources' hash; plus "machine"), the
 first being the commit it was built at; a file from before has none (`Bench.code` is then
 empty) and loads as it did.
+
+A sampled benchmark (issue 51; `fbnas bench build --sample N`, fbnas.bench.sample) holds,
+instead of every network, a reference sample of N networks per target band drawn uniformly
+from those predicted in it, plus networks added later (a search's picks); its meta's "sample"
+says so: {"n", "bands", "band_width", "seed", "unit", "space_networks", "band_list": [{"target",
+"cost", "lo", "hi", "in_space", "exact", "draws", "networks": [{"hash", "indices"}]}], "added":
+[{"hash", "indices", "from"}]}, and it is written as schema 2, which an fbnas from before
+refuses rather than read as exhaustive. `Bench.sampled`, `reference()`, `band_keys()`,
+`added()`; an exhaustive file's `reference()` is every network.
 """
 
 from __future__ import annotations
@@ -35,11 +44,13 @@ from typing import Any
 from scipy.stats import kendalltau
 
 from fbnas.arch import Architecture, arch_from_indices
+from fbnas.bench.sample import SampleSpec
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, check_schema
 from fbnas.search_space import SearchSpace
 
-BENCH_SCHEMA = 1
+BENCH_SCHEMA = 1  # an exhaustive benchmark (every network of its space)
+SAMPLED_SCHEMA = 2  # a sampled one: a reader that does not know the "sample" key refuses it
 METRICS = ("train_acc", "train_loss", "val_acc", "val_ce", "test_acc", "test_ce", "seconds")
 
 
@@ -79,15 +90,17 @@ class Bench:
             raise FbnasError(f"{p}: not a benchmark file (gzip'd JSON): {e}") from None
         if not isinstance(data, dict) or "fbnas_bench" not in data:
             raise FbnasError(f"{p}: not a benchmark file (no 'fbnas_bench' schema key)")
-        check_schema(f"{p}: fbnas_bench", data["fbnas_bench"], BENCH_SCHEMA,
+        check_schema(f"{p}: fbnas_bench", data["fbnas_bench"],
+                     SAMPLED_SCHEMA if "sample" in data else BENCH_SCHEMA,
                      "upgrade fbnas to read it", "rebuild it with `fbnas bench build`")
         networks = data.pop("networks", {})
         return cls(data, networks, p)
 
     def save(self, path: str | Path | None = None) -> Path:
         p = Path(path or self.path)
-        data = {"fbnas_bench": BENCH_SCHEMA, **{k: v for k, v in self.meta.items()
-                                                if k != "fbnas_bench"}, "networks": self.networks}
+        data = {"fbnas_bench": SAMPLED_SCHEMA if self.sampled else BENCH_SCHEMA,
+                **{k: v for k, v in self.meta.items() if k != "fbnas_bench"},
+                "networks": self.networks}
         blob = gzip.compress(json.dumps(data, separators=(",", ":")).encode(), mtime=0)
         atomic_write(p, lambda f: f.write(blob), mode="wb")
         self.path = p
@@ -100,6 +113,40 @@ class Bench:
         recorded."""
         return list(self.meta.get("code") or [])
 
+    # ---- a sampled benchmark -----------------------------------------------------------------
+    @property
+    def sampled(self) -> bool:
+        """Whether the file holds a reference sample of its space, not every network."""
+        return "sample" in self.meta
+
+    @property
+    def spec(self) -> Any:
+        """The sample's `SampleSpec` (None for an exhaustive benchmark)."""
+        return SampleSpec.from_meta(self.meta["sample"]) if self.sampled else None
+
+    def band_keys(self) -> dict[str, list[str]]:
+        """Per band (its target as written): the hashes of its drawn networks, in drawing
+        order ({} for an exhaustive benchmark)."""
+        if not self.sampled:
+            return {}
+        return {b["target"]: [n["hash"] for n in b["networks"]]
+                for b in self.meta["sample"]["band_list"]}
+
+    def reference(self) -> list[str]:
+        """The networks the truth is read over: the reference sample's (each once; complete
+        or not), or every network of an exhaustive benchmark."""
+        if not self.sampled:
+            return list(self.networks)
+        return list(dict.fromkeys(k for ks in self.band_keys().values() for k in ks))
+
+    def added(self) -> list[str]:
+        """The networks added to a sampled benchmark (a search's or a baseline's picks)."""
+        return [n["hash"] for n in self.meta.get("sample", {}).get("added", [])]
+
+    def add_command(self, arch: str = "ARCH.yaml") -> str:
+        config = self.meta.get("config") or "BENCH.yaml"
+        return f"fbnas bench add {self.path or 'FILE'} {arch} --config {config}"
+
     # ---- networks ----------------------------------------------------------------------------
     def key(self, arch: Architecture | str, where: str = "architecture") -> str:
         """The hash of `arch` in this benchmark; one outside the space is a one-line error
@@ -110,6 +157,14 @@ class Bench:
             return arch
         arch.check_fits(self.space, where)
         h = arch.hash()
+        if h not in self.networks and self.sampled and h in {*self.reference(), *self.added()}:
+            raise FbnasError(f"{where}: {arch.short_hash} is in the sampled benchmark "
+                             f"{self.path or ''} but not trained yet (an unfinished build: "
+                             "resume it)")
+        if h not in self.networks and self.sampled:
+            raise FbnasError(f"{where}: {arch.short_hash} is not in the sampled benchmark "
+                             f"{self.path or ''} (neither drawn nor added); add it with `"
+                             f"{self.add_command(where)}`")
         if h not in self.networks:
             raise FbnasError(f"{where}: {arch.short_hash} is in the space but not in the "
                              f"benchmark {self.path or ''} (an unfinished build?)")
@@ -188,27 +243,29 @@ class Bench:
             raise FbnasError(f"the benchmark has no {which} latency for {arch}")
         return float(v)
 
-    def seed_tau(self, metric: str = "val_acc", budget: int | None = None) -> float:
+    def seed_tau(self, metric: str = "val_acc", budget: int | None = None,
+                 keys: list[str] | None = None) -> float:
         """Kendall τ between the first two seeds' `metric` over the complete networks at
         `budget`: how well a second full training of every network reproduces the first's
         ranking, the yardstick for an estimator's τ against this benchmark (against the mean
         over seeds, an independent training would read somewhat higher; NaN with one
-        seed)."""
+        seed). `keys`: over those networks only (a sampled benchmark's reference sample)."""
         b = str(self._budget(budget))
         if len(self.seeds) < 2:
             return math.nan
         s0, s1 = (str(s) for s in self.seeds[:2])
-        done = [self.networks[k]["runs"] for k in self if self.complete(k)]
+        done = [self.networks[k]["runs"] for k in (self if keys is None else keys)
+                if self.complete(k)]
         return float(kendalltau([float(r[s0][b][metric]) for r in done],
                                 [float(r[s1][b][metric]) for r in done]).statistic)
 
     def front(self, metric: str = "val_acc", budget: int | None = None,
-              latency: str = "predicted") -> list[str]:
-        """The networks no other is both faster and better at (mean `metric`; a `_ce` metric
-        counts lower as better), fastest first."""
+              latency: str = "predicted", keys: list[str] | None = None) -> list[str]:
+        """The networks (of `keys`, default all) no other is both faster and better at (mean
+        `metric`; a `_ce` metric counts lower as better), fastest first."""
         lower = metric.endswith("_ce") or metric.endswith("_loss")
         pts = sorted(((self.latency(k, latency), self.mean(k, metric, budget), k)
-                      for k in self if self.complete(k)),
+                      for k in (self if keys is None else keys) if self.complete(k)),
                      key=lambda t: (t[0], t[1] if lower else -t[1]))
         out, best = [], None
         for _, v, k in pts:

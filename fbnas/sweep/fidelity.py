@@ -23,7 +23,9 @@ Re-running the same command resumes: finished retrains are read back, not redone
 
 With `bench` (a ground-truth benchmark of the run's space, fbnas.bench) nothing is retrained:
 the stand-alone figures are the benchmark's records at its full budget, one per seed (so the
-noise ceiling comes with them), and `n=None` ranks every network of the space.
+noise ceiling comes with them), and `n=None` ranks every network of the space; of a sampled
+benchmark (fbnas.bench.sample), the networks of its reference sample instead (the run's own
+network first where the file holds it: `fbnas bench add`).
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ class Fidelity:
         if self.bench is not None:
             check_space(self.bench, self.cfg, self.run_dir)
             retrain_seeds = len(self.bench.seeds)
-            n = len(self.bench) if n is None else n
+            if n is None:
+                mine = [self.search.arch.hash()] if self.search.arch is not None else []
+                n = (len({*self._drawn(), *mine}) if self.bench.sampled else len(self.bench))
         if n is None or n < 3:
             raise FbnasError(f"fidelity: -n must be >= 3 for a rank correlation, got {n}")
         if retrain_seeds < 1:
@@ -107,7 +111,16 @@ class Fidelity:
         if self.search.arch is not None:
             first.append(self.search.arch)
         taken = {a.hash() for a in first}
+        if self.bench is not None and self.bench.sampled:  # its reference sample's networks
+            return (first + [self.bench.arch(k) for k in self._drawn() if k not in taken]
+                    )[:self.n]
         return first + random_archs(self.cfg.space, self.n - len(first), self.seed, taken)
+
+    def _drawn(self) -> list[str]:
+        """A sampled benchmark's trained reference networks (empty for an exhaustive one)."""
+        if self.bench is None or not self.bench.sampled:
+            return []
+        return [k for k in self.bench.reference() if self.bench.complete(k)]
 
     def run(self) -> dict[str, Any]:
         ensure_dir(self.out)

@@ -1,6 +1,8 @@
 """`fbnas bench ACTION`: the ground-truth benchmark of a small space, one module per action.
 
     fbnas bench build --config configs/bench_digits.yaml --out bench.json.gz   (resumable)
+    fbnas bench build --config C.yaml --out F --sample 50 --bands 0.5x,0.8x   (a sampled truth)
+    fbnas bench add F ARCH.yaml... --config C.yaml      (a search's picks into a sampled one)
     fbnas bench query ARCH.yaml --bench bench.json.gz   (its entry and its rank)
     fbnas bench show bench.json.gz                      (what it holds, the spread, the front)
     fbnas bench score RUN... --bench bench.json.gz      (search runs judged by the truth)
@@ -9,11 +11,11 @@
 from __future__ import annotations
 
 from fbnas.cli import add_actions
-from fbnas.cli.bench import build, query, score, show
+from fbnas.cli.bench import add, build, query, score, show
 
-ACTIONS = (build, query, show, score)
+ACTIONS = (build, add, query, show, score)
 
 
 def add_parser(sub) -> None:
-    add_actions(sub, "bench", "the ground-truth benchmark of a small space: build, query, "
-                "show, score", ACTIONS)
+    add_actions(sub, "bench", "the ground-truth benchmark of a small space (or a sample of a "
+                "large one): build, add, query, show, score", ACTIONS)

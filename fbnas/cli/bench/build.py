@@ -1,16 +1,20 @@
 """`fbnas bench build --config BENCH.yaml --out FILE`: train and time every network of the
-config's space (resumable: run it again after a kill)."""
+config's space (resumable: run it again after a kill); with `--sample N`, a reference sample of
+N networks per target band instead (a space too large to train whole), plus `--add`ed ones."""
 
 from __future__ import annotations
 
+from fbnas.arch import Architecture
 from fbnas.bench.build import build_bench
+from fbnas.bench.sample import DEFAULT_BANDS, SampleSpec
 from fbnas.config import load_config
 from fbnas.errors import FbnasError
 
 
 def add_parser(actions) -> None:
-    p = actions.add_parser("build", help="train every network of the space under several "
-                                         "seeds and time it end to end (resumable)")
+    p = actions.add_parser("build", help="train every network of the space (or a reference "
+                                         "sample of it: --sample) under several seeds and time "
+                                         "it end to end (resumable)")
     p.add_argument("--config", required=True, help="the benchmark's config (space, data, "
                                                     "retrain, latency)")
     p.add_argument("--out", required=True, help="the benchmark file to write (gzip'd JSON)")
@@ -22,6 +26,19 @@ def add_parser(actions) -> None:
     p.add_argument("--workers", type=int, help="train this many networks at once, as Ray "
                                                "tasks of one thread each (pip install "
                                                "'fbnas[ray]')")
+    g = p.add_argument_group("a sampled benchmark (a space too large to train every network)")
+    g.add_argument("--sample", type=int, metavar="N",
+                   help="train a reference sample of N networks per target band, drawn "
+                        "uniformly from the networks the config's cost table predicts in it")
+    g.add_argument("--bands", help="the bands' targets, as loss.target reads them (default "
+                                   f"{','.join(DEFAULT_BANDS)})")
+    g.add_argument("--band-width", type=float,
+                   help="a band holds the networks predicted within ± this share of its "
+                        "target (default 0.03)")
+    g.add_argument("--sample-seed", type=int, help="the draw's seed (default 0)")
+    g.add_argument("--add", nargs="+", default=[], metavar="ARCH.yaml",
+                   help="also train these networks (a search's or a baseline's picks); later: "
+                        "fbnas bench add")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key")
     p.set_defaults(func=run)
@@ -34,12 +51,37 @@ def _ints(raw: str, flag: str) -> list[int]:
         raise FbnasError(f"{flag} {raw!r}: expected comma-separated integers") from None
 
 
+def sample_spec(args) -> SampleSpec | None:
+    """The `--sample` flags as a spec; a band flag without `--sample` is a one-line error."""
+    if args.sample is None:
+        given = [f for f, v in (("--bands", args.bands), ("--band-width", args.band_width),
+                                ("--sample-seed", args.sample_seed), ("--add", args.add))
+                 if v not in (None, [])]
+        if given:
+            raise FbnasError(f"{given[0]}: only for a sampled benchmark; give --sample N (the "
+                             "networks per band) too")
+        return None
+    return SampleSpec.parse(args.sample, args.bands, args.band_width, args.sample_seed)
+
+
 def run(args) -> int:
+    spec = sample_spec(args)
     cfg = load_config(args.config, args.set)
+    add = [(Architecture.load(a), a) for a in args.add]
     bench = build_bench(cfg, args.out, _ints(args.seeds, "--seeds"),
                         _ints(args.budgets, "--budgets") if args.budgets else None,
-                        args.rounds, args.limit, args.workers)
-    done = sum(bench.complete(k) for k in bench)
-    print(f"{args.out}: {done} networks complete, {bench.meta['build_seconds']:.0f} s of "
-          "building in all")
+                        args.rounds, args.limit, args.workers, sample=spec, add=add)
+    print(summary(args.out, bench))
     return 0
+
+
+def summary(out: str, bench) -> str:
+    done = sum(bench.complete(k) for k in bench)
+    what = ""
+    if bench.sampled:
+        ref = bench.reference()
+        what = (f" (reference sample: {sum(bench.complete(k) for k in ref)} of {len(ref)}; "
+                f"added: {sum(bench.complete(k) for k in bench.added())} of "
+                f"{len(bench.added())})")
+    return (f"{out}: {done} networks complete{what}, {bench.meta['build_seconds']:.0f} s of "
+            "building in all")

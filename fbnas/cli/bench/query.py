@@ -31,10 +31,17 @@ def run(args) -> int:
     print(f"{' '.join(n['ops'])}: params {n['params']}, FLOPs {n['flops']}, latency predicted "
           f"{lat:.1f}{measured} {unit}")
     mine = bench.mean(k, args.metric)
-    done = [j for j in bench if bench.complete(j)]
+    # a sampled benchmark ranks among its reference sample (the network itself counted once)
+    done = [j for j in dict.fromkeys([*bench.reference(), k]) if bench.complete(j)]
     better = sum(bench.mean(j, args.metric) > mine for j in done)
     near = [j for j in done if abs(bench.latency(j) / lat - 1) <= args.near]
     better_near = sum(bench.mean(j, args.metric) > mine for j in near)
+    if bench.sampled:
+        drawn = [b for b, ks in bench.band_keys().items() if k in ks]
+        how = (f"drawn in band{'s' * (len(drawn) > 1)} {', '.join(drawn)}" if drawn else
+               "added (not in the reference sample)")
+        print(f"a SAMPLED benchmark: this network was {how}; its ranks are among the "
+              "reference sample's networks (and itself), not every network of the space")
     print(f"mean {args.metric} {mine:.4f}: rank {better + 1} of {len(done)}; rank "
           f"{better_near + 1} of {len(near)} within ±{args.near:.0%} of its latency")
     return 0
