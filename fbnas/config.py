@@ -356,8 +356,14 @@ def with_retrain_epochs(d: dict[str, Any], epochs: int) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> dict:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a copy of `data`."""
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a copy of `data`. With overrides,
+    the `search:` section's groups are written flat first and a group's key in an override
+    (`search.fit.tolerance`) names its flat setting, so an override wins however the file or
+    the override spells the setting."""
     data = copy.deepcopy(data)
+    if overrides and isinstance(data.get("search"), dict):
+        data["search"] = ungroup(data["search"], f"{where}: search")
+    groups = search_groups() if overrides else {}
     for item in overrides or []:
         if "=" not in item:
             raise FbnasError(f"{where} {item!r}: expected key=value, e.g. search.epochs=3")
@@ -365,6 +371,8 @@ def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> d
         parts = key.strip().split(".")
         if not all(parts):
             raise FbnasError(f"{where} {item!r}: bad key {key!r}")
+        if len(parts) == 3 and parts[0] == "search" and parts[2] in groups.get(parts[1], {}):
+            parts = ["search", groups[parts[1]][parts[2]]]  # a group's key: its flat setting
         if parts[0] not in SECTIONS:
             raise FbnasError(f"{where} {key}: unknown section '{parts[0]}' "
                              f"(sections: {', '.join(SECTIONS)})")

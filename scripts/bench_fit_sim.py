@@ -22,13 +22,32 @@ import random
 import statistics
 from pathlib import Path
 
+import torch
+
 from fbnas.arch import arch_from_indices
 from fbnas.bench.score import percentile, regret, truth
 from fbnas.bench.table import Bench
-from fbnas.fit.select import select
+from fbnas.distributed import DistContext
+from fbnas.evaluate import validate_weights
+from fbnas.fit.select import pick_candidates, rank_paths, select, table_fit
 from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.driver import searched_runs
 from scripts.common import BENCH_FILE
+
+
+def final_pick(run: SearchRun, cfg, target: float) -> list[list[int]]:
+    """The final pick made again on this code from the run's θ and weights (as the trainer
+    makes it: the band's most probable networks ranked by their paths on the supernet), so a
+    change to the pick is simulated on the same θ; [] with `search.final_pick: theta`."""
+    if cfg.search.final_pick != "path":
+        return []
+    net, data, cpu = run.supernet(), run.search_data(cfg), torch.device("cpu")
+    cands = pick_candidates(cfg, run.theta, run.costs, target,
+                            table_fit(cfg, run.theta, run.costs, target))
+    ranked, _ = rank_paths(cands, [validate_weights(net, data, cpu, *net.path(c),
+                                                    cfg.search.bn_calib_samples, DistContext())
+                                   for c in cands])
+    return [cands[i] for i in ranked]
 
 
 def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str, float]:
@@ -36,8 +55,8 @@ def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str,
     run = SearchRun.open(run_dir)
     cfg = run.config_with(["search.fit_measure=on"])
     tol = cfg.search.fit_tolerance
-    prefer, _ = run.recorded_pick  # the run's final pick, as `fbnas sample --refit` reads it
     target = run.target
+    prefer = final_pick(run, cfg, target)
 
     def key(idx):
         return bench.key(arch_from_indices(cfg.space, list(idx), "sim"))

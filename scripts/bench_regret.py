@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> None:
                    seeds=[int(s) for s in a.seeds.split(",")], threads=1,
                    grid=[parse_axis(f"search.weights={a.weights}"),
                          parse_axis(f"loss.target={a.targets}")])
-        if a.jobs > 1:
-            RaySweep(sw, a.jobs).run()
-        else:
-            sw.run()
+        done = RaySweep(sw, a.jobs).run() if a.jobs > 1 else sw.run()
+        if failed := [f["label"] for f in done.get("failed", []) if f["phase"] == "search"]:
+            raise SystemExit(f"bench_regret: searches failed: {', '.join(failed)} (re-run the "
+                             "same command with --keep DIR to retry them)")
         # (mode, weights, seed, target) -> the search's run directory
         runs = {(sp.value, dict(sp.settings)["search.weights"], sp.seed,
                  dict(sp.settings)["loss.target"]): Path(sp.cfg.run.dir) for sp in sw.plan}

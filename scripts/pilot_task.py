@@ -35,12 +35,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from fbnas.run import close_logger
 
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, load_config
 from fbnas.latency.counted import build_cost_table
 from fbnas.retrain import ChildTrainer
+from fbnas.training import close_logger
 
 
 def band(cfg: Config, flops: float | None, at: float, width: float, n: int, draw: int

@@ -145,8 +145,10 @@ class SearchSteps:
         theta = self.net.arch_parameters()
         with self.stepper.update(Update(self.theta_opt, theta, 1, average=True)) as u:
             ces, logps, accs = [], [], []
-            # the k paths drawn first, each on its own noise as before (a forward draws no
-            # random number), then read on the host at once: one sync, not k
+            # the k paths drawn first, each on its own noise, then read on the host at once:
+            # one sync, not k (the same paths as drawing one before each forward where a
+            # forward draws no random number: a head without dropout, or under torchrun's
+            # shared noise)
             draws = []
             for _ in range(k):
                 with self.noise():

@@ -277,6 +277,12 @@ class Sweep:
                              f"section.key; got {param!r}")
         grid = list(grid or [])
         keys = [param if "." in param else f"loss.{param}", *(a.key for a in grid)]
+        # the retrains, reference and random networks share one data, retrain and space
+        # section: an axis there would change the searches but not what judges them
+        if retrain and (other := [k for k in keys if k.split(".")[0] not in ("search", "loss")]):
+            raise FbnasError(f"sweep: {other[0]} is not a search or loss setting, and the "
+                             "sweep's retrains share one config; sweep it with --no-retrain, "
+                             "or run one sweep per value")
         if len(set(keys)) != len(keys) or (seeds is not None and "search.seed" in keys):
             raise FbnasError(f"sweep: a setting swept twice in {', '.join(keys)}"
                              + (" and --seeds" if seeds is not None else ""))
@@ -309,10 +315,11 @@ class Sweep:
                     self.plan.append(SearchPlan(label, v, s, point_config(
                         self.base, param, v, self.out / f"search-{label}", s, settings),
                         settings))
-                # as the trainer would refuse it (a checkpoint read only for a refused mode)
-                mode = self.plan[-1].cfg.search.mode
-                if get_mode(mode).refused and not search_done(self.plan[-1].cfg):
-                    refuse_as_theta_mode(mode)
+                    # as the trainer would refuse it (a checkpoint read only for a refused
+                    # mode), every point
+                    mode = self.plan[-1].cfg.search.mode
+                    if get_mode(mode).refused and not search_done(self.plan[-1].cfg):
+                        refuse_as_theta_mode(mode)
         self.point_cfgs = [sp.cfg for sp in self.plan]
         # and every reference architecture file (loading also checks it fits the data)
         self.reference_list = reference_archs(self.cfg, self.config_path, self.references)

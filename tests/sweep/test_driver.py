@@ -213,3 +213,20 @@ def test_a_sweeps_folder_reads_as_its_finished_searches(tmp_path):
     lone.mkdir()
     assert searched_runs([sweep, lone]) == [sweep / "search-a", sweep / "search-b", lone]
     assert searched_runs([sweep / "search-a"]) == [sweep / "search-a"]
+
+
+def test_a_grid_axis_outside_search_and_loss_needs_no_retrain(tmp_path):
+    """The retrains share one data / retrain / space section: an axis there is refused unless
+    the sweep only searches; a refused θ mode is caught at every point of the grid."""
+    from fbnas.sweep.driver import Sweep, parse_axis
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "loss": {"kind": "target", "target": "0.5x"}}))
+    with pytest.raises(FbnasError, match="sweep: retrain.epochs is not a search or loss"):
+        Sweep(cfg, "target", ["0.3x"], out=tmp_path / "s",
+              grid=[parse_axis("retrain.epochs=1,2")])
+    sw = Sweep(cfg, "target", ["0.3x"], out=tmp_path / "s", retrain=False,
+               grid=[parse_axis("data.limit=100,200")])
+    assert [sp.cfg.data.limit for sp in sw.plan] == [100, 200]
+    one_line_error(lambda: Sweep(cfg, "target", ["0.3x"], out=tmp_path / "t", grid=[
+        parse_axis("search.mode=single_path,reinforce")]), "single_path is not a θ mode")
