@@ -258,9 +258,12 @@ def equal_cost_random(run: SearchRun, budget: float, seed: int, work: str | Path
 def search_side(config: str | Path, target: str, seed: int, run_dir: str | Path,
                 threads: int = 1, sets: Sequence[str] = ()) -> float:
     """`fbnas train` as a user runs it, in a process of its own with `threads` threads
-    (OMP_NUM_THREADS, MKL_NUM_THREADS); its wall seconds (the search's cost C). A failed run
-    is an error holding the end of its stderr."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    (OMP_NUM_THREADS, MKL_NUM_THREADS), importing the fbnas this module is; its wall seconds
+    (the search's cost C). A failed run is an error holding the end of its stderr."""
+    root = str(Path(__file__).resolve().parents[2])  # the child imports this same fbnas
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "fbnas", "train", "--config", str(config),
            *(x for s in [*sets, f"loss.target={target}", f"search.seed={seed}",
                          f"run.dir={run_dir}"] for x in ("--set", s))]
