@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from fbnas.arch import Architecture, arch_from_indices, arch_indices
+from fbnas.backends.worker import reused_workers
 from fbnas.bench.score import percentile, truth
 from fbnas.bench.table import Bench
 from fbnas.config import Config
@@ -249,7 +250,8 @@ def equal_cost_random(run: SearchRun, budget: float, seed: int, work: str | Path
         return train_child(cfg, arch_from_indices(cfg.space, idx, "random"), seed, work,
                            threads)
 
-    with torch_threads(threads):
+    # one timing process for all of its measurements, as the measured fit keeps one
+    with torch_threads(threads), reused_workers():
         return random_search(cfg.space, costs.model(cfg.space), run.target,
                              cfg.search.fit_tolerance, budget, seed, train, measure, why)
 

@@ -261,3 +261,36 @@ def test_one_pair_end_to_end(tiny_config, tmp_path):
         assert len(p["test_acc"]) == 3 and 0 <= p["mean_test_acc"] <= 1
     assert PairStore(tmp_path / "out" / "pairs.json").done("0.5x", 0)
     assert not (tmp_path / "out" / "scratch").exists()
+
+
+@pytest.mark.slow  # a search on the fake device first: about 12 s
+def test_equal_cost_random_times_networks_as_the_measured_fit_does(tmp_path, monkeypatch):
+    """On a finished search on the fake device, the random side times each kept network with
+    the fit's measurer (in the run's units, within the tolerance of its target) and trains
+    only those measured inside; with search.fit_measure off it says why it times none."""
+    from fbnas.runs.search_run import SearchRun
+    from tests.fit.measured import fake_run, run_search
+
+    cfg = fake_run(tmp_path, fit_tolerance=0.1)
+    run_search(cfg, tmp_path)
+    run = SearchRun.open(tmp_path / "run")
+    trained = []
+
+    def stub(cfg, arch, seed, work, threads=None):
+        trained.append(arch)
+        return {"val_acc": 0.5, "val_ce": 1.0, "test_acc": 0.5, "seconds": 0.01}
+
+    monkeypatch.setattr(duel, "train_child", stub)
+    lines = []
+    rs = duel.equal_cost_random(run, 0.5, 0, tmp_path / "w", 1, lines.append)
+    assert rs.measured and not rs.skipped_measure and lines == []
+    assert rs.trained and rs.seconds_measuring > 0
+    for t in rs.trained:
+        assert abs(t.measured / run.target - 1) <= 0.1
+        assert abs(t.predicted / run.target - 1) <= 0.1
+    assert len(trained) == len(rs.trained) and rs.kept == len(rs.trained) + rs.dropped
+    monkeypatch.setattr(type(run), "config", property(
+        lambda self: duel.replace(cfg, search=duel.replace(cfg.search, fit_measure="off"))))
+    rs = duel.equal_cost_random(run, 0.05, 0, tmp_path / "w", 1, lines.append)
+    assert not rs.measured and "fit_measure is off" in rs.skipped_measure
+    assert len(lines) == 1 and "not timed end to end" in lines[0]
