@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the duel's folder (resumed when it exists)")
     ap.add_argument("--bench", help="a benchmark file of the config's space: each pick's "
                                     "percentile among its reference networks")
+    ap.add_argument("--own-table", action="store_true",
+                    help="each search measures its own latency table (its build in C, as a "
+                         "user's first search); default: the machine's table cache is shared")
     ap.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
     ap.add_argument("--set", action="append", default=[], dest="sets",
                     help="an override for both sides (KEY=VALUE)")
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in seeds:  # interleaved: every target's pair at a seed, search then random
             for t in targets:
                 rec = run_pair(store, a.config, t, s, out, fresh, a.threads, sets, bench,
-                               log=lambda m: None)
+                               log=lambda m: None, own_table=a.own_table)
                 rs, rt = rec["random"], rec["retrain"]
                 sa, ra = rt["search"]["mean_test_acc"], rt["random"]["mean_test_acc"]
                 print(f"{t:>6s} {s:4d} {rec['search']['seconds']:7.1f} {rs['r']:5.2f} "
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except FbnasError as e:
         raise SystemExit(f"duel: {e}") from e
     pairs = list(store.pairs.values())
+    built = sum(bool(p.get("search", {}).get("table_built")) for p in pairs)
+    print(f"searches that built their latency table (in their C): {built} of {len(pairs)}")
     skipped = {p["random"].get("skipped_measure") for p in pairs if "random" in p} - {""}
     if skipped:
         print(f"random side's networks not timed end to end: {'; '.join(sorted(skipped))}")

@@ -64,6 +64,7 @@ from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here, fit_measurer
 from fbnas.io import atomic_write
 from fbnas.retrain import ChildTrainer
+from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
 from fbnas.training import close_logger
 from fbnas.training.loop import torch_threads
@@ -393,15 +394,23 @@ def _pick_latency(arch: Architecture, fallback: float) -> tuple[float, str]:
 
 def run_pair(store: PairStore, config: str | Path, target: str, seed: int, out: str | Path,
              retrain_seeds: Sequence[int], threads: int = 1, sets: Sequence[str] = (),
-             bench: Bench | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """One pair's stages, each skipped where the store has it and saved as it finishes."""
+             bench: Bench | None = None, log: Callable[[str], None] = print,
+             own_table: bool = False) -> dict[str, Any]:
+    """One pair's stages, each skipped where the store has it and saved as it finishes.
+    `own_table`: the search measures its own latency table (latency.cache_dir in its run
+    directory), its build in C, as a user's first search on a machine; otherwise the
+    machine's table cache is shared, and only a search that found no table builds one (the
+    record's `table_built` says whether it did)."""
     rec = store.get(target, seed)
     run_dir = Path(out) / "runs" / f"{target}-seed{seed}"
     work = Path(out) / "scratch"
     if "search" not in rec:
         shutil.rmtree(run_dir, ignore_errors=True)  # a search stopped part-way starts again
-        wall = search_side(config, target, seed, run_dir, threads, sets)
-        rec["search"] = {"run": str(run_dir), "seconds": wall}
+        extra = [f"latency.cache_dir={run_dir / 'table-cache'}"] if own_table else []
+        wall = search_side(config, target, seed, run_dir, threads, [*sets, *extra])
+        built = RunFiles(run_dir).log
+        rec["search"] = {"run": str(run_dir), "seconds": wall, "table_built": built.is_file()
+                         and "measuring a latency table" in built.read_text()}
         store.save()
         log(f"duel {target} seed {seed}: search {wall:.1f} s")
     run = SearchRun.open(run_dir)

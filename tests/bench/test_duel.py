@@ -249,7 +249,7 @@ def test_one_pair_end_to_end(tiny_config, tmp_path):
     re-run finds the pair finished."""
     st = PairStore(tmp_path / "out" / "pairs.json")
     rec = duel.run_pair(st, tiny_config, "0.5x", 0, tmp_path / "out", [101, 102, 103])
-    assert rec["search"]["seconds"] > 0
+    assert rec["search"]["seconds"] > 0 and rec["search"]["table_built"] is False  # FLOPs
     r = rec["random"]
     assert r["networks"] >= 1 and r["skipped_measure"]
     assert r["spent"] - r["trained"][-1]["seconds"] < r["budget"] + 1.0
@@ -294,3 +294,28 @@ def test_equal_cost_random_times_networks_as_the_measured_fit_does(tmp_path, mon
     rs = duel.equal_cost_random(run, 0.05, 0, tmp_path / "w", 1, lines.append)
     assert not rs.measured and "fit_measure is off" in rs.skipped_measure
     assert len(lines) == 1 and "not timed end to end" in lines[0]
+
+
+@pytest.mark.slow
+def test_one_measured_pair_with_its_own_table(tmp_path):
+    """On the fake device (a measured cost this machine can time): the search builds its own
+    table (own_table), its pick's offset is its measured one, and the random side times every
+    network it trains."""
+    d = digits_run_config(space=SPACE, retrain={"epochs": 1, "warmup_epochs": 0,
+                                                "device": "cpu", "threads": 1,
+                                                "measure_latency": False},
+                          search={"epochs": 1, "warmup_epochs": 0, "fit_tolerance": 0.15},
+                          latency={"cost": "latency", "device": "fake",
+                                   "cache_dir": str(tmp_path / "shared-cache")})
+    d["loss"] = {"kind": "target", "target": "0.5x", "lambda": 1.0}
+    cfg = tmp_path / "fake.yaml"
+    cfg.write_text(yaml.safe_dump(d, sort_keys=False))
+    st = PairStore(tmp_path / "out" / "pairs.json")
+    rec = duel.run_pair(st, cfg, "0.5x", 1, tmp_path / "out", [11, 12, 13], own_table=True)
+    assert rec["search"]["table_built"] is True
+    assert not (tmp_path / "shared-cache").exists()
+    r = rec["random"]
+    assert r["measured"] and r["seconds_measuring"] > 0
+    assert all(t["measured"] is not None for t in r["trained"])
+    assert rec["retrain"]["search"]["latency_is"] == "measured"
+    assert rec["retrain"]["random"]["latency_is"] == "measured"
