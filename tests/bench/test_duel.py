@@ -319,3 +319,15 @@ def test_one_measured_pair_with_its_own_table(tmp_path):
     assert all(t["measured"] is not None for t in r["trained"])
     assert rec["retrain"]["search"]["latency_is"] == "measured"
     assert rec["retrain"]["random"]["latency_is"] == "measured"
+
+
+def test_the_command_refuses_seeds_that_are_not_fresh(tmp_path, capsys):
+    from fbnas.cli import main
+
+    for bad, needle in ((["--retrain-seeds", "2,7"], "fresh seeds"),
+                        (["--seeds", "0,x"], "integers")):
+        assert main(["bench", "duel", "--config", "c.yaml", "--out", str(tmp_path / "d"),
+                     "--seeds", "0,1,2", *bad]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()
