@@ -6,16 +6,18 @@
     fbnas bench query ARCH.yaml --bench bench.json.gz   (its entry and its rank)
     fbnas bench show bench.json.gz                      (what it holds, the spread, the front)
     fbnas bench score RUN... --bench bench.json.gz      (search runs judged by the truth)
+    fbnas bench duel --config C.yaml --out DIR [--bench F]  (the search against random
+                                                        search at equal cost; resumable)
 """
 
 from __future__ import annotations
 
 from fbnas.cli import add_actions
-from fbnas.cli.bench import add, build, query, score, show
+from fbnas.cli.bench import add, build, duel, query, score, show
 
-ACTIONS = (build, add, query, show, score)
+ACTIONS = (build, add, query, show, score, duel)
 
 
 def add_parser(sub) -> None:
     add_actions(sub, "bench", "the ground-truth benchmark of a small space (or a sample of a "
-                "large one): build, add, query, show, score", ACTIONS)
+                "large one): build, add, query, show, score, duel", ACTIONS)
