@@ -4,6 +4,7 @@ names the files once; results.json's one schema (the writer and the reader agree
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,23 @@ from tests.fit.measured import fake_run, run_search
 PACKAGE = Path(__file__).resolve().parents[2] / "fbnas"
 
 
-def test_a_finished_run_opens_once_with_everything_it_wrote(tmp_path):
-    cfg = fake_run(tmp_path)
-    trainer, saved = run_search(cfg, tmp_path)
-    run = SearchRun.open(tmp_path / "run")
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished search (config, trainer, its arch file as saved), searched once."""
+    tmp = tmp_path_factory.mktemp("search")
+    cfg = fake_run(tmp)
+    trainer, saved = run_search(cfg, tmp)
+    return tmp / "run", cfg, trainer, saved
+
+
+def _copy(finished, tmp_path) -> Path:
+    """A copy of the finished run that a test may damage."""
+    return Path(shutil.copytree(finished[0], tmp_path / "run"))
+
+
+def test_a_finished_run_opens_once_with_everything_it_wrote(finished):
+    run_dir, cfg, trainer, saved = finished
+    run = SearchRun.open(run_dir)
     assert run.epoch == cfg.search.epochs and run.config.space.macro == cfg.space.macro
     assert all(torch.equal(a, b.detach()) for a, b in zip(run.theta, trainer.net.theta,
                                                            strict=True))
@@ -40,26 +54,25 @@ def test_a_finished_run_opens_once_with_everything_it_wrote(tmp_path):
     for a, b in zip(net.weight_parameters(), trainer.net.weight_parameters(), strict=True):
         assert torch.equal(a, b.detach().cpu())
     # the checkpoint file opens the same run
-    assert SearchRun.open(tmp_path / "run" / "checkpoint.pt").dir == tmp_path / "run"
+    assert SearchRun.open(run_dir / "checkpoint.pt").dir == run_dir
     # a re-fit by the table alone returns the recorded network (fbnas sample --refit)
     again = refit(run, "off", log=lambda m: None)
     assert again.meta["target"] == pytest.approx(run.target)
     assert again.meta["run"] == str(run.dir)
 
 
-def test_what_is_missing_or_damaged_is_one_line_naming_the_file(tmp_path):
+def test_what_is_missing_or_damaged_is_one_line_naming_the_file(finished, tmp_path):
     with pytest.raises(FbnasError, match="checkpoint.pt"):
         _ = SearchRun.open(tmp_path / "nothing").state
-    cfg = fake_run(tmp_path)
-    run_search(cfg, tmp_path)
-    run = SearchRun.open(tmp_path / "run")
+    run_dir = _copy(finished, tmp_path)
+    run = SearchRun.open(run_dir)
     run.state["model"]["theta.0"] = torch.zeros(99)
     with pytest.raises(FbnasError, match=r"model.theta.0 does not fit decision 0"):
         _ = run.theta
     # a run without a table or an arch file: no table, no arch, and the costs say why
-    RunFiles(tmp_path / "run").table.unlink()
-    RunFiles(tmp_path / "run").arch.unlink()
-    bare = SearchRun.open(tmp_path / "run")
+    RunFiles(run_dir).table.unlink()
+    RunFiles(run_dir).arch.unlink()
+    bare = SearchRun.open(run_dir)
     assert bare.table is None and bare.arch is None and bare.recorded_pick == ([], None)
     with pytest.raises(FbnasError, match="cost_table.json"):
         _ = bare.costs
@@ -105,8 +118,6 @@ def test_results_writer_and_reader_share_one_schema(tmp_path):
         load_results(tmp_path / "bad.json")
 
 
-def test_an_architecture_file_reads_back_through_the_run(tmp_path):
-    cfg = fake_run(tmp_path)
-    run_search(cfg, tmp_path)
-    run = SearchRun.open(tmp_path / "run")
-    assert run.arch.hash() == Architecture.load(tmp_path / "run" / "arch_hard.yaml").hash()
+def test_an_architecture_file_reads_back_through_the_run(finished):
+    run = SearchRun.open(finished[0])
+    assert run.arch.hash() == Architecture.load(finished[0] / "arch_hard.yaml").hash()
