@@ -38,6 +38,7 @@ import torch
 
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, load_config
+from fbnas.io import write_text_atomic
 from fbnas.latency.counted import build_cost_table
 from fbnas.retrain import ChildTrainer
 from fbnas.training import close_logger
@@ -140,9 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         results = pool.imap_unordered(train, jobs) if pool else map(train, jobs)
         for k, r in enumerate(results, 1):
             rows.append(r)
-            if out is not None:
-                with out.open("a") as f:
-                    f.write(json.dumps(r) + "\n")
+            if out is not None:  # the whole file rewritten atomically: a kill leaves it whole
+                write_text_atomic(out, "".join(json.dumps(x) + "\n" for x in rows))
             if log is not None:
                 log.write(f"{time.strftime('%H:%M:%S')} {k}/{len(jobs)} {r['name']} seed "
                           f"{r['seed']}: test {100 * r['test']:.2f} val {100 * r['val']:.2f} "
