@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is not None and out.is_file():
         rows = [json.loads(ln) for ln in out.read_text().splitlines() if ln.strip()]
     names = {n.name for n, _ in nets}
+    others = [r for r in rows if not (r["name"] in names and r["seed"] in seeds)]  # kept
     rows = [r for r in rows if r["name"] in names and r["seed"] in seeds]
     done = {(r["name"], r["seed"]) for r in rows}
     jobs = [] if a.report else [(cfg, n.to_dict(), s) for s in seeds for n, _ in nets
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, r in enumerate(results, 1):
             rows.append(r)
             if out is not None:  # the whole file rewritten atomically: a kill leaves it whole
-                write_text_atomic(out, "".join(json.dumps(x) + "\n" for x in rows))
+                write_text_atomic(out, "".join(json.dumps(x) + "\n" for x in others + rows))
             if log is not None:
                 log.write(f"{time.strftime('%H:%M:%S')} {k}/{len(jobs)} {r['name']} seed "
                           f"{r['seed']}: test {100 * r['test']:.2f} val {100 * r['val']:.2f} "
