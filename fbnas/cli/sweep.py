@@ -113,18 +113,26 @@ def run(args) -> int:
         return 130
     if "failed" in s:
         return 1
-    print(f"\n{'label':<18}{'kind':<10}{'pred ms':>9}{'meas ms':>9}{'top-1':>8}  arch")
+    w = max([18, *(len(r["label"]) + 2 for r in s["points"])])
+    print(f"\n{'label':<{w}}{'kind':<10}{'pred ms':>9}{'meas ms':>9}{'top-1':>8}  arch")
     for r in s["points"]:
         def f(v, fmt):
-            return format(v, fmt) if isinstance(v, (int, float)) else "-"
-        print(f"{r['label']:<18}{r['kind']:<10}{f(r['predicted_ms'], '9.3f')}"
-              f"{f(r['measured_ms'], '9.3f')}{f(100 * r['top1'], '7.2f')}%  "
+            return (format(v, fmt) if isinstance(v, (int, float))
+                    else "-".rjust(int(fmt.split(".")[0])))
+        top1 = "-" if r["top1"] is None else f"{100 * r['top1']:.2f}%"
+        print(f"{r['label']:<{w}}{r['kind']:<10}{f(r['predicted_ms'], '9.3f')}"
+              f"{f(r['measured_ms'], '9.3f')}{top1:>8}  "
               f"{r['arch_hash'][:12]}{'  (dominated)' if r['dominated'] is True else ''}")
-    print(f"random architectures dominated by a searched one (within noise: latency "
-          f"{100 * s['latency_tolerance']:.0f}%, top-1 {100 * s['accuracy_tolerance']:.1f} pt): "
-          f"{s['random_dominated']}/{s['random']}"
-          + ("" if "random_dominated_per_seed" not in s else " (per search seed: " + ", ".join(
-              f"{k}: {n}" for k, n in s["random_dominated_per_seed"].items()) + ")"))
+    if sw.retrain:
+        print(f"random architectures dominated by a searched one (within noise: latency "
+              f"{100 * s['latency_tolerance']:.0f}%, top-1 {100 * s['accuracy_tolerance']:.1f} "
+              f"pt): {s['random_dominated']}/{s['random']}"
+              + ("" if "random_dominated_per_seed" not in s else " (per search seed: " +
+                 ", ".join(f"{k}: {n}" for k, n in s["random_dominated_per_seed"].items())
+                 + ")"))
+    else:
+        print(f"searches only (--no-retrain): judge them with fbnas bench score {sw.out} "
+              "--bench FILE")
     print(f"wall time {s['wall_seconds']:.0f} s; written {sw.out / 'sweep.csv'}, "
           f"{sw.out / 'sweep.json'}" + (f", {s['plot']}" if "plot" in s else ""))
     return 0

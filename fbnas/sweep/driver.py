@@ -446,6 +446,10 @@ class Sweep:
             r = p.results
             r["measured_ms"] = r.get("measured_latency_ms")
             r["predicted_ms"] = r.get("predicted_latency_ms")
+            meta = p.arch.meta if isinstance(p.arch.meta, dict) else {}
+            if r["predicted_ms"] is None and meta.get("cost_unit") == "us" and isinstance(
+                    meta.get("predicted"), int | float):  # searched, not retrained: its fit's
+                r["predicted_ms"] = meta["predicted"] / 1e3
         searched = [p for p in points if p.kind == "search"]
         rand = [p for p in points if p.kind == "random"]
         iqrs = [p.results.get("measured_latency_iqr") or 0.0 for p in points]
