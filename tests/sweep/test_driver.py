@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,27 @@ def test_a_grid_axis_outside_search_and_loss_needs_no_retrain(tmp_path):
     assert [sp.cfg.data.limit for sp in sw.plan] == [100, 200]
     one_line_error(lambda: Sweep(cfg, "target", ["0.3x"], out=tmp_path / "t", grid=[
         parse_axis("search.mode=single_path,reinforce")]), "single_path is not a θ mode")
+
+
+@pytest.mark.slow
+def test_a_searches_only_sweep_through_the_cli(tmp_path, capsys):
+    """`fbnas sweep --grid ... --no-retrain`: every combination searched, nothing retrained,
+    each search's predicted latency printed and where to score them said."""
+    d = {**TINY, "run": {**TINY["run"], "dir": str(tmp_path / "runs/tiny")},
+         "latency": {**TINY["latency"], "cache_dir": str(tmp_path / "cache")},
+         "loss": {"kind": "target", "target": "0.5x"}}
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(d))
+    out = tmp_path / "s"
+    assert main(["sweep", "--config", str(cfg), "--out", str(out), "--grid",
+                 "search.mode=two_path,reinforce", "--no-retrain",
+                 "--set", "search.fit_measure=off"]) == 0
+    said = capsys.readouterr().out
+    assert "searches only (--no-retrain): judge them with fbnas bench score" in said
+    labels = ["modetwo_path", "modereinforce"]
+    for label in labels:
+        assert (out / f"search-{label}" / "arch_hard.yaml").is_file()
+        assert re.search(rf"^{label}\s+search\s+\d+\.\d+\s+-\s+-\s+\w+", said, re.M)
+    assert not list(out.glob("retrain-*"))
+    rows = json.loads((out / "sweep.json").read_text())["points"]
+    assert [r["label"] for r in rows] == labels and all(r["top1"] is None for r in rows)
