@@ -31,7 +31,7 @@ from fbnas.distributed import DistContext
 from fbnas.evaluate import validate_weights
 from fbnas.fit.select import pick_candidates, rank_paths, select, table_fit
 from fbnas.runs.search_run import SearchRun
-from fbnas.sweep.driver import searched_runs
+from fbnas.sweep.grid import searched_runs
 from scripts.common import BENCH_FILE
 
 

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from fbnas.bench.score import score_run
 from fbnas.bench.table import Bench
-from fbnas.sweep.driver import Sweep, parse_axis
+from fbnas.sweep.driver import Sweep
+from fbnas.sweep.grid import parse_axis
 from fbnas.sweep.ray_tasks import RaySweep
 from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from fbnas.errors import FbnasError
-from fbnas.sweep.driver import PARAMS, Sweep, parse_axis, parse_values
+from fbnas.sweep.driver import Sweep
+from fbnas.sweep.grid import PARAMS, parse_axis, parse_values
 from fbnas.sweep.ray_tasks import RaySweep, import_ray
 from fbnas.training import Interrupted
 

@@ -56,15 +56,13 @@ from fbnas.fit.costs import find_latency_table
 from fbnas.io import atomic_write, ensure_dir, load_yaml, write_json_atomic, write_text_atomic
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table, timer_label
 from fbnas.latency.measure import Protocol
-from fbnas.loss import parse_target
 from fbnas.plots import _plt
 from fbnas.retrain import target_ms_of
 from fbnas.runs.files import RunFiles
 from fbnas.search.modes import get_mode, refuse_as_theta_mode
+from fbnas.sweep.grid import PARAMS, Axis, axis_label, fmt_value, point_config
 from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
 
-WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
-PARAMS = WEIGHTS + ("target",)
 REFERENCE_OPS = ("ir_k3_e6", "ir_k5_e6")
 CSV_COLUMNS = ("label", "kind", "param", "value", "arch_hash", "name", "target_ms",
                "predicted_ms", "measured_ms", "measured_iqr", "top1", "top5", "val_top1",
@@ -92,118 +90,6 @@ class SearchPlan:
     seed: int | None
     cfg: Config
     settings: tuple[tuple[str, float | str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One axis of a sweep's grid: a config key and its values (a loss parameter's values are
-    parsed as `--alpha/--beta/--lambda/--target` parse them)."""
-    key: str
-    values: tuple[float | str, ...]
-
-    @property
-    def short(self) -> str:
-        return self.key.rsplit(".", 1)[-1]
-
-    @property
-    def loss_param(self) -> str | None:
-        """`beta` for `loss.beta` (a sweep's special loss parameters), else None."""
-        part = self.key.removeprefix("loss.")
-        return part if self.key.startswith("loss.") and part in PARAMS else None
-
-
-def parse_axis(spec: str) -> Axis:
-    """`KEY=V1,V2,...` (a `--grid` argument) as an Axis; a one-line error for a malformed one."""
-    key, eq, raw = spec.partition("=")
-    key = key.strip()
-    if not eq or not key or not raw.strip():
-        raise FbnasError(f"--grid: {spec!r} is not KEY=V1,V2,... (e.g. search.mode=full,"
-                         "reinforce)")
-    if "." not in key:
-        raise FbnasError(f"--grid: {key!r} names no section (write section.key, e.g. "
-                         "search.seed)")
-    part = key.removeprefix("loss.")
-    if key.startswith("loss.") and part in PARAMS:
-        return Axis(key, tuple(parse_values(raw, part)))
-    vals = [v.strip() for v in raw.split(",") if v.strip()]
-    if len(set(vals)) != len(vals):
-        raise FbnasError(f"--grid: repeated value in {spec!r}")
-    return Axis(key, tuple(vals))
-
-
-def parse_values(raw: str, param: str) -> list[float | str]:
-    """The swept values: numbers >= 0, and for --target also times and range positions
-    (`1.2ms`, `900us`, `0.5x`), kept as written."""
-    vals: list[float | str] = []
-    for tok in raw.split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        if param == "target" and tok[-1:].isalpha():
-            parse_target(tok, f"--{param}")
-            vals.append(tok)
-            continue
-        try:
-            v = float(tok)
-        except ValueError:
-            raise FbnasError(f"--{param}: {tok!r} is not a number") from None
-        if not math.isfinite(v) or v < 0:
-            raise FbnasError(f"--{param}: {tok!r} must be a finite number >= 0")
-        vals.append(v)
-    if not vals:
-        raise FbnasError(f"--{param}: give at least one value, e.g. --{param} 0,2,4")
-    if len(set(vals)) != len(vals):
-        raise FbnasError(f"--{param}: repeated value in {raw!r}")
-    return vals
-
-
-def _fmt(v: float | str) -> str:
-    return v if isinstance(v, str) else f"{v:g}"
-
-
-def _label(param: str, v: float | str) -> str:
-    return f"{param}{_fmt(v)}"
-
-
-def point_config(base: dict, param: str, value: float | str, search_dir: Path,
-                 seed: int | None = None, settings: tuple = ()) -> Config:
-    """The search config of one sweep point: `param = value` (a loss parameter given as
-    `beta` or `loss.beta`: a 0 weight is kind ce), the other axes' `settings` ((key, value)
-    pairs), `search.seed = seed` when given."""
-    axes = ((param, value), *settings)
-    sets = [f"{k}={_fmt(v)}" for k, v in axes if not _is_loss(k)]
-    d = apply_overrides(base, [f"run.dir={search_dir}", *sets]
-                        + ([f"search.seed={seed}"] if seed is not None else []))
-    for k, v in axes:
-        if _is_loss(k):
-            d = _set_loss(d, k.removeprefix("loss."), v)
-    return config_from_dict(d, "sweep point " + ", ".join(f"{k}={_fmt(v)}" for k, v in axes)
-                            + (f" seed {seed}" if seed is not None else ""))
-
-
-def _is_loss(key: str) -> bool:
-    return key.removeprefix("loss.") in PARAMS and (key in PARAMS or key.startswith("loss."))
-
-
-def _set_loss(d: dict, param: str, value: float | str) -> dict:
-    loss = dict(d.get("loss") or {})
-    if param in WEIGHTS and value == 0 and not isinstance(value, str):
-        loss = {"kind": "ce", **({"label_smoothing": loss["label_smoothing"]}
-                                 if "label_smoothing" in loss else {})}
-    else:
-        loss[param] = value
-    return {**d, "loss": loss}
-
-
-def searched_runs(paths: list[str | Path]) -> list[Path]:
-    """Search run directories: each path that is one as it is, a sweep's folder as its finished
-    searches (`search-<label>` holding the returned architecture), in label order."""
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        inner = sorted(d for d in p.glob("search-*") if RunFiles(d).arch.is_file())
-        out += inner if inner and not RunFiles(p).checkpoint.is_file() else [p]
-    return out
 
 
 def reference_archs(cfg: Config, config_path: str | Path | None,
@@ -309,8 +195,8 @@ class Sweep:
             for v in values:
                 for settings in itertools.product(*[[(a.key, x) for x in a.values]
                                                     for a in grid]):
-                    label = "-".join([_label(param.rsplit(".", 1)[-1], v), *(
-                        _label(k.rsplit(".", 1)[-1], x) for k, x in settings)]) + (
+                    label = "-".join([axis_label(param.rsplit(".", 1)[-1], v), *(
+                        axis_label(k.rsplit(".", 1)[-1], x) for k, x in settings)]) + (
                         f"-seed{s}" if s is not None else "")
                     self.plan.append(SearchPlan(label, v, s, point_config(
                         self.base, param, v, self.out / f"search-{label}", s, settings),
@@ -535,7 +421,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -
     if pts:
         ax.plot(*zip(*pts, strict=True), "o-", color="C3", label=f"searched ({param})")
         for r, (x, y) in zip(se, pts, strict=False):
-            ax.annotate(f"{param}={_fmt(r['value'])}", (x, y), textcoords="offset points",
+            ax.annotate(f"{param}={fmt_value(r['value'])}", (x, y), textcoords="offset points",
                         xytext=(5, 5), fontsize=8)
     measured = any(r["measured_ms"] is not None for r in rows)
     ax.set_xlabel("latency, ms (" + ("measured end to end" if measured else "table") + ")")

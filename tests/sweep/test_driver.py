@@ -11,7 +11,8 @@ from conftest import digits_run_config, one_line_error
 
 from fbnas.cli import main
 from fbnas.errors import FbnasError
-from fbnas.sweep.driver import SweepPoint, dominated, parse_values, point_config
+from fbnas.sweep.driver import SweepPoint, dominated
+from fbnas.sweep.grid import parse_values, point_config
 
 TINY = digits_run_config(
     space={"candidates": ["ir_k3_e1", "ir_k3_e6", "ir_k5_e6", "skip"]},
@@ -149,7 +150,8 @@ def test_a_sweep_whose_searches_would_run_single_path_as_the_theta_mode_is_refus
 def test_a_grid_of_any_settings_is_every_combination(tmp_path, capsys, monkeypatch):
     """--grid KEY=V1,V2 for any setting: the points are the product of the axes (the first
     one, or a loss flag, draws the front), each its own labelled run with its settings."""
-    from fbnas.sweep.driver import Sweep, parse_axis
+    from fbnas.sweep.driver import Sweep
+    from fbnas.sweep.grid import parse_axis
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**TINY, "loss": {"kind": "target", "target": "0.5x"}}))
@@ -204,7 +206,7 @@ def test_a_grid_of_any_settings_is_every_combination(tmp_path, capsys, monkeypat
 
 def test_a_sweeps_folder_reads_as_its_finished_searches(tmp_path):
     """`fbnas bench score SWEEP_DIR` and the scripts take a sweep's folder as its searches."""
-    from fbnas.sweep.driver import searched_runs
+    from fbnas.sweep.grid import searched_runs
 
     sweep, lone = tmp_path / "sweep", tmp_path / "lone"
     for d in ("search-b", "search-a", "search-unfinished", "retrain-a"):
@@ -219,7 +221,8 @@ def test_a_sweeps_folder_reads_as_its_finished_searches(tmp_path):
 def test_a_grid_axis_outside_search_and_loss_needs_no_retrain(tmp_path):
     """The retrains share one data / retrain / space section: an axis there is refused unless
     the sweep only searches; a refused θ mode is caught at every point of the grid."""
-    from fbnas.sweep.driver import Sweep, parse_axis
+    from fbnas.sweep.driver import Sweep
+    from fbnas.sweep.grid import parse_axis
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**TINY, "loss": {"kind": "target", "target": "0.5x"}}))

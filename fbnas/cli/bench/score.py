@@ -12,7 +12,7 @@ import statistics
 from fbnas.bench.score import score_run
 from fbnas.bench.table import Bench
 from fbnas.io import write_json_atomic
-from fbnas.sweep.driver import searched_runs
+from fbnas.sweep.grid import searched_runs
 
 
 def add_parser(actions) -> None:
