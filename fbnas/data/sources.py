@@ -251,7 +251,10 @@ def digits_split() -> tuple[np.ndarray, np.ndarray]:
     return np.sort(tr), np.sort(te)
 
 
-def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
+def _kept_digits(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                            tuple[str, ...], tuple[int, ...]]:
+    """(images, labels, train indices, test indices, names, kept classes) of the bundled
+    digits, the fixed split, restricted to `data.classes` with labels renumbered 0..N-1."""
     images, target = _load_digits()
     tr, te = digits_split()
     names = tuple(str(d) for d in range(10))
@@ -259,6 +262,11 @@ def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
     if cfg.classes is not None:  # the samples of the kept digits, labels renumbered
         tr, te = (ix[np.isin(target[ix], kept)] for ix in (tr, te))
         target = np.searchsorted(np.asarray(kept), target)  # kept digits -> 0..N-1
+    return images, target, tr, te, names, kept
+
+
+def _digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> Source:
+    images, target, tr, te, names, kept = _kept_digits(cfg)
     xtr, ytr = torch.from_numpy(images[tr]), torch.from_numpy(target[tr])
     xte, yte = torch.from_numpy(images[te]), torch.from_numpy(target[te])
     return Source(
@@ -286,13 +294,7 @@ def _cluttered_digits(cfg: DataConfig, size: tuple[int, int], channels: int) -> 
     if d > min(size):
         raise FbnasError(f"{w}.clutter_digit_size: {d} does not fit the canvas, the search "
                          f"space's input_size {size[0]}x{size[1]}")
-    images, target = _load_digits()
-    tr, te = digits_split()
-    names = tuple(str(k) for k in range(10))
-    kept = pick_classes(cfg, names)
-    if cfg.classes is not None:  # sources of the kept digits only, labels renumbered
-        tr, te = (ix[np.isin(target[ix], kept)] for ix in (tr, te))
-        target = np.searchsorted(np.asarray(kept), target)
+    images, target, tr, te, names, kept = _kept_digits(cfg)  # sources of the kept digits
     perm = torch.randperm(len(tr), generator=seeded_generator(cfg.clutter_seed, Stream.CLUTTER,
                                                              0)).numpy()
     n_val = min(max(round(cfg.val_fraction * len(tr)), 1), len(tr) - 2) if (
