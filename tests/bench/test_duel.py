@@ -21,16 +21,10 @@ from fbnas.bench.duel import (
     summarize,
 )
 from fbnas.search_space import SearchSpace
+from tests.bench.spaces import SPACE64
 
-# 3 layers x 4 ops (64 networks); the fake cost of a network is the sum of its op indices
-SPACE = {
-    "name": "duel_s64", "input_size": 8, "in_channels": 1, "num_classes": 10,
-    "stem": {"channels": 8, "stride": 1},
-    "candidates": ["ir_k3_e1", "ir_k3_e3", "ir_k5_e1", "skip"],
-    "stages": [{"channels": 8, "repeats": 2, "stride": 1},
-               {"channels": 16, "repeats": 1, "stride": 2}],
-    "head": {"channels": 16},
-}
+# SPACE64 (64 networks); the fake cost of a network is the sum of its op indices
+SPACE = SPACE64
 
 
 class SumCost:
