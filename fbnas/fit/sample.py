@@ -175,10 +175,10 @@ def pick_measured(run: SearchRun, results: str, log: Callable[[str], None] = pri
     costs = run.costs
     target, tol = run.target, cfg.search.fit_tolerance
     cands = cfg.space.layer_candidates()
-    rounds, choices = [], {}
+    rounds, choices, model = [], {}, costs.model(cfg.space)
     for a, med, iqr in network_latencies_us(res, man).values():
         idx = arch_indices(cfg.space, a)  # ops, then widths where the run searched them
-        pred = costs.model(cfg.space).of(idx)
+        pred = model.of(idx)
         r = Round(tuple(idx[:len(cands)]), pred, med, iqr, arch_log_prob(cfg.space, theta, a),
                   abs(med / target - 1) <= tol)
         rounds.append(r)
