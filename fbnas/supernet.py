@@ -28,7 +28,12 @@ from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
 from fbnas.blocks.masked import choice_masks, expansion, masked_branch, mix
-from fbnas.blocks.shared import WEIGHT_SHARING, SharedIRFWeights, build_shared
+from fbnas.blocks.shared import (
+    WEIGHT_SHARING,
+    SharedIRFWeights,
+    build_shared,
+    own_weight_keys,
+)
 from fbnas.errors import FbnasError
 from fbnas.search.cost_model import OpCosts
 from fbnas.search.modes import PathSample, SearchMode, get_mode, gumbel_weights
@@ -104,6 +109,13 @@ class MixedOp(nn.Module):
         # can give its residual branch; a custom block that cannot keeps Σ m_i b_i(x)
         self.shortcut = (c_in == c_out and stride == 1
                          and all(_gives_branch(b) for b in self.candidates))
+        # m_i · output folded into the candidate's last BatchNorm (no multiply over the
+        # activation, nothing extra saved for backward) where the candidate can (its class's
+        # `folds_scale`: forward's `scale` multiplies its residual branch) and what is mixed is
+        # that branch: under the shared shortcut, or a block without a skip of its own
+        self.folds = [bool(getattr(b, "folds_scale", False))
+                      and (self.shortcut or not getattr(b, "has_skip", False))
+                      for b in self.candidates]
         # recompute this layer's activations in backward (training with grad only)
         self.checkpoint_activations = False
         # width search (fbnas.blocks.masked): 0/1 rows per width choice of the input (each
@@ -145,29 +157,32 @@ class MixedOp(nn.Module):
             return self._masked_mix(x, m, active, w_in, w_out)
         out = x if self.shortcut else None
         for i in range(len(self.candidates)) if active is None else active:
-            y = (self.candidates[i](x, shortcut=False) if self.shortcut
-                 else self.candidates[i](x))
+            b = self.candidates[i]
+            kw = {"shortcut": False} if self.shortcut else {}
+            if self.folds[i]:  # m_i folded into the candidate's last BatchNorm
+                y = b(x, scale=m[i], **kw)
+            else:
+                y = b(x, **kw)
+                y = None if y is None else m[i] * y
             if y is None:  # the identity's branch under the shared shortcut: 0
                 continue
-            y = m[i] * y
             out = y if out is None else out + y
         return out
 
     def _masked_mix(self, x: torch.Tensor, m: torch.Tensor, active: Sequence[int] | None,
                     w_in: torch.Tensor | None, w_out: torch.Tensor | None) -> torch.Tensor:
         """A width-searched layer (fbnas.blocks.masked): Σ_i m_i f_i(x) with each candidate's
-        expanded channels masked by the input's width and its output by the output's (folded
-        into each candidate's last BatchNorm); under the shared shortcut x is added unmasked
-        (the same decision masked it already)."""
+        expanded channels masked by the input's width and its output by the output's (folded,
+        with m_i, into each candidate's last BatchNorm); under the shared shortcut x is added
+        unmasked (the same decision masked it already)."""
         mask = None if w_out is None else mix(w_out, self.out_masks)
         out = None
         for i in range(len(self.candidates)) if active is None else active:
             h = getattr(self, f"hidden_{i}", None)
             y = masked_branch(self.candidates[i], x,
-                              None if h is None or w_in is None else mix(w_in, h), mask)
+                              None if h is None or w_in is None else mix(w_in, h), mask, m[i])
             if y is None:  # the identity's branch under the shared shortcut: 0
                 continue
-            y = m[i] * y
             out = y if out is None else out + y
         if not self.shortcut:
             return out
@@ -266,9 +281,7 @@ class Supernet(nn.Module):
         mine = self.state_dict()
         extra = [k for k in state if k not in mine]
         missing = [k for k in mine if k not in state]
-        if self.weights == "shared" and extra and all(
-                k.startswith("mixed.") and k.endswith(("pw.0.weight", "dw.0.0.weight",
-                                                       "pwl.0.weight")) for k in extra):
+        if self.weights == "shared" and extra and set(extra) <= own_weight_keys(self):
             raise FbnasError(f"{where}: written before grouped candidates shared their layer's "
                              f"superkernel: it holds their own convolutions ({extra[0]}, "
                              f"{len(extra)} in all), which a shared-weight supernet no longer "
@@ -385,19 +398,36 @@ class Supernet(nn.Module):
     def argmax_indices(self) -> list[int]:
         return [int(t.detach().argmax()) for t in self.theta]
 
+    def shared_stem(self, x: torch.Tensor, times: int) -> torch.Tensor:
+        """The stem's output on `x` for `times` forwards of the same batch (`forward`'s
+        `stem`), computed once; in training its BatchNorm's running statistics are updated
+        `times` times all the same, by the same op on the same input (bit for bit what
+        `times` forwards leave). The stem is a ConvBN (`MacroSpec.build_stem`)."""
+        conv, bn, *rest = self.stem
+        z = conv(x)
+        y = bn(z)
+        if bn.training:
+            with torch.no_grad():
+                for _ in range(times - 1):
+                    bn(z)
+        for mod in rest:
+            y = mod(y)
+        return y
+
     def forward(self, x: torch.Tensor, tau: float = 1.0, hard: bool = False,
                 m: Sequence[torch.Tensor] | None = None,
                 active: Sequence[Sequence[int]] | None = None,
-                cost_m: Sequence[torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                cost_m: Sequence[torch.Tensor] | None = None,
+                stem: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (logits, expected cost). Without `m`, weights are sampled in this supernet's
         mode (`sample_path`); pass `m` to use given weights, `active` (candidate indices per
         layer) to compute only those paths, and `cost_m` to weight the cost otherwise than
-        by `m` (a PathSample gives all three)."""
+        by `m` (a PathSample gives all three). `stem`: the stem's output on `x`, computed
+        once for several forwards of one batch (`shared_stem`)."""
         if m is None:
             sample = self.sample_path(tau, hard)
             m, active, cost_m = sample.m, sample.active, sample.cost_m
-        y = self.stem(x)
+        y = self.stem(x) if stem is None else stem
         n = len(self.mixed)
         if len(m) != len(self.theta):
             raise FbnasError(f"supernet: {len(m)} weight vectors for {len(self.theta)} decisions")

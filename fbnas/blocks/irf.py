@@ -20,7 +20,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from fbnas.blocks.common import ChannelShuffle, ConvBN, SqueezeExcite
+from fbnas.blocks.common import ChannelShuffle, ConvBN, SqueezeExcite, conv_bn, times
 from fbnas.blocks.registry import register_alias, register_family
 from fbnas.errors import FbnasError
 
@@ -84,17 +84,32 @@ def parse_irf(name: str) -> IRFSpec:
 
 
 class IRFForward(nn.Module):
-    """The inverted-residual forward, written once: `pw` (1x1 expand, BN, ReLU), `shuffle`,
-    `dw` (KxK depthwise, BN, ReLU), `se`, `pwl` (1x1 project, BN), and the shortcut where
-    `has_skip`. A block supplies those modules: its own convs (`IRFBlock`) or slices of a
-    layer's superkernel (`fbnas.blocks.shared.SlicedIRF`)."""
+    """The inverted-residual forward, written once and elastic: `pw` (1x1 expand, BN, ReLU),
+    `shuffle`, `dw` (KxK depthwise, BN, ReLU), `se`, `pwl` (1x1 project, BN), and the shortcut
+    where `has_skip`. A block supplies those modules: its own convs (`IRFBlock`, the child) or
+    slices of a layer's superkernel (`fbnas.blocks.shared.SlicedIRF`); the width search masks
+    its channels through the same forward (`hidden`, `out`: fbnas.blocks.masked)."""
 
     has_skip: bool
+    folds_scale = True  # forward's `scale` multiplies f(x) (fbnas.supernet.MixedOp)
 
-    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shortcut: bool = True,
+                scale: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """x + f(x) when the shapes match, else f(x); `shortcut=False` gives f(x) alone (the
-        residual branch, which a MixedOp mixes under one shared shortcut)."""
-        y = self.pwl(self.se(self.dw(self.shuffle(self.pw(x)))))
+        residual branch, which a MixedOp mixes under one shared shortcut). `scale` (a 0-d
+        tensor, a MixedOp's m_i) multiplies f(x), folded into the last BatchNorm's affine
+        (no ReLU follows it): the value and gradients of scale · f(x) without a multiply over
+        the activation. `hidden`, `out`: width masks ([C]) of the expanded channels, applied
+        after each of their normalisations, and of the output (a maskable block: no grouped
+        1x1, no squeeze-excite; fbnas.blocks.masked); a `hidden` that needs a gradient is
+        folded into the convs reading the expanded channels instead (`conv_bn`'s `reads`)."""
+        reads = hidden if hidden is not None and hidden.requires_grad else None
+        after = None if reads is not None else hidden
+        h = self.shuffle(conv_bn(self.pw, x, after))
+        for stage in self.dw:
+            h = conv_bn(stage, h, after, reads)
+        y = conv_bn(self.pwl, self.se(h), times(out, scale), reads)
         return x + y if self.has_skip and shortcut else y
 
 

@@ -212,6 +212,12 @@ class SlicedIRF(IRFForward):
                                  nn.BatchNorm2d(c_out))
 
 
+def own_weight_keys(module: nn.Module) -> set[str]:
+    """The state-dict keys the sliced convs under `module` would hold as weights of their own
+    (a separate-weight candidate's conv weights: `...candidates.2.pw.0.weight`)."""
+    return {f"{name}.weight" for name, m in module.named_modules() if isinstance(m, _SlicedConv)}
+
+
 def build_shared(ops: Sequence[str], c_in: int, c_out: int, stride: int
                  ) -> tuple[SharedIRFWeights | None, dict[int, SlicedIRF]]:
     """The superkernel of a layer and its sliced candidates by index (the other candidates

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fbnas.blocks.common import ConvBN, make_divisible
+from fbnas.blocks.common import ConvBN, conv_bn, make_divisible, times
 from fbnas.blocks.registry import register_block
 from fbnas.errors import FbnasError
 
@@ -19,11 +19,18 @@ class Skip(nn.Module):
         self.has_skip = c_in == c_out and stride == 1
         self.proj = None if self.has_skip else ConvBN(c_in, c_out, 1, stride, relu=False)
 
-    def forward(self, x: torch.Tensor, shortcut: bool = True) -> torch.Tensor | None:
-        """`shortcut=False` asks for the residual branch: the identity has none (None)."""
+    folds_scale = True  # forward's `scale` multiplies the projection (fbnas.supernet.MixedOp)
+
+    def forward(self, x: torch.Tensor, shortcut: bool = True,
+                scale: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """`shortcut=False` asks for the residual branch: the identity has none (None).
+        `scale` multiplies the projection and `out` masks its channels (a width search),
+        folded into its BatchNorm (the identity's output is neither: a has_skip block scales
+        its branch only); `hidden` is unused (no expanded channels)."""
         if self.proj is None:
             return x if shortcut else None
-        return self.proj(x)
+        return conv_bn(self.proj, x, times(out, scale))
 
 
 class CascadeConv3x3(nn.Module):

@@ -155,8 +155,10 @@ class SearchSteps:
                     draws.append(self.net.search_mode.draw(self.net.theta))
             paths = torch.stack([idx for _, idx, _ in draws]).tolist()
             with torch.no_grad(), self.prec.autocast():  # one autocast region for the k
-                outs = [self.model(self.prec.input(x), m=m, active=[[i] for i in path],
-                                   cost_m=cost_m)[0]
+                xin = self.prec.input(x)
+                stem = self.net.shared_stem(xin, k)  # the same input and weights: once
+                outs = [self.model(xin, m=m, active=[[i] for i in path], cost_m=cost_m,
+                                   stem=stem)[0]
                         for (m, _, cost_m), path in zip(draws, paths, strict=True)]
             for logits in outs:
                 ces.append(self.loss.ce(logits.float(), y))

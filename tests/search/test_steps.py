@@ -151,8 +151,9 @@ def test_a_theta_step_freezes_the_weights_and_gets_the_same_theta_gradient(tmp_p
 
 def test_a_reinforce_theta_step_reads_its_paths_on_the_host_once(tmp_path, monkeypatch):
     """Issue 52: the k scoring paths are drawn, then read at once (one `.tolist()`, not k), and
-    their log-probabilities are taken from indices on θ's device (no list copied to it); θ and
-    the BatchNorm statistics are what one draw-forward-read per path gave."""
+    their log-probabilities are taken from indices on θ's device (no list copied to it); the
+    stem runs once for the k (same input, same weights); θ and the BatchNorm statistics are
+    what one draw-forward-read per path gave."""
     from fbnas.search import modes
 
     t = _trainer(tmp_path, mode="reinforce")
@@ -183,15 +184,19 @@ def test_a_reinforce_theta_step_reads_its_paths_on_the_host_once(tmp_path, monke
         monkeypatch.setattr(torch, "tensor", counted("tensor", torch.tensor))
         torch.manual_seed(3)
         before = [q.detach().clone() for q in t.net.theta]
+        stem_convs = []
+        hook = t.net.stem[0].register_forward_hook(lambda *_: stem_convs.append(1))
         t._score_theta_step(x, y, k)
+        hook.remove()
         monkeypatch.undo()
+        assert len(stem_convs) == 1 and k > 1
         # the paths once, and the non-finite check's flag (run.nan_check step, the CPU's
         # default; deferred on CUDA reads none); no index list copied to the device
         assert reads["tolist"] + reads["item"] <= 2 and reads["tensor"] == 0
-        # the same paths, so the same BatchNorm statistics as the one-by-one reference
-        for a, b in zip(t.net.state_dict().items(), ref.state_dict().items(), strict=True):
-            if "running" in a[0]:
-                assert torch.equal(a[1], b[1]), a[0]
+        # the same paths, so the same BatchNorm statistics as the one-by-one reference (the
+        # stem's updated k times from its one forward), bit for bit
+        for a, b in zip(t.net.named_buffers(), ref.named_buffers(), strict=True):
+            assert torch.equal(a[1], b[1]), a[0]
         assert any(not torch.equal(a, q) for a, q in zip(before, t.net.theta, strict=True))
     finally:
         close_logger(t.log)

@@ -265,7 +265,8 @@ def test_a_mask_that_needs_a_gradient_gets_the_multiplied_masks_gradient(relu):
     channel, masked-out ones included; ahead of a ReLU it multiplies the activation, so a
     masked-out channel's gradient is what adding it would do (folded, ReLU'(0) would zero
     it)."""
-    from fbnas.blocks.masked import _conv_bn, choice_masks, mix
+    from fbnas.blocks.common import conv_bn
+    from fbnas.blocks.masked import choice_masks, mix
     torch.manual_seed(0)
     seq = nn.Sequential(nn.Conv2d(3, 6, 1, bias=False), nn.BatchNorm2d(6),
                         *([nn.ReLU()] if relu else [])).train()
@@ -284,7 +285,7 @@ def test_a_mask_that_needs_a_gradient_gets_the_multiplied_masks_gradient(relu):
             kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-            y = (_conv_bn(seq, x, mix(w, masks)) if fold
+            y = (conv_bn(seq, x, mix(w, masks)) if fold
                  else seq(x) * mix(w, masks).view(1, -1, 1, 1))
         saved.append(sum(kept.values()))
         (y * g).sum().backward()

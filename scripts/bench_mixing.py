@@ -1,0 +1,98 @@
+"""What a full-mode supernet step launches and keeps: the mixing of candidates with m_i folded
+into each candidate's last BatchNorm (issue 52 item 2) against multiplying the outputs.
+
+Counted, not timed (deterministic, device-independent): per forward + backward of one
+full-mode step (m with a gradient, as in a θ step, and without, as in a weight step) the
+aten calls of BatchNorm, convolution and multiply over activations (4-d results), by a
+dispatch-mode counter; and the bytes autograd saves for backward (scripts.common.SavedBytes:
+distinct storages, parameters and buffers excluded). "unfolded" is the same supernet with
+every MixedOp's `folds` off: each candidate's output multiplied by m_i, as before.
+
+    python -m scripts.bench_mixing                                   # fbnet_imagenet at 56x56
+    python -m scripts.bench_mixing --config configs/quickstart.yaml --input-size 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fbnas.config import load_config
+from fbnas.search_space import SearchSpace
+from fbnas.supernet import Supernet
+from scripts.common import ROOT, SavedBytes
+
+KINDS = {"batch_norm": ("native_batch_norm", "_native_batch_norm_legit",
+                        "_native_batch_norm_legit_no_training", "cudnn_batch_norm",
+                        "miopen_batch_norm", "native_batch_norm_backward",
+                        "cudnn_batch_norm_backward", "batch_norm_backward"),
+         "convolution": ("convolution", "convolution_backward"),
+         "mul (4-d)": ("mul",)}
+
+
+class Calls(TorchDispatchMode):
+    """aten calls by kind (KINDS); multiplies only where the result is 4-d (an activation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__.rstrip("_")
+        for kind, names in KINDS.items():
+            if name in names and (kind != "mul (4-d)" or (isinstance(out, torch.Tensor)
+                                                         and out.dim() == 4)):
+                self.n[kind] += 1
+        return out
+
+
+def unfolded(net: Supernet) -> Supernet:
+    ref = copy.deepcopy(net)
+    for op in ref.mixed:
+        op.folds = [False] * len(op.folds)
+    return ref
+
+
+def measure(net: Supernet, x: torch.Tensor, theta_grad: bool) -> tuple[Counter, int]:
+    torch.manual_seed(0)
+    s = net.sample_path(1.0, mode="full")
+    m = s.m if theta_grad else [t.detach() for t in s.m]
+    with Calls() as c:
+        with SavedBytes(net) as saved:
+            logits, _ = net(x, m=m, active=s.active, cost_m=s.cost_m)
+        logits.float().logsumexp(1).sum().backward()
+    return c.n, saved.total()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "fbnet_imagenet.yaml"))
+    ap.add_argument("--input-size", type=int, default=56)
+    ap.add_argument("--batch", type=int, default=4)
+    a = ap.parse_args(argv)
+    d = load_config(a.config, []).space.to_dict()
+    d["input_size"] = a.input_size
+    space = SearchSpace.from_dict(d)
+    net = Supernet(space).train()
+    x = torch.randn(a.batch, space.macro.in_channels, a.input_size, a.input_size)
+    print(f"{a.config}: {space.num_layers} searchable layers, "
+          f"{sum(len(op.candidates) for op in net.mixed)} candidates, input "
+          f"{a.batch}x{space.macro.in_channels}x{a.input_size}x{a.input_size}, full mode, "
+          f"forward + backward, CPU, torch {torch.__version__}")
+    print(f"{'step':12s} {'figure':16s} {'unfolded':>12s} {'folded':>12s} {'ratio':>7s}")
+    for step, grad in (("weight step", False), ("θ step", True)):
+        (c0, b0), (c1, b1) = (measure(n, x, grad) for n in (unfolded(net), net))
+        for kind in KINDS:
+            r = c1[kind] / c0[kind] if c0[kind] else float("nan")
+            print(f"{step:12s} {kind:16s} {c0[kind]:12d} {c1[kind]:12d} {r:7.3f}")
+        print(f"{step:12s} {'saved MiB':16s} {b0 / 2**20:12.2f} {b1 / 2**20:12.2f} "
+              f"{b1 / b0:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
