@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from fbnas.bench.table import Bench
-from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET
+from scripts.common import BENCH_CONFIG, BENCH_FILE, retrain_process
 
 
 def seed_sd(bench: Bench, metric: str) -> float:
@@ -60,20 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'network':36s} {'test':>6s} {'bench':>6s} {'z':>5s} {'val':>6s} {'bench':>6s} "
           f"{'z':>5s}")
     inside = 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         for k in picked:
             arch = bench.arch(k)
             f = Path(tmp) / f"{k[:12]}.yaml"
             arch.save(f)
             run = Path(tmp) / f"run-{k[:12]}"
-            cmd = [sys.executable, "-m", "fbnas", "retrain", "--config", a.config, "--arch",
-                   str(f), "--out", str(run), "--set", f"retrain.seed={a.seed}",
-                   "--set", "retrain.measure_latency=false",
-                   *(x for s in [*QUIET, *a.sets] for x in ("--set", s))]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+            retrain_process(a.config, f, a.seed, a.sets, "--out", str(run))
             res = json.loads((run / "results.json").read_text())
             got = {"test_acc": res["top1"], "val_acc": res["val_top1"]}
             z = {m: _z(got[m] - bench.mean(k, m), sd[m]) for m in got}

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +36,7 @@ from fbnas.bench.table import Bench
 from fbnas.config import load_config
 from fbnas.fit.costs import cached_table_path, resolve_costs
 from fbnas.latency.end_to_end import panel, time_archs
-from scripts.common import BENCH_CONFIG, BENCH_FILE, QUIET, ROOT, search_process
+from scripts.common import BENCH_CONFIG, BENCH_FILE, ROOT, retrain_process, search_process
 
 WIDTH_CONFIG = ROOT / "configs" / "bench_digits_widths.yaml"
 
@@ -48,14 +45,7 @@ def retrain(config: str, arch: Path, seed: int, out: Path, sets: list[str]) -> f
     """Test top-1 of `arch` retrained by `fbnas retrain` under `seed` (one thread)."""
     done, work = out / "results.json", out.parent / f"{out.name}.run"
     if not done.is_file():
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "fbnas", "retrain", "--arch", str(arch), "--config", config,
-               "--set", f"retrain.seed={seed}", "--set", f"run.dir={work}",
-               "--set", "retrain.measure_latency=false",
-               *(x for s in [*QUIET, *sets] for x in ("--set", s))]
-        got = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if got.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{got.stderr[-2000:]}")
+        retrain_process(config, arch, seed, [f"run.dir={work}", *sets])
         res = next(work.glob("retrain-*/results.json"))
         out.mkdir(parents=True, exist_ok=True)
         res.replace(done)

@@ -352,20 +352,33 @@ class SavedBytes:
         self.handles = []
 
 
-# ---- searches in processes of their own ----------------------------------------------------------
+# ---- fbnas commands in processes of their own --------------------------------------------------
+def fbnas_process(command: str, config: str | Path, sets: Sequence[str], *args: str) -> None:
+    """`python -m fbnas COMMAND --config CONFIG ARGS --set ...` (QUIET, then `sets`) in a
+    process of its own with one thread; its stderr's end in the error where it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fbnas", command, "--config", str(config), *args,
+           *(x for s in [*QUIET, *sets] for x in ("--set", s))]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+
+
 def search_process(config: str | Path, run: Path, sets: Sequence[str]) -> None:
     """One `fbnas train` in a process of its own (one thread), its networks fitted to the
     target by the table (search.fit_measure off: concurrent searches must not time networks),
     unless `run` has finished (an arch_hard.yaml)."""
     if (run / "arch_hard.yaml").is_file():
         return
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "fbnas", "train", "--config", str(config),
-           "--set", f"run.dir={run}", "--set", "search.fit_measure=off",
-           *(x for s in [*QUIET, *sets] for x in ("--set", s))]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    fbnas_process("train", config, [f"run.dir={run}", "search.fit_measure=off", *sets])
+
+
+def retrain_process(config: str | Path, arch: Path, seed: int, sets: Sequence[str],
+                    *args: str) -> None:
+    """One `fbnas retrain` of `arch` under retrain.seed `seed` in a process of its own (one
+    thread), without timing the network (retrain.measure_latency false)."""
+    fbnas_process("retrain", config, [f"retrain.seed={seed}", "retrain.measure_latency=false",
+                                      *sets], "--arch", str(arch), *args)
 
 
 # ---- another checkout's fbnas --------------------------------------------------------------------
