@@ -127,12 +127,26 @@ def test_interleave_alternates_and_spread():
     assert s.rel_iqr == pytest.approx(2 / 3) and s.range(".0f") == "3 (1-5)"
 
 
-# ---- smoke tests (the slow tier: `python -m pytest -q -m slow`) -------------------------
+# ---- smoke tests (the slow tier: `python -m pytest -q -m slow -n 0`) -------------------------
 @pytest.mark.slow
 def test_bench_modes(tiny, capsys):
     out = run_main("bench_modes", ["--config", tiny, "--batch", "4", "--repeats", "1",
                                    "--mem-samples", "1"], capsys)
     assert "single_path speed-up over full:" in out and "supernet overhead ratio" in out
+
+
+def test_bench_mixing(tiny, capsys):
+    # counts, not timings: fast. Folded, no multiply over an activation remains (the tiny
+    # space has no squeeze-excite) and a θ step keeps less for backward
+    out = run_main("bench_mixing", ["--config", tiny, "--input-size", "16", "--batch", "2"],
+                   capsys)
+    for step in ("weight step", "θ step"):
+        row = re.search(rf"^{step}\s+mul \(4-d\)\s+(\d+)\s+(\d+)", out, re.M)
+        assert row and int(row[1]) > 0 and int(row[2]) == 0, out
+        bn = re.search(rf"^{step}\s+batch_norm\s+(\d+)\s+(\d+)", out, re.M)
+        assert bn and int(bn[1]) == int(bn[2]) > 0, out
+    saved = re.search(r"^θ step\s+saved MiB\s+(\S+)\s+(\S+)\s+(\S+)$", out, re.M)
+    assert saved and float(saved[3]) < 1.0, out
 
 
 @pytest.mark.slow
