@@ -22,6 +22,7 @@ from fbnas.backends import torchscript, onnx, pt2, executorch
 from fbnas.backends.base import (
     DTYPES,
     FORMATS,
+    QUANTIZATIONS,
     TIMERS,
     Format,
     Runnable,
@@ -30,5 +31,6 @@ from fbnas.backends.base import (
     make_timer,
 )
 
-__all__ = ["DTYPES", "FORMATS", "TIMERS", "Format", "Runnable", "Timer", "clock_choices", "cpu",
-           "cuda", "executorch", "fake", "make_timer", "onnx", "pt2", "torchscript", "xla"]
+__all__ = ["DTYPES", "FORMATS", "QUANTIZATIONS", "TIMERS", "Format", "Runnable", "Timer",
+           "clock_choices", "cpu", "cuda", "executorch", "fake", "make_timer", "onnx", "pt2",
+           "torchscript", "xla"]

@@ -44,6 +44,10 @@ from fbnas.registry import Registry
 
 # the dtypes a table is timed in (latency.dtype, --dtype): name -> torch dtype
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# how the timed programs are quantized (latency.quantization, --quantization): `none`, or
+# `int8` post-training static quantization as the deployed runtime runs it (each timer lists
+# the ones it can lower in `quantizations`; the exported runtimes: int8)
+QUANTIZATIONS = ("none", "int8")
 
 
 @dataclass
@@ -82,8 +86,11 @@ class Timer:
     allocator_default = SYSTEM
     clocks: tuple[str, ...] = ()  # the clocks it reads from (`clock=`; cpu: thread or wall)
 
+    quantizations: tuple[str, ...] = ("none",)  # latency.quantization values it can time
+
     def __init__(self, threads: int = 1, batch: int = 1, dtype: str = "float32",
-                 channels_last: bool = False, allocator: str | None = None):
+                 channels_last: bool = False, allocator: str | None = None,
+                 quantization: str = "none"):
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise FbnasError(f"timer: threads must be a positive integer, got {threads!r}")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -91,6 +98,16 @@ class Timer:
         if dtype not in DTYPES:
             raise FbnasError(f"timer: dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
         self.threads, self.batch, self.dtype = threads, batch, dtype
+        if quantization not in QUANTIZATIONS:
+            raise FbnasError(f"timer: quantization must be one of {', '.join(QUANTIZATIONS)}; "
+                             f"got {quantization!r}")
+        if quantization not in self.quantizations:
+            can = [n for n, t in TIMERS.items() if quantization in t.quantizations]
+            raise FbnasError(f"timer: device {self.backend!r} cannot time {quantization} "
+                             f"programs; {quantization} is timed on "
+                             f"{' or '.join(can) or 'no registered device'} (latency.device), "
+                             "as the runtime deployed runs it")
+        self.quantization = quantization
         self.channels_last = bool(channels_last)
         if allocator not in (None, SYSTEM) and not self.host:
             raise FbnasError(f"timer: allocator {allocator!r} applies to the cpu backend; "
@@ -135,6 +152,8 @@ class Timer:
             "memory_format": "channels_last" if self.channels_last else "contiguous",
             "mode": "eval+inference_mode",
             **describe_allocator(self.allocator, self.allocator_library),
+            # only where quantized: an unquantized table's meta (and its cache key) as before
+            **({} if self.quantization == "none" else {"quantization": self.quantization}),
         }
 
     def device_name(self) -> str:
@@ -195,14 +214,15 @@ TIMERS: Registry[type[Timer]] = Registry("timer backend", "latency.device")
 
 def make_timer(device: str = "cpu", threads: int | None = None, batch: int = 1,
                dtype: str = "float32", channels_last: bool = False,
-               allocator: str | None = None, **kw) -> Timer:
+               allocator: str | None = None, quantization: str = "none", **kw) -> Timer:
     """A timer for `device`, a name registered in TIMERS ('cpu', 'cuda', 'xla', 'fake', and
     the exported runtimes 'ort' and 'executorch'). `threads` defaults to 1 on CPU (and is
     recorded either way); `allocator` (cpu: default `retain`, see
     `fbnas.backends.allocator`); extra keywords go to the backend (fake: noise, drift, seed)."""
     cls = TIMERS.get(device, "timer: device")
     return cls(threads=1 if threads is None else threads, batch=batch, dtype=dtype,
-               channels_last=channels_last, allocator=allocator, **kw)
+               channels_last=channels_last, allocator=allocator, quantization=quantization,
+               **kw)
 
 
 def clock_choices() -> tuple[str, ...]:

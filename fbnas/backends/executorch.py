@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from fbnas.backends.base import FORMATS, TIMERS, Format, static_input_shape
-from fbnas.backends.exported import ExportedTimer
+from fbnas.backends.exported import ExportedTimer, calibration_inputs
 from fbnas.errors import FbnasError, first_line
 
 INSTALL = "pip install 'fbnas[executorch]'"
@@ -37,6 +37,7 @@ class ExecuTorchTimer(ExportedTimer):
     suffix = ".pte"
     packages = ("executorch",)
     install = INSTALL
+    quantizations = ("none", "int8")  # int8: PT2E with the XNNPACK quantizer
 
     def _activate(self) -> None:
         self._pool()
@@ -46,7 +47,8 @@ class ExecuTorchTimer(ExportedTimer):
             self._loaded.clear()  # programs loaded under the old pool no longer run
 
     def _lower(self, module, x, where):
-        return lower_executorch(module, x, where=where)
+        calibration = calibration_inputs(x) if self.quantization == "int8" else None
+        return lower_executorch(module, x, where=where, int8_calibration=calibration)
 
     def _load(self, path):
         self._pool()
@@ -70,18 +72,45 @@ class ExecuTorchTimer(ExportedTimer):
         return call
 
 
-def lower_executorch(module: nn.Module, x: torch.Tensor, where: str = "module"
+def quantize_xnnpack(module: nn.Module, x: torch.Tensor, calibration: list[torch.Tensor]
+                     ) -> nn.Module:
+    """`module` quantized to int8 as ExecuTorch deploys it on XNNPACK: PT2E post-training
+    static quantization with the XNNPACK quantizer's symmetric config (per-channel weights),
+    its activation ranges observed on `calibration`; the quantize / dequantize pairs that
+    lowering fuses into XNNPACK's int8 kernels."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True))
+    with torch.no_grad():
+        graph = torch.export.export(module.eval(), (x,)).module()
+        prepared = prepare_pt2e(graph, quantizer)
+        for c in calibration:
+            prepared(c)
+        return convert_pt2e(prepared)
+
+
+def lower_executorch(module: nn.Module, x: torch.Tensor, where: str = "module",
+                     int8_calibration: list[torch.Tensor] | None = None
                      ) -> tuple[bytes, dict[str, Any]]:
     """`module` on input `x` as an XNNPACK-lowered ExecuTorch program: (.pte bytes, info with
-    `delegated`, the share of compute nodes XNNPACK took, and the node counts)."""
+    `delegated`, the share of compute nodes XNNPACK took, and the node counts). With
+    `int8_calibration`, quantized to int8 first (`quantize_xnnpack`) on those inputs."""
     ExecuTorchTimer.require()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
     try:
+        if int8_calibration is not None:
+            module = quantize_xnnpack(module, x, int8_calibration)
         with torch.no_grad():
-            ep = torch.export.export(module.eval(), (x,))
+            ep = torch.export.export(module if int8_calibration is not None else module.eval(),
+                                     (x,))
         edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
         d = get_delegation_info(edge.exported_program().graph_module)
         buf = edge.to_executorch().buffer

@@ -88,7 +88,8 @@ class ExportedTimer(CpuTimer):
     def cache_key(self, module: nn.Module, input_chw: tuple[int, int, int]) -> str:
         h = hashlib.sha256()
         for part in (self.runtime, self.runtime_version, torch.__version__, repr(module),
-                     str(tuple(input_chw)), str(self.batch)):
+                     str(tuple(input_chw)), str(self.batch),
+                     *(() if self.quantization == "none" else (self.quantization,))):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:24]
@@ -119,8 +120,9 @@ class ExportedTimer(CpuTimer):
         return run
 
     def _lower(self, module: nn.Module, x: torch.Tensor, where: str) -> tuple[bytes, dict]:
-        """Export and lower `module` for input `x`: (the program file's bytes, what to record;
-        its numbers go into table entries)."""
+        """Export and lower `module` for input `x`, quantized as `self.quantization` says
+        (int8: calibrated on `calibration_inputs(x)`): (the program file's bytes, what to
+        record; its numbers go into table entries)."""
         raise NotImplementedError
 
     def _load(self, path: Path):
@@ -135,6 +137,16 @@ class ExportedTimer(CpuTimer):
         if isinstance(out, (list, tuple)):
             out = out[0]
         return torch.as_tensor(np.asarray(out)) if not isinstance(out, torch.Tensor) else out
+
+
+CALIBRATION_BATCHES = 8  # inputs an int8 program's activation ranges are observed on
+
+
+def calibration_inputs(x: torch.Tensor, n: int = CALIBRATION_BATCHES) -> list[torch.Tensor]:
+    """`n` inputs shaped like `x` for post-training calibration of a timed block: `x` and
+    seeded normal draws (a block's timing does not depend on what the ranges are)."""
+    gen = torch.Generator().manual_seed(1)
+    return [x, *(torch.randn(x.shape, generator=gen, dtype=x.dtype) for _ in range(n - 1))]
 
 
 def _read_info(path: Path) -> dict:

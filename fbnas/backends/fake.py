@@ -22,6 +22,8 @@ class FakeTimer(Timer):
 
     backend = "fake"
     host = True  # tests run it in a worker under an allocator; in process by default
+    quantizations = ("none", "int8")  # int8: FLOPs at INT8_SPEEDUP times the throughput
+    INT8_SPEEDUP = 2.5
 
     def __init__(self, *args, noise: float = 0.0, drift: float = 0.0, seed: int = 0,
                  flops_per_s: float = 2e9, overhead_s: float = 4e-6, **kw):
@@ -49,7 +51,8 @@ class FakeTimer(Timer):
         else:
             module = module.eval().to("meta")
         leaves = sum(1 for m in module.modules() if not list(m.children()))
-        cost = self.batch * count_flops(module, input_chw, where) / self.flops_per_s \
+        speed = self.flops_per_s * (self.INT8_SPEEDUP if self.quantization == "int8" else 1)
+        cost = self.batch * count_flops(module, input_chw, where) / speed \
             + leaves * self.overhead_s
         return Runnable(lambda: None, module, cost_s=cost, label=label)
 

@@ -101,7 +101,7 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
         if table.cost != lat.cost:
             raise FbnasError(f"{lat.table}: is a {table.cost} table but latency.cost is "
                              f"{lat.cost!r}")
-        table.check_run(batch=lat.batch, dtype=lat.dtype,
+        table.check_run(batch=lat.batch, dtype=lat.dtype, quantization=lat.quantization,
                         allocator=lat.make_timer().allocator if lat.allocator else None)
         desc = f"{lat.cost} table {lat.table}"
     elif COST_KINDS.get(lat.cost).counted:

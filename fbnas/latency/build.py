@@ -185,10 +185,11 @@ def check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
     if not is_measured(table.cost):
         raise FbnasError(f"{where}: is a {table.cost} table, not a latency table")
     want = timer.describe()
-    for key in ("backend", "threads", "batch", "dtype", "memory_format", "device_name",
-                "clock", "allocator"):
-        have = table.meta.get(key, "system" if key == "allocator" else None)
-        if have != want.get(key):
+    absent = {"allocator": "system", "quantization": "none"}  # tables older than the key
+    for key in ("backend", "threads", "batch", "dtype", "memory_format", "quantization",
+                "device_name", "clock", "allocator"):
+        have = table.meta.get(key, absent.get(key))
+        if have != want.get(key, absent.get(key)):
             raise FbnasError(f"{where}: meta.{key} is {have!r} but this build "
                              f"measures with {want.get(key)!r}; extend a table only with the "
                              "setting it was made with (or write a new --out)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fbnas.backends import DTYPES, TIMERS, Timer, make_timer
+from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, Timer, make_timer
 from fbnas.backends.allocator import resolve as resolve_allocator
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
@@ -33,6 +33,9 @@ class LatencyConfig:
     batch: int = setting(1, "int", min=1)
     dtype: str = setting("float32", "str", choices=tuple(DTYPES))
     channels_last: bool = setting(False, "bool")
+    # none, or int8: the programs timed quantized as the runtime deploys them (executorch:
+    # PT2E + XNNPACK; ort: static QDQ); a property of the table (docs/latency.md, "int8")
+    quantization: str = setting("none", "str", choices=QUANTIZATIONS)
     # cpu: the memory allocator timed under (fbnas.backends.allocator; None: retain on cpu)
     allocator: str | None = setting(None, "str")
     cache_dir: str = setting("~/.cache/fbnas/tables", "str")
@@ -59,8 +62,9 @@ class LatencyConfig:
         """The one merge of timer settings (`fbnas latency build / measure / validate`): these
         settings (a config's `latency:` section), a latency table's metadata `meta` over them,
         then the command-line `flags` given over both (device, threads, batch, dtype,
-        channels_last, allocator; None, False or "" is not given). The device is the flag's,
-        else the table's backend where it is registered, else this section's; the table's
+        channels_last, allocator, quantization; None, False or "" is not given). The device
+        is the flag's, else the table's backend where it is registered, else this section's;
+        the table's
         allocator is taken only for the backend it was timed on. Not checked here: the timer
         checks what it is given (`make_timer`)."""
         meta = meta or {}
@@ -71,14 +75,15 @@ class LatencyConfig:
         if meta:
             merged.update(threads=meta.get("threads"), batch=meta.get("batch"),
                           dtype=meta.get("dtype"),
-                          channels_last=meta.get("memory_format") == "channels_last")
+                          channels_last=meta.get("memory_format") == "channels_last",
+                          quantization=meta.get("quantization", "none"))
             if meta.get("backend") == device:
                 merged["allocator"] = meta.get("allocator", "system")
         return replace(self, **{**merged, **given})
 
     def make_timer(self, **backend_kw: Any) -> Timer:
         """The timer these settings describe (device, threads, batch, dtype, layout,
-        allocator); `backend_kw` go to the backend (cpu: clock)."""
+        allocator, quantization); `backend_kw` go to the backend (cpu: clock)."""
         return make_timer(self.device, threads=self.threads, batch=self.batch, dtype=self.dtype,
                           channels_last=self.channels_last, allocator=self.allocator,
-                          **backend_kw)
+                          quantization=self.quantization, **backend_kw)

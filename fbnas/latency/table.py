@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fbnas import __version__
+from fbnas.backends.base import QUANTIZATIONS
 from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, show, write_json_atomic
@@ -53,7 +54,7 @@ SCHEMA = 1
 MODELS = ("auto", "raw", "calibrated", "fitted")
 # The meta keys that change what the numbers mean (the fingerprint covers these).
 MEANINGFUL_META = ("backend", "device_name", "cpu_model", "gpu_name", "threads", "batch",
-                   "dtype", "memory_format", "mode", "torch_version", "clock")
+                   "dtype", "memory_format", "quantization", "mode", "torch_version", "clock")
 
 
 def space_hash(space: SearchSpace) -> str:
@@ -144,6 +145,8 @@ class LatencyTable:
                f"--dtype {m.get('dtype', 'float32')}")
         if m.get("memory_format") == "channels_last":
             cmd += " --channels-last"
+        if m.get("quantization", "none") != "none":
+            cmd += f" --quantization {m['quantization']}"
         return cmd + f" --out {out}"
 
     def require(self, space: SearchSpace, config: str | None = None) -> None:
@@ -157,19 +160,22 @@ class LatencyTable:
 
     def check_run(self, batch: int | None = None, dtype: str | None = None,
                   memory_format: str | None = None, backend: str | None = None,
-                  allocator: str | None = None) -> None:
+                  allocator: str | None = None, quantization: str | None = None) -> None:
         """Refuse a latency table measured for another batch size, dtype, memory format,
-        backend or memory allocator than the run asks for (FLOPs and params tables fit every
-        run; a table older than the allocator setting was measured under `system`)."""
+        backend, memory allocator or quantization than the run asks for (FLOPs and params
+        tables fit every run; a table older than the allocator setting was measured under
+        `system`, one older than the quantization setting unquantized)."""
         if not is_measured(self.cost):
             return
         asked = {"batch": batch, "dtype": dtype, "memory_format": memory_format,
-                 "backend": backend, "allocator": allocator}
+                 "backend": backend, "allocator": allocator, "quantization": quantization}
+        absent = {"allocator": "system", "quantization": "none"}
         for key, want in asked.items():
-            have = self.meta.get(key, "system" if key == "allocator" else None)
+            have = self.meta.get(key, absent.get(key))
             if want is not None and have != want:
                 flag = {"batch": f"--batch {want}", "dtype": f"--dtype {want}",
                         "backend": f"--device {want}", "allocator": f"--allocator {want}",
+                        "quantization": f"--quantization {want}",
                         "memory_format": ("--channels-last" if want == "channels_last" else
                                           "without --channels-last")}[key]
                 raise FbnasError(
@@ -368,6 +374,7 @@ def _check_meta(meta: dict[str, Any], cost: str, where: str) -> None:
     mf.str("backend", required=required)
     mf.int("threads", None, min=1)
     mf.str("memory_format", None, choices=("contiguous", "channels_last"))
+    mf.str("quantization", None, choices=QUANTIZATIONS)
     for key in META_STRINGS:
         mf.str(key, None)
 

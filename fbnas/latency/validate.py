@@ -157,7 +157,7 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
                          f"holds {table.cost}")
     table.check_run(batch=timer.batch, dtype=timer.dtype, backend=timer.backend,
                     memory_format="channels_last" if timer.channels_last else "contiguous",
-                    allocator=timer.allocator)
+                    allocator=timer.allocator, quantization=timer.quantization)
     rows, _ = table.costs_for(space, "raw")
     if archs is None:
         if n < 5:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from fbnas.backends import DTYPES, TIMERS, Timer, clock_choices
+from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, Timer, clock_choices
 from fbnas.backends.allocator import ALLOCATORS
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
@@ -27,6 +27,9 @@ def timer_args(p) -> None:
     g.add_argument("--dtype", default=None, choices=tuple(DTYPES),
                    help="dtype (default float32)")
     g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    g.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                   help="time the programs quantized as the runtime deploys them (int8: "
+                        "executorch, ort; default none, or the table's)")
     g.add_argument("--allocator", default=None, metavar="NAME|PATH",
                    help=f"cpu: memory allocator to time under ({', '.join(ALLOCATORS)}, or "
                         "a jemalloc/tcmalloc library path; default retain, or the table's; "
@@ -68,7 +71,7 @@ def timer(args, table: LatencyTable | None = None, config: str | None = None) ->
     lat = LatencyConfig.from_file(config).for_timing(
         table.meta if measured else None, device=args.device, threads=args.threads,
         batch=args.batch, dtype=args.dtype, channels_last=args.channels_last,
-        allocator=args.allocator)
+        allocator=args.allocator, quantization=args.quantization)
     clock = {"clock": args.clock} if TIMERS.get(lat.device).clocks and args.clock else {}
     return lat.make_timer(**clock)
 

@@ -50,7 +50,8 @@ def run(args) -> int:
     table = LatencyTable.load(args.table) if args.table else None
     t = timer(args, table)
     if table is not None:
-        table.check_run(batch=t.batch, dtype=t.dtype, backend=t.backend, allocator=t.allocator)
+        table.check_run(batch=t.batch, dtype=t.dtype, backend=t.backend, allocator=t.allocator,
+                        quantization=t.quantization)
     specs = _specs(args)
     proto = protocol(args)
     pan = _panel(args, table)
