@@ -148,7 +148,8 @@ def test_the_packages_import_in_any_order(order):
     assert done.returncode == 0, done.stderr
 
 
-OPTIONAL = ("onnx", "onnxruntime", "onnxscript", "executorch", "torch_xla", "matplotlib")
+OPTIONAL = ("onnx", "onnxruntime", "onnxscript", "executorch", "torchao", "torch_xla",
+            "matplotlib")
 
 
 def test_backends_import_only_optional_packages_inside_functions():
