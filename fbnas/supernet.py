@@ -112,10 +112,8 @@ class MixedOp(nn.Module):
         # m_i · output folded into the candidate's last BatchNorm (no multiply over the
         # activation, nothing extra saved for backward) where the candidate can (its class's
         # `folds_scale`: forward's `scale` multiplies its residual branch) and what is mixed is
-        # that branch: under the shared shortcut, or a block without a skip of its own
-        self.folds = [bool(getattr(b, "folds_scale", False))
-                      and (self.shortcut or not getattr(b, "has_skip", False))
-                      for b in self.candidates]
+        # that branch (`_folds`: under the shared shortcut, or a block without a skip)
+        self.folds = [bool(getattr(b, "folds_scale", False)) for b in self.candidates]
         # recompute this layer's activations in backward (training with grad only)
         self.checkpoint_activations = False
         # width search (fbnas.blocks.masked): 0/1 rows per width choice of the input (each
@@ -159,7 +157,8 @@ class MixedOp(nn.Module):
         for i in range(len(self.candidates)) if active is None else active:
             b = self.candidates[i]
             kw = {"shortcut": False} if self.shortcut else {}
-            if self.folds[i]:  # m_i folded into the candidate's last BatchNorm
+            if self.folds[i] and (self.shortcut or not getattr(b, "has_skip", False)):
+                # m_i folded into the candidate's last BatchNorm (its branch is what is mixed)
                 y = b(x, scale=m[i], **kw)
             else:
                 y = b(x, **kw)

