@@ -1006,7 +1006,7 @@ def _(w, d):
 # ---- the default run's sample of the matrix -------------------------------------------------
 # The fast tier runs the first case (in the order above) that adds a command, a fault or a file
 # not yet covered: one case at least per command, per fault kind and per file (and per group
-# of keys of a file's contents); the whole matrix runs in the slow tier (`pytest -m slow`).
+# of keys of a file's contents); the whole matrix runs in the slow tier (`pytest -m slow -n 0`).
 FAULTS = {*_text_faults("yaml"), *_ckpt_faults(lambda w: w.run)}
 
 

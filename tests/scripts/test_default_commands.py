@@ -6,7 +6,7 @@ only its sizes cut down (epochs, rounds, samples, batch, networks) through the s
 flags or `--set`, and checks that it exits 0 and that its figures are printed and parse.
 tests/scripts/test_scripts.py runs the scripts on a tiny test config instead; these run what a
 user runs. Slow: seconds to two minutes each on 2 cores, bench_runtimes about ten (it lowers
-every entry of the CIFAR space for ExecuTorch and ONNX Runtime); `python -m pytest -m slow
+every entry of the CIFAR space for ExecuTorch and ONNX Runtime); `python -m pytest -m slow -n 0
 tests/scripts/test_default_commands.py`, about 22 minutes in all.
 
 A script that compares checkouts (`--code DIR`) is given a `git worktree` of the old commit its
