@@ -94,7 +94,6 @@ def conv_reading(conv: nn.Module, x: torch.Tensor, m: torch.Tensor) -> torch.Ten
     return F.conv2d(x, w, bias, conv.stride, conv.padding, dilation, conv.groups)
 
 
-
 class ChannelShuffle(nn.Module):
     """Interleave channels across `groups` (ShuffleNet), so grouped 1x1 convs mix groups."""
 

@@ -46,7 +46,7 @@ from fbnas.latency.measure import (
     reference_scale,
 )
 from fbnas.latency.signature import Signature, arch_signatures, space_signatures
-from fbnas.latency.table import LatencyTable, space_hash
+from fbnas.latency.table import META_ABSENT, LatencyTable, space_hash
 from fbnas.search_space import SearchSpace
 
 OVERHEAD = "call overhead"  # the empty program an exported runtime's entries are corrected by
@@ -185,11 +185,10 @@ def check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
     if not is_measured(table.cost):
         raise FbnasError(f"{where}: is a {table.cost} table, not a latency table")
     want = timer.describe()
-    absent = {"allocator": "system", "quantization": "none"}  # tables older than the key
     for key in ("backend", "threads", "batch", "dtype", "memory_format", "quantization",
                 "device_name", "clock", "allocator"):
-        have = table.meta.get(key, absent.get(key))
-        if have != want.get(key, absent.get(key)):
+        have = table.setting(key)
+        if have != want.get(key, META_ABSENT.get(key)):
             raise FbnasError(f"{where}: meta.{key} is {have!r} but this build "
                              f"measures with {want.get(key)!r}; extend a table only with the "
                              "setting it was made with (or write a new --out)")

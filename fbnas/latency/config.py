@@ -64,9 +64,8 @@ class LatencyConfig:
         then the command-line `flags` given over both (device, threads, batch, dtype,
         channels_last, allocator, quantization; None, False or "" is not given). The device
         is the flag's, else the table's backend where it is registered, else this section's;
-        the table's
-        allocator is taken only for the backend it was timed on. Not checked here: the timer
-        checks what it is given (`make_timer`)."""
+        the table's allocator is taken only for the backend it was timed on. Not checked here:
+        the timer checks what it is given (`make_timer`)."""
         meta = meta or {}
         given = {k: v for k, v in flags.items() if v is not None and v is not False and v != ""}
         device = given.pop("device", None) or (

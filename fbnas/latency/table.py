@@ -55,6 +55,8 @@ MODELS = ("auto", "raw", "calibrated", "fitted")
 # The meta keys that change what the numbers mean (the fingerprint covers these).
 MEANINGFUL_META = ("backend", "device_name", "cpu_model", "gpu_name", "threads", "batch",
                    "dtype", "memory_format", "quantization", "mode", "torch_version", "clock")
+# What a table older than a meta key was measured with (the key's absence reads as this).
+META_ABSENT = {"allocator": "system", "quantization": "none"}
 
 
 def space_hash(space: SearchSpace) -> str:
@@ -145,7 +147,7 @@ class LatencyTable:
                f"--dtype {m.get('dtype', 'float32')}")
         if m.get("memory_format") == "channels_last":
             cmd += " --channels-last"
-        if m.get("quantization", "none") != "none":
+        if self.setting("quantization") != "none":
             cmd += f" --quantization {m['quantization']}"
         return cmd + f" --out {out}"
 
@@ -158,6 +160,10 @@ class LatencyTable:
                              f"'{space.name}' missing: {listed}; measure them with: "
                              f"{self.build_command(config)}")
 
+    def setting(self, key: str) -> Any:
+        """meta[key], or what a table older than the key was measured with (META_ABSENT)."""
+        return self.meta.get(key, META_ABSENT.get(key))
+
     def check_run(self, batch: int | None = None, dtype: str | None = None,
                   memory_format: str | None = None, backend: str | None = None,
                   allocator: str | None = None, quantization: str | None = None) -> None:
@@ -169,9 +175,8 @@ class LatencyTable:
             return
         asked = {"batch": batch, "dtype": dtype, "memory_format": memory_format,
                  "backend": backend, "allocator": allocator, "quantization": quantization}
-        absent = {"allocator": "system", "quantization": "none"}
         for key, want in asked.items():
-            have = self.meta.get(key, absent.get(key))
+            have = self.setting(key)
             if want is not None and have != want:
                 flag = {"batch": f"--batch {want}", "dtype": f"--dtype {want}",
                         "backend": f"--device {want}", "allocator": f"--allocator {want}",
