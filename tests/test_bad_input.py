@@ -18,6 +18,7 @@ import copy
 import hashlib
 import json
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,6 +138,21 @@ def _sparse(p: Path, size: int) -> None:
         f.truncate(size)
 
 
+def _truncate(good: bytes, kind: str) -> bytes:
+    """The good bytes cut about half-way. A YAML cut lands inside a mapping key (a bare partial
+    word, which no YAML reader accepts), so where the half falls, and so whether the rest
+    still parses as a valid shorter file, does not depend on how long the paths in it are."""
+    half = good[: len(good) // 2]
+    if kind != "yaml":
+        return half  # JSON cut anywhere does not parse
+    # a key whose line follows a sibling's `key: value` (at the start of a block, the partial
+    # word would read as the parent's scalar value)
+    keys = list(re.finditer(rb"^(?P<ind> *)[a-z_]+: \S.*\n(?=(?P=ind)(?P<key>[a-z_]{2,}):)",
+                            half, re.MULTILINE))
+    assert keys, "no mapping key in the first half of the good file"
+    return half[: keys[-1].start("key") + 1]
+
+
 def _text_faults(kind: str) -> dict[str, tuple[Callable[[Path, bytes], None], str]]:
     """fault -> (make the file at `p` from the good bytes, what the error line says)."""
     big = 2 * 1024 * 1024 if kind == "yaml" else 40 * 1024 * 1024
@@ -148,7 +164,7 @@ def _text_faults(kind: str) -> dict[str, tuple[Callable[[Path, bytes], None], st
         "directory": (lambda p, good: p.mkdir(), "is a directory"),
         "non_utf8": (lambda p, good: p.write_bytes(good[:40] + b"\xff\xfe\xfa" + good[40:]),
                      "not UTF-8"),
-        "truncated": (lambda p, good: p.write_bytes(good[: len(good) // 2]), ""),
+        "truncated": (lambda p, good: p.write_bytes(_truncate(good, kind)), ""),
         "malformed": (lambda p, good: p.write_bytes(malformed), "malformed"),
         "huge": (lambda p, good: _sparse(p, big), "larger than"),
         "top_level_list": (lambda p, good: p.write_bytes(b"[1, 2]\n"), "expected a"),
@@ -1119,7 +1135,6 @@ def test_only_safe_loaders_are_used():
     exceptions are torch.jit.load in fbnas/backends/torchscript.py, for TorchScript files, and
     torch.export.load in fbnas/backends/pt2.py, for .pt2 programs a user asks to time or fbnas
     export wrote (code the user trusts)."""
-    import re
 
     src = Path(__file__).parents[1] / "fbnas"
     banned = [r"yaml\.(load|unsafe_load|full_load|load_all|unsafe_load_all)\(",
