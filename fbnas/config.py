@@ -33,7 +33,7 @@ from fbnas.io import load_yaml
 from fbnas.latency.config import LatencyConfig
 from fbnas.loss import LossConfig
 from fbnas.precision import PRECISIONS, layout_setting
-from fbnas.search.modes import MODES, get_mode, weight_sampler
+from fbnas.search.modes import MODES, get_mode, refuse_as_theta_mode, weight_sampler
 from fbnas.search_space import SearchSpace
 from fbnas.settings import read_fields, setting, settings_of
 
@@ -410,7 +410,10 @@ def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> d
     return data
 
 
-def config_from_dict(data: dict, source: str = "<dict>") -> Config:
+def config_from_dict(data: dict, source: str = "<dict>", finished: bool = False) -> Config:
+    """The config in `data` validated (errors name `source`). A θ mode refused as one
+    (`search.mode: single_path`) is an error here, where a config is read, unless `finished`:
+    a finished run's config, which is only read (sampled, scored, retrained from)."""
     unknown = [k for k in data if k not in SECTIONS]
     if unknown:
         raise FbnasError(f"{source}: unknown section '{unknown[0]}' "
@@ -433,12 +436,18 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
         # the head follows data.classes: N classes kept, N outputs
         space = SearchSpace.from_dict({**data["space"], "num_classes": data_cfg.classes},
                                       f"{source}: space")
+    search = SearchConfig.from_dict(data.get("search"), f"{source}: search")
+    if not finished:
+        try:
+            refuse_as_theta_mode(search.mode)
+        except FbnasError as e:
+            raise FbnasError(f"{source}: {e}") from None
     return Config(
         space=space,
         data=data_cfg,
         latency=latency,
         loss=loss_cfg,
-        search=SearchConfig.from_dict(data.get("search"), f"{source}: search"),
+        search=search,
         run=RunConfig.from_dict(data.get("run"), f"{source}: run"),
         source=source,
         retrain=RetrainConfig.from_dict(data.get("retrain"), f"{source}: retrain"),

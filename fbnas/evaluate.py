@@ -86,7 +86,7 @@ def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
     """The child's state dict taken from a supernet's: stem and head as they are, and for each
     layer the weights of the candidate `arch` chose (`mixed.{i}.candidates.{j}.*` ->
     `blocks.{i}.*`). The architecture must be a member of the search run's space."""
-    cfg = config_from_dict(search_state["config"], where)
+    cfg = config_from_dict(search_state["config"], where, finished=True)
     arch.check_fits(cfg.space, f"{where}: architecture {arch.name}")
     src = search_state["model"]
     out: dict[str, torch.Tensor] = {}

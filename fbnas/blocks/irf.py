@@ -137,7 +137,9 @@ class IRFBlock(IRFForward):
 
 def _parse(name: str):
     spec = parse_irf(name)
-    return spec.name, partial(_build_irf, spec)
+    factory = partial(_build_irf, spec)
+    factory.spec = spec  # what the op is (registry.op_spec), for code that must not parse names
+    return spec.name, factory
 
 
 def _build_irf(spec: IRFSpec, c_in: int, c_out: int, stride: int, **kw) -> nn.Module:

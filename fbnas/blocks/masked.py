@@ -22,26 +22,27 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from fbnas.blocks.irf import parse_irf
+from fbnas.blocks.irf import IRFSpec
+from fbnas.blocks.registry import op_spec
 from fbnas.errors import FbnasError
 
 
 def maskable(op: str) -> bool:
-    """Whether candidate `op` (canonical) can have its input and output widths searched."""
+    """Whether candidate `op` can have its input and output widths searched: `skip`, and
+    IRF blocks without groups or SE (`registry.op_spec`, not the name, says what it is)."""
     if op == "skip":
         return True
-    if not op.startswith("ir_"):
-        return False
     try:
-        spec = parse_irf(op)
+        spec = op_spec(op)
     except FbnasError:
         return False
-    return spec.groups == 1 and not spec.se
+    return isinstance(spec, IRFSpec) and spec.groups == 1 and not spec.se
 
 
 def expansion(op: str) -> int:
-    """The hidden width's multiple of c_in (0: a candidate with no hidden activation)."""
-    return 0 if op == "skip" else parse_irf(op).expansion
+    """The hidden width's multiple of c_in (0: a candidate with no hidden activation, `skip`)."""
+    spec = op_spec(op)
+    return spec.expansion if isinstance(spec, IRFSpec) else 0
 
 
 def choice_masks(channels: Sequence[int], total: int) -> torch.Tensor:

@@ -97,6 +97,14 @@ def canonical_op(name: str) -> str:
     return _resolve(name)[0]
 
 
+def op_spec(name: str) -> object | None:
+    """What op `name`'s factory declares it builds (a family's parsed spec, e.g. the
+    `IRFSpec` of `ir_k3_e6`, however the op was spelled), None for an op that declares none;
+    raises FbnasError for an unknown op. Code that must know an op's structure (which
+    candidates can share a superkernel) asks this, not the name."""
+    return getattr(_resolve(name)[1], "spec", None)
+
+
 def build_block(name: str, c_in: int, c_out: int, stride: int, **kw) -> nn.Module:
     """Build candidate block `name` for the given shape."""
     for what, v in (("c_in", c_in), ("c_out", c_out), ("stride", stride)):

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fbnas.blocks.common import ChannelShuffle
-from fbnas.blocks.irf import IRFForward, IRFSpec, parse_irf
+from fbnas.blocks.irf import IRFForward, IRFSpec
+from fbnas.blocks.registry import op_spec
 from fbnas.errors import FbnasError
 
 # search.weights: FBNet's separate weights per candidate, or one superkernel per layer
@@ -53,13 +54,11 @@ def sharable(op: str) -> IRFSpec | None:
     """The IRF spec of `op` when it can be a view of the layer's superkernel, else None:
     plain and grouped IRF blocks (a grouped 1x1 conv is a block-diagonal slice of the dense
     one), not SE or cascaded ones."""
-    if not op.startswith("ir_"):
-        return None
     try:
-        spec = parse_irf(op)
+        spec = op_spec(op)
     except FbnasError:
         return None
-    if spec.se or spec.cascade:
+    if not isinstance(spec, IRFSpec) or spec.se or spec.cascade:
         return None
     return spec
 

@@ -43,7 +43,7 @@ def run(args) -> int:
                          "CONFIG.yaml for its data section")
     else:
         cfg = config_from_dict(apply_overrides(state["config"], args.set),
-                               f"{args.checkpoint}: config")
+                               f"{args.checkpoint}: config", finished=True)
     m = arch.macro
     loader = build_eval_data(cfg.data, m.input_size, m.in_channels, m.num_classes,
                              seed=cfg.search.seed, split=args.split,

@@ -58,12 +58,13 @@ class SearchRun:
     @functools.cached_property
     def config(self) -> Config:
         """The config the run was searched with (its checkpoint's)."""
-        return config_from_dict(self.state["config"], f"{self.checkpoint}: config")
+        return config_from_dict(self.state["config"], f"{self.checkpoint}: config",
+                                finished=True)
 
     def config_with(self, overrides: list[str]) -> Config:
         """The run's config with `--set`-style overrides applied."""
         return config_from_dict(apply_overrides(self.state["config"], overrides),
-                                f"{self.checkpoint}: config")
+                                f"{self.checkpoint}: config", finished=True)
 
     @functools.cached_property
     def theta(self) -> list[torch.Tensor]:

@@ -88,7 +88,8 @@ class Fidelity:
         self.base = apply_overrides(self.search.state["config"], list(overrides or []))
         if retrain_epochs is not None:
             self.base = with_retrain_epochs(self.base, retrain_epochs)
-        self.cfg = config_from_dict(self.base, f"{self.search.checkpoint}: config")
+        self.cfg = config_from_dict(self.base, f"{self.search.checkpoint}: config",
+                                    finished=True)
         if self.cfg.data.val_fraction == 0:
             raise FbnasError(f"{self.run_dir}: data.val_fraction is 0, so there is no "
                              "validation split to estimate accuracy on")

@@ -231,3 +231,20 @@ def test_an_old_shared_checkpoint_with_grouped_candidates_is_a_one_line_error():
     k = next(k for k, v in state.items() if v.dim() == 4)
     with pytest.raises(FbnasError, match=rf"ck.pt: its weights do not fit .*\({k}: "):
         again.load_search_state({**state, k: torch.zeros(1, 1, 1, 1)}, "ck.pt")
+
+
+def test_which_candidates_share_is_what_the_registry_says_they_are_not_their_spelling():
+    """Sharing and width masks ask the block registry what an op is (`op_spec`): every
+    spelling of one op (aliases, the paper's `k3_e1`) gets the same answer, and an op whose
+    factory declares no IRF spec never shares, whatever its name."""
+    from fbnas.blocks.irf import IRFSpec
+    from fbnas.blocks.masked import expansion, maskable
+    from fbnas.blocks.registry import op_spec
+
+    assert op_spec("k3_e1") == op_spec("ir_k3_e1") == IRFSpec(3, 1)
+    assert op_spec("shuffle") == IRFSpec(3, 1, groups=4)  # an alias of ir_k3_e1_g4
+    assert sharable("shuffle") == IRFSpec(3, 1, groups=4) and not maskable("shuffle")
+    assert op_spec("skip") is None and sharable("skip") is None and expansion("skip") == 0
+    assert sharable("ir_k33_e3") is None and sharable("ir_k3_e6_se") is None
+    assert maskable("k5_e6") and expansion("k5_e6") == 6
+    assert sharable("no_such_op") is None and not maskable("no_such_op")

@@ -75,8 +75,11 @@ def test_single_path_is_refused_as_the_theta_mode_and_drawn_as_the_weights_paths
                    "search.weight_sampling to single_path")
     assert not (tmp_path / "theta" / "run").exists()  # refused before the run folder
     # a finished run of it stays readable (fbnas sample / fidelity / bench score read its config)
+    # where a config is read it is refused (the file named); a run's recorded one is read
     d = digits_run_config(search={"mode": "single_path"})
-    assert config_from_dict(d, "old_run.yaml").search.mode == "single_path"
+    one_line_error(lambda: config_from_dict(d, "mine.yaml"),
+                   "mine.yaml: search.mode: single_path is not a θ mode")
+    assert config_from_dict(d, "old_run", finished=True).search.mode == "single_path"
     t = _trainer(tmp_path / "weights", mode="reinforce", weight_sampling="single_path")
     close_logger(t.log)
     assert t.net.mode == "reinforce" and t._weight_mode == "single_path"
@@ -98,7 +101,9 @@ def test_a_finished_single_path_run_is_read_but_an_unfinished_one_not_resumed(tm
     d = digits_run_config(data={"limit": 200}, latency={"cost": "flops"},
                           search={"mode": "single_path", "epochs": 2, "warmup_epochs": 1})
     d["run"]["dir"] = str(tmp_path / "run")
-    cfg = config_from_dict(copy.deepcopy(d), "s.yaml")
+    # the run's recorded config (as fbnas sample and the sweep read it); a user's file of it
+    # is refused where it is read (test above)
+    cfg = config_from_dict(copy.deepcopy(d), "s.yaml", finished=True)
     done = SearchTrainer(cfg, tmp_path / "run", resume=True)
     close_logger(done.log)
     assert done.epoch == 2 and done.net.mode == "single_path"
