@@ -224,8 +224,9 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     networks timed; `rounds` holds every timing. `first`: the network timed first (default:
     the first of `prefer`, else the table's fit). `prefer`: networks ranked best first (the
     final pick's, by their paths on the supernet): while re-fitting, the best-ranked untried
-    one predicted within ±tol/3 of the goal is timed before θ's own fit, and `choose` prefers
-    ranked networks."""
+    one predicted within ±tol/3 of the goal, else within ±tol of it, is timed before θ's own
+    fit (which a ranked network is left only for when none is predicted that near), and
+    `choose` prefers ranked networks."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     inner, middle = tol / 3, tol / 2
     rank = {tuple(p): i for i, p in enumerate(prefer)}
@@ -251,8 +252,10 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         goal = _goal(est, target)
         reach = min(abs(r.predicted / goal - 1) for r in est)
         tried = {r.indices for r in est}
-        nxt = next((k for k in rank if k not in tried
-                    and abs(predicted_cost(rows, fixed, k) / goal - 1) <= inner), None)
+        # the best-ranked untried network predicted near the goal, then (still one of the
+        # ranked networks, not θ's) within ±tol of it; only then θ's own re-fit
+        nxt = next((k for w in (inner, tol) for k in rank if k not in tried
+                    and abs(predicted_cost(rows, fixed, k) / goal - 1) <= w), None)
         if nxt is None:
             nxt = _next(theta, rows, fixed, goal, inner, tried, reach)
         if nxt is None:
@@ -266,14 +269,16 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
 
 def choose(est: Sequence[Round], target: float, bands: Sequence[float],
            rank: dict[tuple[int, ...], int] | None = None, tol: float | None = None) -> Round:
-    """The most probable network measured within the narrowest of `bands` (relative distances
-    to `target`) that holds one (of those, a network `rank`ed before the others, the best
-    ranked first), else the one measured nearest to the target; with `tol`, where none was
-    measured within ±tol (a gap), the table fit's gap rule (`near_or_nearest`: of those within
-    the nearest one's distance plus log(1 + tol), the best ranked, then the most probable).
-    Then, with `tol`, a network measured within ±tol, no slower than that choice and ranked
-    before it (unranked ranks last) is returned instead, the best ranked: as fast, and better
-    by the supernet (docs/search.md; figures in docs/measurements.md)."""
+    """The best `rank`ed network measured within the widest of `bands` (relative distances to
+    `target`), where one was: the supernet ranks a band's networks far better than θ's
+    probability does (docs/bench.md, "the duel"). Else the most probable network measured
+    within the narrowest of `bands` that holds one, else the one measured nearest to the
+    target; with `tol`, where none was measured within ±tol (a gap), the table fit's gap rule
+    (`near_or_nearest`: of those within the nearest one's distance plus log(1 + tol), the best
+    ranked, then the most probable). Then, with `tol`, a network measured within ±tol, no
+    slower than that choice and ranked before it (unranked ranks last) is returned instead,
+    the best ranked: as fast, and better by the supernet (docs/search.md; figures in
+    docs/measurements.md)."""
     rank = rank or {}
 
     def rk(r: Round) -> int:
@@ -281,7 +286,11 @@ def choose(est: Sequence[Round], target: float, bands: Sequence[float],
 
     inside = next((ins for b in sorted(bands)
                    if (ins := [r for r in est if abs(r.measured / target - 1) <= b])), None)
-    if inside:
+    ranked = [r for r in est if r.indices in rank
+              and abs(r.measured / target - 1) <= max(bands, default=0.0)]
+    if ranked:  # a ranked network measured within the widest band: the best ranked
+        chosen = min(ranked, key=rk)
+    elif inside:
         chosen = max(inside, key=lambda r: (-rk(r), r.log_prob))
     elif tol is not None and not any(abs(r.measured / target - 1) <= tol for r in est):
         ok = near_or_nearest([r.measured for r in est], target, tol)
