@@ -17,6 +17,7 @@ them (BatchNorm running statistics are updated once per forward, as without it).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fbnas.blocks import build_block, init_weights
+from fbnas.blocks.batched import LayerBatches
 from fbnas.blocks.masked import choice_masks, expansion, masked_branch, mix
 from fbnas.blocks.shared import (
     WEIGHT_SHARING,
@@ -112,8 +114,11 @@ class MixedOp(nn.Module):
         # m_i · output folded into the candidate's last BatchNorm (no multiply over the
         # activation, nothing extra saved for backward) where the candidate can (its class's
         # `folds_scale`: forward's `scale` multiplies its residual branch) and what is mixed is
-        # that branch (`_folds`: under the shared shortcut, or a block without a skip)
+        # that branch (`_folded`: under the shared shortcut, or a block without a skip)
         self.folds = [bool(getattr(b, "folds_scale", False)) for b in self.candidates]
+        # which candidates are computed together where all are (None: none can be)
+        self.batches = LayerBatches.plan(self.candidates, [self._folded(i) for i in range(
+            len(self.candidates))])
         # recompute this layer's activations in backward (training with grad only)
         self.checkpoint_activations = False
         # width search (fbnas.blocks.masked): 0/1 rows per width choice of the input (each
@@ -153,19 +158,51 @@ class MixedOp(nn.Module):
              ) -> torch.Tensor:
         if self.masked:
             return self._masked_mix(x, m, active, w_in, w_out)
+        if active is None and self.batches is not None:
+            return self._mix_together(x, m)
         out = x if self.shortcut else None
+        kw = {"shortcut": False} if self.shortcut else {}
         for i in range(len(self.candidates)) if active is None else active:
-            b = self.candidates[i]
-            kw = {"shortcut": False} if self.shortcut else {}
-            if self.folds[i] and (self.shortcut or not getattr(b, "has_skip", False)):
-                # m_i folded into the candidate's last BatchNorm (its branch is what is mixed)
-                y = b(x, scale=m[i], **kw)
-            else:
-                y = b(x, **kw)
-                y = None if y is None else m[i] * y
-            if y is None:  # the identity's branch under the shared shortcut: 0
-                continue
-            out = y if out is None else out + y
+            out = self._add(out, self._branch(i, functools.partial(self.candidates[i], x), m,
+                                              kw))
+        return out
+
+    def _folded(self, i: int) -> bool:
+        """Whether m_i is folded into candidate i's last BatchNorm: the candidate can (its
+        class's `folds_scale`) and what is mixed is its branch (under the shared shortcut, or
+        a block without a skip)."""
+        b = self.candidates[i]
+        return self.folds[i] and (self.shortcut or not getattr(b, "has_skip", False))
+
+    def _branch(self, i: int, call, m: torch.Tensor, kw: dict) -> torch.Tensor | None:
+        """m_i · candidate i's output (`call`: its forward from x, or from a stage computed
+        together), None for the identity's branch under the shared shortcut."""
+        if self._folded(i):  # m_i folded into the candidate's last BatchNorm
+            return call(scale=m[i], **kw)
+        y = call(**kw)
+        return None if y is None else m[i] * y
+
+    @staticmethod
+    def _add(out: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+        return out if y is None else y if out is None else out + y
+
+    def _mix_together(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """Every candidate: those that read x alike computed together up to their first
+        depthwise stage, the folded projections normalised together and summed at once
+        (fbnas.blocks.batched); the rest one by one."""
+        bt = self.batches
+        first = bt.first_stages(self.candidates, x)
+        out = x if self.shortcut else None
+        together = (bt.projections(self.candidates, x, first, m)
+                    if bt.project and all(self._folded(i) for i in bt.project) else None)
+        done = set(bt.project) if together is not None else set()
+        out = self._add(out, together)
+        kw = {"shortcut": False} if self.shortcut else {}
+        for i, b in enumerate(self.candidates):
+            if i not in done:
+                call = functools.partial(b.finish, x, first[i]) if i in first else \
+                    functools.partial(b, x)
+                out = self._add(out, self._branch(i, call, m, kw))
         return out
 
     def _masked_mix(self, x: torch.Tensor, m: torch.Tensor, active: Sequence[int] | None,

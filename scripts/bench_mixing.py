@@ -1,12 +1,17 @@
 """What a full-mode supernet step launches and keeps: the mixing of candidates with m_i folded
-into each candidate's last BatchNorm (issue 52 item 2) against multiplying the outputs.
+into each candidate's last BatchNorm (issue 52 item 2) and the candidates computed together
+where they read the same input (item 3, fbnas.blocks.batched) against multiplying the outputs
+one candidate at a time.
 
 Counted, not timed (deterministic, device-independent): per forward + backward of one
 full-mode step (m with a gradient, as in a θ step, and without, as in a weight step) the
 aten calls of BatchNorm, convolution and multiply over activations (4-d results), by a
 dispatch-mode counter; and the bytes autograd saves for backward (scripts.common.SavedBytes:
 distinct storages, parameters and buffers excluded). "unfolded" is the same supernet with
-every MixedOp's `folds` off: each candidate's output multiplied by m_i, as before.
+every MixedOp's `folds` off and nothing computed together: each candidate's output
+multiplied by m_i, as before item 2; "folded" folds m_i, one candidate at a time (item 2
+alone); "together" is the supernet as it is (items 2 and 3); the ratio is together /
+unfolded.
 
     python -m scripts.bench_mixing                                   # fbnet_imagenet at 56x56
     python -m scripts.bench_mixing --config configs/quickstart.yaml --input-size 16
@@ -51,10 +56,14 @@ class Calls(TorchDispatchMode):
         return out
 
 
-def unfolded(net: Supernet) -> Supernet:
+def one_by_one(net: Supernet, fold: bool = True) -> Supernet:
+    """A copy that computes each candidate alone (and, without `fold`, multiplies its output
+    by m_i)."""
     ref = copy.deepcopy(net)
     for op in ref.mixed:
-        op.folds = [False] * len(op.folds)
+        op.batches = None
+        if not fold:
+            op.folds = [False] * len(op.folds)
     return ref
 
 
@@ -84,14 +93,17 @@ def main(argv: list[str] | None = None) -> None:
           f"{sum(len(op.candidates) for op in net.mixed)} candidates, input "
           f"{a.batch}x{space.macro.in_channels}x{a.input_size}x{a.input_size}, full mode, "
           f"forward + backward, CPU, torch {torch.__version__}")
-    print(f"{'step':12s} {'figure':16s} {'unfolded':>12s} {'folded':>12s} {'ratio':>7s}")
+    print(f"{'step':12s} {'figure':16s} {'unfolded':>12s} {'folded':>12s} {'together':>12s} "
+          f"{'ratio':>7s}")
     for step, grad in (("weight step", False), ("θ step", True)):
-        (c0, b0), (c1, b1) = (measure(n, x, grad) for n in (unfolded(net), net))
+        (c0, b0), (c1, b1), (c2, b2) = (measure(n, x, grad) for n in (
+            one_by_one(net, fold=False), one_by_one(net), net))
         for kind in KINDS:
-            r = c1[kind] / c0[kind] if c0[kind] else float("nan")
-            print(f"{step:12s} {kind:16s} {c0[kind]:12d} {c1[kind]:12d} {r:7.3f}")
+            r = c2[kind] / c0[kind] if c0[kind] else float("nan")
+            print(f"{step:12s} {kind:16s} {c0[kind]:12d} {c1[kind]:12d} {c2[kind]:12d} "
+                  f"{r:7.3f}")
         print(f"{step:12s} {'saved MiB':16s} {b0 / 2**20:12.2f} {b1 / 2**20:12.2f} "
-              f"{b1 / b0:7.3f}")
+              f"{b2 / 2**20:12.2f} {b2 / b0:7.3f}")
 
 
 if __name__ == "__main__":

@@ -194,3 +194,21 @@ def slow_reference_op(monkeypatch, factor: float) -> None:
         return run
 
     monkeypatch.setattr(FakeTimer, "prepare", slower)
+
+
+def count_candidate_calls(net) -> list[list[int]]:
+    """calls[l][i]: how many times candidate i of searchable layer l of `net` (a Supernet)
+    ran. An IRF candidate is counted at its projection conv, which runs once per candidate
+    forward whether the layer computed it alone or with others up to its first depthwise
+    stage (fbnas.blocks.batched); any other candidate at its own forward."""
+    from fbnas.blocks.irf import IRFForward
+
+    calls = [[0] * len(op.candidates) for op in net.mixed]
+    for li, op in enumerate(net.mixed):
+        for i, block in enumerate(op.candidates):
+            where = block.pwl[0] if isinstance(block, IRFForward) else block
+
+            def hook(*_, li=li, i=i):
+                calls[li][i] += 1
+            where.register_forward_hook(hook)
+    return calls

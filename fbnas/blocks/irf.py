@@ -107,10 +107,26 @@ class IRFForward(nn.Module):
         reads = hidden if hidden is not None and hidden.requires_grad else None
         after = None if reads is not None else hidden
         h = self.shuffle(conv_bn(self.pw, x, after))
-        for stage in self.dw:
-            h = conv_bn(stage, h, after, reads)
-        y = conv_bn(self.pwl, self.se(h), times(out, scale), reads)
+        return self.finish(x, conv_bn(self.dw[0], h, after, reads), shortcut, scale, hidden,
+                           out)
+
+    def finish(self, x: torch.Tensor, h: torch.Tensor, shortcut: bool = True,
+               scale: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward` from `h`, the activation after the first depthwise stage (where a layer
+        computed several candidates' stages up to there together: fbnas.blocks.batched)."""
+        reads = hidden if hidden is not None and hidden.requires_grad else None
+        after = None if reads is not None else hidden
+        y = conv_bn(self.pwl, self.to_projection(h, after, reads), times(out, scale), reads)
         return x + y if self.has_skip and shortcut else y
+
+    def to_projection(self, h: torch.Tensor, after: torch.Tensor | None = None,
+                      reads: torch.Tensor | None = None) -> torch.Tensor:
+        """The projection's input from `h` (after the first depthwise stage): a cascade's
+        second depthwise stage, then squeeze-excite."""
+        for stage in list(self.dw)[1:]:
+            h = conv_bn(stage, h, after, reads)
+        return self.se(h)
 
 
 class IRFBlock(IRFForward):

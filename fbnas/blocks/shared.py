@@ -181,6 +181,7 @@ class _SlicedConv(nn.Module):
         object.__setattr__(self, "store", store)
         self.key, self.spec, self.c_in = key, spec, c_in
         self.stride, self.padding = stride, spec.kernel // 2 if depthwise else 0
+        self.kernel_size = (spec.kernel,) * 2 if depthwise else (1, 1)
         self.groups = c_in * spec.expansion if depthwise else spec.groups
 
     def conv_weight(self) -> torch.Tensor:

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY_SPACE, digits_run_config, randomise_bn
+from conftest import TINY_SPACE, count_candidate_calls, digits_run_config, randomise_bn
 
 from fbnas.arch import arch_from_indices, build_child
 from fbnas.blocks.shared import SlicedIRF, UsedSlices, child_state, sharable
@@ -127,11 +127,7 @@ def test_a_shared_weight_search_runs_in_every_mode_deterministically(tmp_path, m
 def test_weight_sampling_trains_weights_on_single_paths_and_theta_on_the_mode(tmp_path):
     t = _tiny_search(tmp_path, mode="full", weight_sampling="single_path")
     # after the warm-up a weight step computes one candidate per layer, a θ step all of them
-    calls = [[0] * len(op.candidates) for op in t.model.mixed]
-    for li, op in enumerate(t.model.mixed):
-        for i, block in enumerate(op.candidates):
-            block.register_forward_hook(lambda *_, li=li, i=i: calls[li].__setitem__(
-                i, calls[li][i] + 1))
+    calls = count_candidate_calls(t.model)
     x, y = next(iter(t.data.w_loader))
     t.weight_step(x, y)
     assert all(sum(c) <= 1 for c in calls)

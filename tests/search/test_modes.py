@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_SPACE, digits_run_config
+from conftest import TINY_SPACE, count_candidate_calls, digits_run_config
 from scipy import stats
 
 from fbnas import supernet as supernet_mod
@@ -41,22 +41,11 @@ def random_theta(net: Supernet) -> None:
             t.copy_(torch.randn(len(t)))
 
 
-def count_calls(net: Supernet) -> list[list[int]]:
-    """calls[l][i]: how many times candidate i of layer l ran (forward hooks)."""
-    calls = [[0] * len(op.candidates) for op in net.mixed]
-    for li, op in enumerate(net.mixed):
-        for i, block in enumerate(op.candidates):
-            def hook(*_, li=li, i=i):
-                calls[li][i] += 1
-            block.register_forward_hook(hook)
-    return calls
-
-
 @pytest.mark.parametrize("mode", MODES.choices())
 def test_only_the_sampled_candidates_run(tiny_space, mode):
     net = Supernet(tiny_space, COSTS, mode=mode)
     random_theta(net)
-    calls = count_calls(net)
+    calls = count_candidate_calls(net)
     for _ in range(5):
         for c in calls:
             c[:] = [0] * len(c)
@@ -297,7 +286,7 @@ def test_checkpointing_recomputes_and_the_bn_guard_is_what_keeps_statistics(tiny
     """Without the guard the recompute in backward would update BN statistics a second time
     (so the test above would catch a broken guard)."""
     net = Supernet(tiny_space, COSTS, checkpoint_activations=True)
-    calls = count_calls(net)
+    calls = count_candidate_calls(net)
     m = [torch.tensor([0.2, 0.3, 0.5])] * 3
     x = torch.randn(4, 3, 16, 16)
     logits, _ = net(x, m=m)
@@ -318,7 +307,7 @@ def test_checkpointing_recomputes_and_the_bn_guard_is_what_keeps_statistics(tiny
 
 def test_no_checkpointing_in_eval_or_without_grad(tiny_space):
     net = Supernet(tiny_space, COSTS, checkpoint_activations=True)
-    calls = count_calls(net)
+    calls = count_candidate_calls(net)
     m = [torch.tensor([0.2, 0.3, 0.5])] * 3
     with torch.no_grad():
         net(torch.randn(2, 3, 16, 16), m=m)
@@ -334,7 +323,7 @@ def test_trainer_steps_compute_only_the_sampled_paths(tmp_path, mode):
     t = SearchTrainer(make_cfg(tmp_path, mode=mode), tmp_path / "run")
     try:
         assert t.model.mode == mode
-        calls = count_calls(t.model)
+        calls = count_candidate_calls(t.model)
         x, y = next(iter(t.data.w_loader))
         theta0 = [p.detach().clone() for p in t.model.arch_parameters()]
         out = t.weight_step(x, y)
@@ -364,7 +353,7 @@ def test_uniform_paths_train_the_sampled_path_and_n_uniform_ones(tmp_path):
     single paths, one candidate each per layer, and θ gets no gradient."""
     t = SearchTrainer(make_cfg(tmp_path, mode="reinforce", uniform_paths=2), tmp_path / "run")
     try:
-        calls = count_calls(t.model)
+        calls = count_candidate_calls(t.model)
         x, y = next(iter(t.data.w_loader))
         out = t.weight_step(x, y)
         assert set(out) == {"ce", "acc", "cost"}

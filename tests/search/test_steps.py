@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import digits_run_config, one_line_error
+from conftest import count_candidate_calls, digits_run_config, one_line_error
 
 from fbnas.config import config_from_dict
 from fbnas.search.steps import distillation
@@ -22,21 +22,12 @@ def _trainer(tmp_path, **search):
     return SearchTrainer(config_from_dict(copy.deepcopy(d), "s.yaml"), tmp_path / "run")
 
 
-def _calls(t):
-    calls = [[0] * len(op.candidates) for op in t.model.mixed]
-    for li, op in enumerate(t.model.mixed):
-        for i, block in enumerate(op.candidates):
-            block.register_forward_hook(lambda *_, li=li, i=i: calls[li].__setitem__(
-                i, calls[li][i] + 1))
-    return calls
-
-
 @pytest.mark.parametrize("uniform", [0, 1])
 def test_sandwich_trains_the_dearest_path_besides_the_sampled_ones(tmp_path, uniform):
     t = _trainer(tmp_path, sandwich=True, uniform_paths=uniform)
     try:
         t.epoch = 1  # past the warm-up: the mode's sampled path (and a uniform one)
-        calls = _calls(t)
+        calls = count_candidate_calls(t.model)
         dear = t.net.dearest_path()
         costs = [c.tolist() for c in t.net.cost_rows()]
         assert all(c[i] == max(c) for c, i in zip(costs, dear, strict=True))
