@@ -192,6 +192,11 @@ class SearchConfig:
     final_pick: str = setting("path", "str", choices=("theta", "path"), resumable=True,
                               added="theta")
     final_candidates: int = setting(8, "int", min=1, max=64, resumable=True)
+    # then the `final_train` best-ranked of them trained from scratch with the retrain
+    # section (its seed, threads and epochs) and ranked by that training's validation
+    # accuracy (then CE) ahead of the rest: a few real trainings of the supernet's shortlist
+    # (the cost of each is a child training; 0: none). docs/bench.md, "the duel"
+    final_train: int = setting(0, "int", min=0, max=16, resumable=True, added=0)
     # torch.compile every block of the supernet (stem, each candidate, head) in place: one
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
     compile: bool = setting(False, "bool", resumable=True, added=False)

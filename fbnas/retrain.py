@@ -17,7 +17,10 @@ epoch's weights.
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from fbnas.latency.end_to_end import measure_child_ms
 from fbnas.rng import rng_state, seed_everything
 from fbnas.runs.results import results_record, write_results
 from fbnas.runs.search_run import SearchRun
+from fbnas.training import close_logger
 from fbnas.training.guard import fused_optimizer, keep_fused
 from fbnas.training.loop import EpochRunner, NonFiniteLoss, torch_threads
 from fbnas.training.resume import ResumePolicy
@@ -305,6 +309,34 @@ class ChildTrainer(EpochRunner):
         for k, v in rec.items():
             if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 writer.add_scalar(f"retrain/{k}", v, rec["epoch"])
+
+
+def train_child(cfg: Config, arch: Architecture, seed: int, work: str | Path,
+                threads: int | None = None) -> dict[str, float]:
+    """`arch` trained from scratch with the config's retrain section at retrain.seed = `seed`
+    (retrain.threads = `threads` where given; no latency measured) in a scratch folder,
+    removed after: validation accuracy and CE of the last epoch, test accuracy and CE, and
+    the training's wall seconds (set-up and test included). What random search trains
+    (fbnas.bench.duel) and what the final pick's `search.final_train` trains."""
+    r = replace(cfg.retrain, seed=seed, measure_latency=False,
+                threads=threads if threads is not None else cfg.retrain.threads)
+    c = replace(cfg, retrain=r, run=replace(cfg.run, progress=False, tensorboard=False))
+    run = Path(work) / f"{arch.short_hash}-{seed}"
+    shutil.rmtree(run, ignore_errors=True)
+    quiet = logging.getLogger("fbnas.retrain.train_child")
+    quiet.setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    try:
+        t = ChildTrainer(c, arch, run, log=quiet)
+        try:
+            res = t.fit()
+        finally:
+            close_logger(t.log)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+    return {"val_acc": float(res["val_top1"]), "val_ce": float(res["val_ce"]),
+            "test_acc": float(res["top1"]), "test_ce": float(res["test_ce"]),
+            "seconds": time.perf_counter() - t0}
 
 
 def target_ms_of(meta: Any) -> float | None:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from fbnas.arch import Architecture, arch_indices
+from fbnas.arch import Architecture, arch_from_indices, arch_indices
 from fbnas.config import Config
 from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
@@ -40,6 +40,7 @@ from fbnas.fit.costs import CostSource, shared_costs
 from fbnas.fit.onto_target import range_warning
 from fbnas.fit.select import select
 from fbnas.io import write_json_atomic
+from fbnas.retrain import train_child
 from fbnas.rng import rng_state, seed_everything
 from fbnas.search.figures import epoch_line, tb_scalars
 from fbnas.search.modes import get_mode, ignored_note, refuse_as_theta_mode
@@ -321,8 +322,19 @@ class SearchTrainer(SearchSteps, EpochRunner):
         sel = select(self.cfg, list(self.net.theta), self.costs,
                      getattr(self.loss, "target", None), self.log.info, str(self.run_dir),
                      score_paths=self.score_paths if self.data.val_loader is not None else None,
-                     dist=self.dist)
+                     train=None if self.dist.distributed else self.train_path, dist=self.dist)
         return sel.architecture(self.cfg, f"{self.cfg.space.name}_search", run=str(self.run_dir))
+
+    def train_path(self, indices: list[int]) -> dict[str, float]:
+        """`search.final_train`: the network trained from scratch with the retrain section
+        (in a scratch folder of the run, removed after); its validation figures."""
+        arch = arch_from_indices(self.cfg.space, indices, "final_train")
+        work = self.run_dir / "final_train"
+        try:
+            return train_child(self.cfg, arch, self.cfg.retrain.seed, work)
+        finally:
+            with contextlib.suppress(OSError):
+                work.rmdir()
 
     def score_paths(self, cands: list[list[int]]) -> list[dict[str, float]]:
         """The final pick's scores: each candidate's path on the supernet, BN re-estimated,

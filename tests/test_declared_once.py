@@ -45,7 +45,9 @@ OLD_SEARCH_RESUMABLE = {
     ("search", "fit_rounds"), ("search", "compile"), ("search", "compile_backend"),
     ("run", "nan_check"),
     # declared since (issue 39): the final pick, applied after the last epoch
-    ("search", "final_pick"), ("search", "final_candidates")}
+    ("search", "final_pick"), ("search", "final_candidates"),
+    # declared since (issue 51): the final pick's trainings, applied after the last epoch
+    ("search", "final_train")}
 OLD_SEARCH_ADDED = {
     ("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
     ("search", "warmup_sampling"): "mode", ("search", "checkpoint_activations"): False,
@@ -56,7 +58,7 @@ OLD_SEARCH_ADDED = {
     ("search", "uniform_paths"): 0,
     # declared since (issue 39): what runs before them did
     ("search", "shared_update"): "all", ("search", "sandwich"): False,
-    ("search", "final_pick"): "theta",
+    ("search", "final_pick"): "theta", ("search", "final_train"): 0,
     # declared since (issue 51): dataset cluttered_digits, which runs before them did not use
     **{("data", k): v for k, v in (("clutter_digit_size", 8), ("clutter_fragments", 2),
                                    ("clutter_fragment_size", 4), ("clutter_per_source", 3),

@@ -40,7 +40,6 @@ the pick beats one of them, ties half).
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import random
@@ -50,7 +49,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +62,9 @@ from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here, fit_measurer
 from fbnas.io import atomic_write
-from fbnas.retrain import ChildTrainer
+from fbnas.retrain import train_child
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
-from fbnas.training import close_logger
 from fbnas.training.loop import torch_threads
 
 MAX_DRAWS = 100_000  # draws in a row without a new network in the band: it is exhausted
@@ -77,33 +75,6 @@ Train = Callable[[list[int]], dict[str, float]]
 
 
 # ---- one child trained with the child recipe ----------------------------------------------------
-def train_child(cfg: Config, arch: Architecture, seed: int, work: str | Path,
-                threads: int | None = None) -> dict[str, float]:
-    """`arch` trained from scratch with the config's retrain section at retrain.seed = `seed`
-    (retrain.threads = `threads` where given; no latency measured) in a scratch folder,
-    removed after: validation accuracy and CE of the last epoch, test accuracy and CE, and
-    the training's wall seconds (set-up and test included)."""
-    r = replace(cfg.retrain, seed=seed, measure_latency=False,
-                threads=threads if threads is not None else cfg.retrain.threads)
-    c = replace(cfg, retrain=r, run=replace(cfg.run, progress=False, tensorboard=False))
-    run = Path(work) / f"{arch.short_hash}-{seed}"
-    shutil.rmtree(run, ignore_errors=True)
-    quiet = logging.getLogger("fbnas.bench.duel.train")
-    quiet.setLevel(logging.WARNING)
-    t0 = time.perf_counter()
-    try:
-        t = ChildTrainer(c, arch, run, log=quiet)
-        try:
-            res = t.fit()
-        finally:
-            close_logger(t.log)
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
-    return {"val_acc": float(res["val_top1"]), "val_ce": float(res["val_ce"]),
-            "test_acc": float(res["top1"]), "test_ce": float(res["test_ce"]),
-            "seconds": time.perf_counter() - t0}
-
-
 # ---- random search at equal cost -----------------------------------------------------------
 @dataclass
 class Trained:

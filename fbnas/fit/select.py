@@ -4,7 +4,8 @@
     table fit   θ fitted onto the loss's target by the cost table (`table_fit`)
     pick        `search.final_pick: path`: the most probable networks near that cost, ranked by
                 their paths on the supernet (`pick_candidates`; a finished run's recorded
-                ranking is read back instead)
+                ranking is read back instead); with `search.final_train: K`, the K best
+                of them trained from scratch and ranked first by that (`train_ranked`)
     measured fit
                 the first of them timed end to end and re-fitted until it measures within
                 `search.fit_tolerance`, where `search.fit_measure` allows and this machine can
@@ -238,16 +239,37 @@ def rank_paths(cands: list[list[int]], scores: list[dict[str, float]]
                     "candidates_indices": [list(map(int, c)) for c in cands]}
 
 
+def train_ranked(prefer: list[list[int]], train: Callable[[list[int]], dict[str, float]],
+                 k: int, log: Callable[[str], None]) -> tuple[list[list[int]], list[dict]]:
+    """The `k` best-ranked of `prefer` trained (`train(indices)` -> {val_acc, val_ce, ...})
+    and put first in the order of their validation accuracy (then CE), the rest after them
+    as they were; and what each training read (the arch file's final_pick.trained)."""
+    top = prefer[:k]
+    got = [train(list(p)) for p in top]
+    order = sorted(range(len(top)), key=lambda i: (-got[i]["val_acc"], got[i]["val_ce"]))
+    rec = [{"indices": list(map(int, top[i])), "supernet_rank": i,
+            "val_acc": round(got[i]["val_acc"], 4), "val_ce": round(got[i]["val_ce"], 4),
+            "seconds": round(got[i].get("seconds", 0.0), 1)} for i in range(len(top))]
+    log(f"final pick: the {len(top)} best-ranked networks trained: val acc "
+        + ", ".join(f"{got[i]['val_acc']:.3f}" for i in range(len(top)))
+        + f" (by supernet rank); first now the supernet's #{order[0] + 1}")
+    return [top[i] for i in order] + prefer[k:], rec
+
+
 def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float | None,
            log: Callable[[str], None], run: str = "RUN", *,
            score_paths: Callable[[list[list[int]]], list[dict[str, float]]] | None = None,
+           train: Callable[[list[int]], dict[str, float]] | None = None,
            recorded: Sequence[Sequence[int]] = (), fit_measure: str | None = None,
            measure: Measurer | None = None, dist: Any = None) -> Selection:
     """The network a search returns for `target` (module docstring: argmax, table fit, pick,
     measured fit). `score_paths(cands)`: each candidate path's validation {acc, ce} on the
-    supernet (the pick; called on every rank); `recorded`: a finished run's ranked pick, used
-    instead; `fit_measure` overrides `search.fit_measure`; `measure` times a network instead
-    of the clock (a simulation); `dist`: rank 0 times, the other ranks receive its choice."""
+    supernet (the pick; called on every rank); `train(indices)`: a child trained from
+    scratch, its {val_acc, val_ce} (`search.final_train`: the best-ranked ones re-ranked by
+    it; None where it cannot run, e.g. under torchrun); `recorded`: a finished run's ranked
+    pick, used instead; `fit_measure` overrides `search.fit_measure`; `measure` times a
+    network instead of the clock (a simulation); `dist`: rank 0 times, the other ranks
+    receive its choice."""
     s = cfg.search
     if target is None or not s.fit_target:
         return Selection([int(t.argmax()) for t in theta])
@@ -263,6 +285,15 @@ def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: fl
             f"supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
             f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
         prefer = [cands[i] for i in ranked]
+        if s.final_train and train is not None:
+            prefer, meta["final_pick"]["trained"] = train_ranked(prefer, train,
+                                                                 s.final_train, log)
+            pos = {tuple(c): i for i, c in enumerate(cands)}
+            meta["final_pick"]["ranked"] = [pos[tuple(p)] for p in prefer]
+            meta["final_pick"]["chosen"] = meta["final_pick"]["ranked"][0]
+        elif s.final_train:
+            log("search.final_train skipped: the final pick cannot train networks here "
+                "(under torchrun)")
     main = dist is None or dist.is_main
     distributed = dist is not None and dist.distributed
     got: tuple = ()

@@ -229,3 +229,46 @@ def test_the_final_pick_returns_the_best_path_among_the_likeliest_networks_of_th
     finally:
         close_logger(t2.log)
     assert "final_pick" not in a2.meta and arch_indices(t2.cfg.space, a2) == want.indices
+
+
+def test_final_train_trains_the_best_ranked_networks_and_returns_the_best_trained(tmp_path,
+                                                                                    monkeypatch):
+    """`search.final_train: 2`: the two networks the supernet ranks best are trained from
+    scratch (the retrain recipe, the run's scratch folder removed after) and the one that
+    trains to the better validation accuracy is returned, ranked first in the record (which
+    a re-fit reads back); the others keep the supernet's order after them."""
+    import fbnas.trainer as trainer_mod
+
+    trained: list[list[int]] = []
+    real = trainer_mod.train_child
+
+    def spy(cfg, arch, seed, work, threads=None):
+        trained.append(arch_indices(cfg.space, arch))
+        r = real(cfg, arch, seed, work, threads)
+        # the supernet's second is made the better trained one
+        r["val_acc"] = 0.9 if len(trained) == 2 else 0.1
+        return r
+
+    monkeypatch.setattr(trainer_mod, "train_child", spy)
+    t = _trainer(tmp_path, loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
+                 search={"mode": "reinforce", "weights": "shared", "epochs": 2,
+                         "warmup_epochs": 1, "final_candidates": 5, "final_train": 2},
+                 retrain={"epochs": 1, "warmup_epochs": 0}, space=PICK_SPACE)
+    try:
+        t.fit()  # returns arch_hard.yaml through the final pick
+    finally:
+        close_logger(t.log)
+    arch = SearchRun.open(tmp_path / "run").arch
+    pick = arch.meta["final_pick"]
+    cands, accs = pick["candidates_indices"], pick["path_acc"]
+    rec = pick["trained"]
+    assert len(trained) == 2 and [r["indices"] for r in rec] == trained
+    assert [r["supernet_rank"] for r in rec] == [0, 1]
+    assert sorted(accs[cands.index(i)] for i in trained) == sorted(accs)[-2:]
+    assert [r["val_acc"] for r in rec] == [0.1, 0.9]
+    second = cands.index(trained[1])
+    assert pick["chosen"] == second and arch_indices(t.cfg.space, arch) == trained[1]
+    assert pick["ranked"][:2] == [second, cands.index(trained[0])]
+    assert not (tmp_path / "run" / "final_train").exists()
+    ranked, _ = SearchRun.open(tmp_path / "run").recorded_pick
+    assert ranked[0] == trained[1]
