@@ -437,3 +437,30 @@ def test_duel(tiny_bench, tmp_path, capsys):
 
     assert duel_main([*argv, "--retrain-seeds", "0,1"]) == 2
     assert "fresh seeds" in capsys.readouterr().err
+
+
+def test_band_ranking(tiny, tmp_path, capsys):
+    """A tiny search, a pairs file whose random side trained three networks of its band (test
+    accuracy made to follow θ's log-probability): τ of θ's log-probability reads +1."""
+    from fbnas.arch import log_prob
+    from fbnas.cli import main as fbnas_main
+    from fbnas.runs.search_run import SearchRun
+    from scripts.band_ranking import band
+
+    run_dir = tmp_path / "run"
+    assert fbnas_main(["train", "--config", tiny, "--set", f"run.dir={run_dir}"]) == 0
+    run = SearchRun.open(run_dir)
+    by_lp = {round(log_prob(run.theta, i), 9): i for i in band(run, 0.5)}  # distinct ones
+    nets = [by_lp[k] for k in sorted(by_lp)][-3:]
+    assert len(nets) == 3
+    trained = [{"indices": list(i), "test_acc": 0.1 * (k + 1)} for k, i in enumerate(nets)]
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps({"pairs": {"0.5x/seed0": {
+        "target": "0.5x", "seed": 0, "random": {"trained": trained}}}}))
+    out = run_main("band_ranking", [str(run_dir), "--pairs", str(pairs), "--band", "0.5"],
+                   capsys)
+    assert re.search(r"3 with trained truth", out), out
+    assert re.search(r"θ log-prob\s+Kendall τ \+1\.000", out), out
+    # (the tiny supernet reads one accuracy on every path: τ undefined, printed as nan)
+    assert re.search(r"path acc\s+Kendall τ [+-](\d\.\d+|nan)\s+Spearman", out), out
+    assert "the supernet's first among them: percentile" in out
