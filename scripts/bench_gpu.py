@@ -34,6 +34,9 @@ distinct convolution configuration (shape, stride, groups, layout, dtype) and, w
 search.compile, compilation; printed per variant as `warm-up (3 steps ...)`. A space with many
 distinct candidate shapes (the ImageNet space's kernels x expansions x stages) pays it once per
 configuration and layout; bf16 + channels_last pays most (the figures: docs/measurements.md).
+In full mode a layer's candidates computed together (fbnas.blocks.batched) make fewer distinct
+configurations: on the ImageNet space, one forward, 99 instead of 125 (and 338 convolution /
+184 BatchNorm calls instead of 536 / 536; counted on the CPU, 2026-11-28), so less warm-up.
 
 The default config is configs/fbnet_imagenet.yaml, whose runs keep 100 of ImageNet's classes
 (`data.classes: 100`): synthetic data refuses `data.classes`, so the table is made with the head
