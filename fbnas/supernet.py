@@ -286,7 +286,9 @@ class Supernet(nn.Module):
         stays in Python, so a step of any search mode runs compiled blocks whatever it samples:
         a block compiles once per input shape and train/eval state (its recompilation limit is
         raised to fit), never once per sampled path. A block whose compilation fails runs
-        eagerly (dynamo's suppress_errors). Returns the number of blocks compiled."""
+        eagerly (dynamo's suppress_errors). Candidates are then computed one by one (each
+        through its compiled forward), not together (fbnas.blocks.batched). Returns the
+        number of blocks compiled."""
         import torch._dynamo as dynamo
 
         if not hasattr(nn.Module, "compile"):
@@ -306,6 +308,8 @@ class Supernet(nn.Module):
         dynamo.config.suppress_errors = True
         for m in mods:
             m.compile(backend=backend)
+        for op in self.mixed:  # each candidate through its compiled forward, not together
+            op.batches = None
         return len(mods)
 
     # ---- parameters, told apart by identity -----------------------------------------------

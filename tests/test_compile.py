@@ -41,6 +41,9 @@ def test_a_compiled_search_computes_what_the_eager_one_does(tmp_path, mode):
     blocks = [comp.model.stem, comp.model.head,
               *(b for op in comp.model.mixed for b in op.candidates)]
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in blocks)
+    # each candidate through its compiled forward, none computed together
+    assert all(op.batches is None for op in comp.model.mixed)
+    assert any(op.batches is not None for op in eager.model.mixed)
     # compiled in place: the checkpoint's keys are the eager model's
     assert list(comp.model.state_dict()) == list(eager.model.state_dict())
     for a, b in zip(eager.model.arch_parameters(), comp.model.arch_parameters(), strict=True):
