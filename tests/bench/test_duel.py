@@ -3,6 +3,7 @@ bootstrap interval and wins by hand, the pair records resumed, and one tiny pair
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -284,7 +285,8 @@ def test_equal_cost_random_times_networks_as_the_measured_fit_does(tmp_path, mon
         assert abs(t.predicted / run.target - 1) <= 0.1
     assert len(trained) == len(rs.trained) and rs.kept == len(rs.trained) + rs.dropped
     monkeypatch.setattr(type(run), "config", property(
-        lambda self: duel.replace(cfg, search=duel.replace(cfg.search, fit_measure="off"))))
+        lambda self: dataclasses.replace(cfg, search=dataclasses.replace(cfg.search,
+                                                                  fit_measure="off"))))
     rs = duel.equal_cost_random(run, 0.05, 0, tmp_path / "w", 1, lines.append)
     assert not rs.measured and "fit_measure is off" in rs.skipped_measure
     assert len(lines) == 1 and "not timed end to end" in lines[0]
