@@ -212,3 +212,17 @@ def count_candidate_calls(net) -> list[list[int]]:
                 calls[li][i] += 1
             where.register_forward_hook(hook)
     return calls
+
+
+def assert_same_grads_and_buffers(net, ref, what: str) -> None:
+    """Every parameter's gradient (present in both or neither) and every buffer of `net`
+    equal to `ref`'s, in float64 tolerances; `what` names the case in a failure."""
+    import torch
+
+    for (k, p), (_, q) in zip(net.named_parameters(), ref.named_parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), (what, k)
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12,
+                                       msg=f"{what} {k}")
+    for (k, b), (_, c) in zip(net.named_buffers(), ref.named_buffers(), strict=True):
+        torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-12, msg=f"{what} {k}")

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY_SPACE
+from conftest import TINY_SPACE, assert_same_grads_and_buffers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fbnas.search.modes import MODES
@@ -46,16 +46,6 @@ def _net(weights: str, channels_last: bool, ckpt: bool = False):
     return net, ref, x
 
 
-def _same(net, ref, what: str) -> None:
-    for (k, p), (_, q) in zip(net.named_parameters(), ref.named_parameters(), strict=True):
-        assert (p.grad is None) == (q.grad is None), (what, k)
-        if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12,
-                                       msg=f"{what} {k}")
-    for (k, b), (_, c) in zip(net.named_buffers(), ref.named_buffers(), strict=True):
-        torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-12, msg=f"{what} {k}")
-
-
 def _step(net, x, mode: str, seed: int, frozen: bool = False):
     torch.manual_seed(seed)
     s = net.sample_path(1.5, mode=mode)
@@ -80,7 +70,7 @@ def test_candidates_computed_together_change_nothing(weights, channels_last):
             got = _step(net, x, mode, seed, frozen)
             want = _step(ref, x, mode, seed, frozen)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=mode)
-            _same(net, ref, f"{mode} frozen={frozen}")
+            assert_same_grads_and_buffers(net, ref, f"{mode} frozen={frozen}")
     net.eval(), ref.eval()
     with torch.no_grad():
         outs = []
@@ -98,14 +88,14 @@ def test_recalibration_and_checkpointed_steps_keep_each_candidates_statistics():
     m = [torch.softmax(t.detach(), -1) for t in net.theta]
     for n in (net, ref):
         n.recalibrate_bn([x[:2], x[2:]], m, None)
-    _same(net, ref, "recalibrated")
+    assert_same_grads_and_buffers(net, ref, "recalibrated")
     assert int(net.mixed[0].candidates[0].pw[1].num_batches_tracked) == 2
     for n in (net, ref):
         n.train()
     net.zero_grad(), ref.zero_grad()
     torch.testing.assert_close(_step(net, x, "full", 0), _step(ref, x, "full", 0),
                                rtol=1e-12, atol=1e-12)
-    _same(net, ref, "checkpointed")
+    assert_same_grads_and_buffers(net, ref, "checkpointed")
 
 
 class _Calls(TorchDispatchMode):

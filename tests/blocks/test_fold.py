@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY_SPACE
+from conftest import TINY_SPACE, assert_same_grads_and_buffers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fbnas.search.modes import MODES
@@ -54,13 +54,7 @@ def test_folding_m_into_the_last_batchnorm_changes_nothing(weights, channels_las
         net.zero_grad(), ref.zero_grad()
         got, want = _step(net, x, mode, seed), _step(ref, x, mode, seed)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=mode)
-        for (k, p), (_, q) in zip(net.named_parameters(), ref.named_parameters(), strict=True):
-            assert (p.grad is None) == (q.grad is None), (mode, k)
-            if p.grad is not None:
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12,
-                                           msg=f"{mode} {k}")
-        for (k, b), (_, c) in zip(net.named_buffers(), ref.named_buffers(), strict=True):
-            torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-12, msg=f"{mode} {k}")
+        assert_same_grads_and_buffers(net, ref, mode)
     assert net.state_dict().keys() == ref.state_dict().keys()
 
 
