@@ -358,14 +358,20 @@ def test_fit_measure_reads_yaml_booleans(tmp_path, raw, want):
 
 
 
+def _every_network(seed: int):
+    """A 6-layer x 5-op space: its rows and θ, every network, its predicted cost, and a
+    target at the median cost."""
+    rows, theta = _space(seed)
+    combos = list(itertools.product(range(5), repeat=6))
+    cost = {c: predicted_cost(rows, 0.0, c) for c in combos}
+    return rows, theta, combos, cost, sorted(cost.values())[len(cost) // 2]
+
+
 def test_the_measured_fit_prefers_the_final_picks_ranked_networks():
     """The pick (ranked first) measures +2% on a device 2% slower than its table: the fit
     times next the best-ranked network predicted near the corrected goal, not θ's own fit,
     and returns it, though θ finds it the least probable of the networks there."""
-    rows, theta = _space(2)
-    combos = list(itertools.product(range(5), repeat=6))
-    cost = {c: predicted_cost(rows, 0.0, c) for c in combos}
-    target = sorted(cost.values())[len(cost) // 2]
+    rows, theta, combos, cost, target = _every_network(2)
 
     def measure(idx):
         return 1.02 * predicted_cost(rows, 0.0, idx), 0.01
@@ -388,10 +394,7 @@ def test_the_measured_fit_stays_among_the_ranked_networks_where_one_is_near_the_
     within the middle band (±tol/2) is returned over an unranked one measured nearer: the
     supernet ranks a band far better than θ does (on the duel's task, Kendall τ about 0.77
     against 0.68), and θ's re-fit had returned networks outside the ranking."""
-    rows, theta = _space(2)
-    combos = list(itertools.product(range(5), repeat=6))
-    cost = {c: predicted_cost(rows, 0.0, c) for c in combos}
-    target = sorted(cost.values())[len(cost) // 2]
+    rows, theta, combos, cost, target = _every_network(2)
 
     def measure(idx):
         return 1.03 * predicted_cost(rows, 0.0, idx), 0.005
