@@ -192,11 +192,17 @@ class SearchConfig:
     final_pick: str = setting("path", "str", choices=("theta", "path"), resumable=True,
                               added="theta")
     final_candidates: int = setting(8, "int", min=1, max=64, resumable=True)
+    # and this many more drawn uniformly from the same band (seeded by `seed`), so that the
+    # pick ranks networks across the band, not only θ's most probable family (0: none)
+    final_band_draws: int = setting(0, "int", min=0, max=4096, resumable=True, added=0)
     # then the `final_train` best-ranked of them trained from scratch with the retrain
     # section (its seed, threads and epochs) and ranked by that training's validation
     # accuracy (then CE) ahead of the rest: a few real trainings of the supernet's shortlist
     # (the cost of each is a child training; 0: none). docs/bench.md, "the duel"
     final_train: int = setting(0, "int", min=0, max=16, resumable=True, added=0)
+    # the networks `final_train` trains differ pairwise in at least this many layers (the
+    # best-ranked first, a near copy of one already chosen passed over; 1: any two)
+    final_train_distinct: int = setting(1, "int", min=1, max=64, resumable=True, added=1)
     # torch.compile every block of the supernet (stem, each candidate, head) in place: one
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
     compile: bool = setting(False, "bool", resumable=True, added=False)

@@ -47,7 +47,8 @@ OLD_SEARCH_RESUMABLE = {
     # declared since (issue 39): the final pick, applied after the last epoch
     ("search", "final_pick"), ("search", "final_candidates"),
     # declared since (issue 51): the final pick's trainings, applied after the last epoch
-    ("search", "final_train")}
+    ("search", "final_train"), ("search", "final_band_draws"),
+    ("search", "final_train_distinct")}
 OLD_SEARCH_ADDED = {
     ("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
     ("search", "warmup_sampling"): "mode", ("search", "checkpoint_activations"): False,
@@ -59,6 +60,7 @@ OLD_SEARCH_ADDED = {
     # declared since (issue 39): what runs before them did
     ("search", "shared_update"): "all", ("search", "sandwich"): False,
     ("search", "final_pick"): "theta", ("search", "final_train"): 0,
+    ("search", "final_band_draws"): 0, ("search", "final_train_distinct"): 1,
     # declared since (issue 51): dataset cluttered_digits, which runs before them did not use
     **{("data", k): v for k, v in (("clutter_digit_size", 8), ("clutter_fragments", 2),
                                    ("clutter_fragment_size", 4), ("clutter_per_source", 3),

@@ -21,11 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from fbnas.arch import arch_from_indices
 from fbnas.errors import FbnasError
-from fbnas.fit.onto_target import every_cost
+from fbnas.fit.band import band_members, draw_rejecting
 from fbnas.loss import parse_target, resolve_target
 
 DEFAULT_BANDS = ("0.5x", "0.8x")
@@ -91,14 +89,11 @@ def _band_rng(seed: int, band: str) -> random.Random:
 def _members(space, model, lo: float, hi: float) -> list[tuple[int, ...]]:
     """Every architecture's decision indices whose predicted cost is in [lo, hi] (a space of
     at most ENUMERATE networks), in `itertools.product` order (widths outermost)."""
-    n_ops = [len(c) for c in space.layer_candidates()]
     combos = (model.width_combos() if space.searches_widths else [()])
     out: list[tuple[int, ...]] = []
     for widths in combos:
         rows, fixed = model.rows_at(widths)
-        cost = every_cost(rows, fixed)
-        for i in np.flatnonzero((cost >= lo) & (cost <= hi)):
-            out.append((*(int(j) for j in np.unravel_index(int(i), n_ops)), *widths))
+        out.extend((*i, *widths) for i in band_members(rows, fixed, lo, hi))
     return out
 
 
@@ -116,15 +111,9 @@ def draw_band(space, model, spec: SampleSpec, band: str) -> dict[str, Any]:
         drawn = rng.sample(members, min(spec.n, len(members)))
         size, exact, draws = len(members), True, None
     else:
-        seen: dict[tuple[int, ...], None] = {}
-        draws = hits = 0
-        while len(seen) < spec.n and draws < MAX_DRAWS:
-            idx = tuple(rng.randrange(len(c)) for c in cands)
-            draws += 1
-            if lo <= model.of(list(idx)) <= hi:
-                hits += 1
-                seen.setdefault(idx, None)
-        drawn = list(seen)
+        drawn, draws, hits = draw_rejecting([len(c) for c in cands],
+                                            lambda i: lo <= model.of(i) <= hi, spec.n, rng,
+                                            MAX_DRAWS)
         size, exact = round(total * hits / draws), False
     nets = [{"hash": arch_from_indices(space, list(i)).hash(), "indices": list(i)}
             for i in drawn]

@@ -18,6 +18,7 @@ times networks).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from fbnas.backends.worker import reused_workers
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
+from fbnas.fit.band import drawn_in_band
 from fbnas.fit.costs import CostSource
 from fbnas.fit.onto_target import (
     Fit,
@@ -114,7 +116,9 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
     judges it by its time. Where the fit lies outside that band (a gap of the space's costs),
     the band is the fit's cost ± fit_tolerance, no slower than the fit or the band's top.
     At most `search.final_candidates` (decision indices; a width-searched space's at the
-    fit's widths). `fitted`: `table_fit`'s result, where the caller has it already."""
+    fit's widths), then `search.final_band_draws` more drawn uniformly from the same band
+    (`drawn_in_band`, seeded by `search.seed`). `fitted`: `table_fit`'s result, where the
+    caller has it already."""
     s = cfg.search
     tol = s.fit_tolerance
     fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
@@ -123,8 +127,13 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
     if not lo <= fit.cost <= hi:  # in a gap: around the fit's cost
         lo, hi = fit.cost * (1 - tol), min(fit.cost * (1 + tol), max(hi, fit.cost) * (1 + 1e-9))
     near = likeliest_in_band(ops, rows, fixed, lo, hi, s.final_candidates)
-    out = [list(fit.indices)] + [i for i in near if i != list(fit.indices)]
-    return [[*i, *widths] for i in out[:s.final_candidates]]
+    out = ([list(fit.indices)] + [i for i in near if i != list(fit.indices)])[:s.final_candidates]
+    if s.final_band_draws:
+        seen = {tuple(i) for i in out}
+        rng = random.Random(f"fbnas-final-pick:{s.seed}")
+        out += [i for i in drawn_in_band(rows, fixed, lo, hi, s.final_band_draws + len(out), rng)
+                if tuple(i) not in seen][:s.final_band_draws]
+    return [[*i, *widths] for i in out]
 
 
 def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
@@ -239,21 +248,38 @@ def rank_paths(cands: list[list[int]], scores: list[dict[str, float]]
                     "candidates_indices": [list(map(int, c)) for c in cands]}
 
 
+def distinct_top(prefer: list[list[int]], k: int, differ: int = 1) -> list[int]:
+    """Positions in `prefer` of its `k` best-ranked networks that differ pairwise in at least
+    `differ` decisions (each in rank order, passed over where it is that close to one already
+    taken)."""
+    out: list[int] = []
+    for j, p in enumerate(prefer):
+        if len(out) == k:
+            break
+        if all(sum(a != b for a, b in zip(p, prefer[i], strict=True)) >= differ for i in out):
+            out.append(j)
+    return out
+
+
 def train_ranked(prefer: list[list[int]], train: Callable[[list[int]], dict[str, float]],
-                 k: int, log: Callable[[str], None]) -> tuple[list[list[int]], list[dict]]:
-    """The `k` best-ranked of `prefer` trained (`train(indices)` -> {val_acc, val_ce, ...})
-    and put first in the order of their validation accuracy (then CE), the rest after them
-    as they were; and what each training read (the arch file's final_pick.trained)."""
-    top = prefer[:k]
+                 k: int, log: Callable[[str], None], differ: int = 1
+                 ) -> tuple[list[list[int]], list[dict]]:
+    """The `k` best-ranked of `prefer` that differ pairwise in at least `differ` decisions
+    (`distinct_top`) trained (`train(indices)` -> {val_acc, val_ce, ...}) and put first in
+    the order of their validation accuracy (then CE), the rest after them as they were; and
+    what each training read (the arch file's final_pick.trained)."""
+    taken = distinct_top(prefer, k, differ)
+    top = [prefer[j] for j in taken]
     got = [train(list(p)) for p in top]
     order = sorted(range(len(top)), key=lambda i: (-got[i]["val_acc"], got[i]["val_ce"]))
-    rec = [{"indices": list(map(int, top[i])), "supernet_rank": i,
+    rest = [p for j, p in enumerate(prefer) if j not in set(taken)]
+    rec = [{"indices": list(map(int, top[i])), "supernet_rank": taken[i],
             "val_acc": round(got[i]["val_acc"], 4), "val_ce": round(got[i]["val_ce"], 4),
             "seconds": round(got[i].get("seconds", 0.0), 1)} for i in range(len(top))]
     log(f"final pick: the {len(top)} best-ranked networks trained: val acc "
         + ", ".join(f"{got[i]['val_acc']:.3f}" for i in range(len(top)))
-        + f" (by supernet rank); first now the supernet's #{order[0] + 1}")
-    return [top[i] for i in order] + prefer[k:], rec
+        + f" (by supernet rank); first now the supernet's #{taken[order[0]] + 1}")
+    return [top[i] for i in order] + rest, rec
 
 
 def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float | None,
@@ -281,13 +307,15 @@ def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: fl
         scores = score_paths(cands)
         ranked, meta["final_pick"] = rank_paths(cands, scores)
         best = ranked[0]
-        log(f"final pick: of {len(cands)} networks near the fitted cost, the best path on the "
+        log(f"final pick: of {len(cands)} networks near the fitted cost"
+            + (f" (θ's most probable and up to {s.final_band_draws} drawn across the band)"
+               if s.final_band_draws else "") + ", the best path on the "
             f"supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
             f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
         prefer = [cands[i] for i in ranked]
         if s.final_train and train is not None:
-            prefer, meta["final_pick"]["trained"] = train_ranked(prefer, train,
-                                                                 s.final_train, log)
+            prefer, meta["final_pick"]["trained"] = train_ranked(
+                prefer, train, s.final_train, log, s.final_train_distinct)
             pos = {tuple(c): i for i, c in enumerate(cands)}
             meta["final_pick"]["ranked"] = [pos[tuple(p)] for p in prefer]
             meta["final_pick"]["chosen"] = meta["final_pick"]["ranked"][0]

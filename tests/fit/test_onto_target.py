@@ -4,8 +4,11 @@ search did. (Parsing targets and the target losses: tests/test_loss.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import random
+from collections import Counter
 
 import pytest
 import torch
@@ -14,8 +17,9 @@ from conftest import DIGITS_SPACE, digits_run_config
 
 from fbnas.arch import arch_indices, log_prob
 from fbnas.config import config_from_dict
+from fbnas.fit.band import band_members, drawn_in_band
 from fbnas.fit.onto_target import fit_to_target, likeliest_in_band
-from fbnas.fit.select import pick_candidates
+from fbnas.fit.select import distinct_top, pick_candidates, train_ranked
 from fbnas.runs.search_run import SearchRun
 from fbnas.search.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
@@ -272,3 +276,66 @@ def test_final_train_trains_the_best_ranked_networks_and_returns_the_best_traine
     assert not (tmp_path / "run" / "final_train").exists()
     ranked, _ = SearchRun.open(tmp_path / "run").recorded_pick
     assert ranked[0] == trained[1]
+
+
+def test_band_draws_add_networks_drawn_across_the_pick_band(tmp_path):
+    """`search.final_band_draws: N`: after θ's most probable networks, N more drawn uniformly
+    from the same band (none twice, none of θ's again), the same for the same seed."""
+    t = _trainer(tmp_path, loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
+                 search={"final_candidates": 3}, space=PICK_SPACE)
+    close_logger(t.log)
+    target, fixed, theta = t.loss.target, t.costs.fixed, list(t.net.theta)
+    rows = [list(r.values()) for r in t.costs.rows]
+
+    def with_draws(n: int, seed: int = 0) -> list[list[int]]:
+        cfg = dataclasses.replace(t.cfg, search=dataclasses.replace(
+            t.cfg.search, final_band_draws=n, seed=seed))
+        return pick_candidates(cfg, theta, t.costs, target)
+
+    plain, drawn = with_draws(0), with_draws(20)
+    first = fit_to_target(theta, rows, fixed, target, 0.03)
+    assert len(plain) == 3 and drawn[:3] == plain and len(drawn) == 23
+    assert len({tuple(c) for c in drawn}) == 23
+    lo, hi = target * 0.94, target * 1.03
+    if not lo <= first.cost <= hi:
+        lo, hi = first.cost * 0.97, min(first.cost * 1.03, max(hi, first.cost))
+    assert all(lo * (1 - 1e-9) <= predicted_cost(rows, fixed, c) <= hi * (1 + 1e-9)
+               for c in drawn[3:])
+    assert with_draws(20) == drawn and with_draws(20, seed=1)[3:] != drawn[3:]
+
+
+def test_drawn_in_band_is_uniform_within_the_band_exactly_or_by_rejection():
+    rows = [[1.0, 2.0, 3.0, 4.0]] * 5
+    cost = {i: sum(rows[0][j] for j in i) for i in itertools.product(range(4), repeat=5)}
+    band = {i for i, c in cost.items() if 11.0 <= c <= 13.0}
+    for limit in (10_000, 10):  # enumerated, then by rejection
+        got = drawn_in_band(rows, 0.0, 11.0, 13.0, 40, random.Random(3), limit=limit)
+        assert len(got) == 40 and len({tuple(i) for i in got}) == 40
+        assert {tuple(i) for i in got} <= band
+        assert got == drawn_in_band(rows, 0.0, 11.0, 13.0, 40, random.Random(3), limit=limit)
+    everything = drawn_in_band(rows, 0.0, 11.0, 13.0, 10**6, random.Random(0))
+    assert {tuple(i) for i in everything} == band  # a band smaller than n: all of it
+    assert band_members(rows, 0.0, 11.0, 13.0) == sorted(band)
+    # uniform: over many draws of one network each, every member turns up about equally
+    counts = Counter(tuple(drawn_in_band(rows, 0.0, 11.0, 13.0, 1, random.Random(s), limit=10)[0])
+                     for s in range(20 * len(band)))
+    assert set(counts) <= band and len(counts) > 0.9 * len(band)
+    assert max(counts.values()) < 60
+
+
+def test_final_train_takes_the_best_ranked_networks_that_differ_enough():
+    prefer = [[0, 0, 0], [0, 0, 1], [1, 1, 0], [0, 1, 1], [2, 2, 2]]
+    assert distinct_top(prefer, 3) == [0, 1, 2]
+    assert distinct_top(prefer, 3, differ=2) == [0, 2, 3]  # [0,0,1] is one layer from [0,0,0]
+    assert distinct_top(prefer, 9, differ=3) == [0, 4]  # fewer than k where no more differ
+    vals = {(0, 0, 0): 0.5, (1, 1, 0): 0.9, (0, 1, 1): 0.7}
+    seen: list[list[int]] = []
+
+    def train(i: list[int]) -> dict[str, float]:
+        seen.append(i)
+        return {"val_acc": vals[tuple(i)], "val_ce": 1.0, "seconds": 1.0}
+
+    order, rec = train_ranked(prefer, train, 3, lambda _: None, differ=2)
+    assert seen == [[0, 0, 0], [1, 1, 0], [0, 1, 1]]
+    assert order == [[1, 1, 0], [0, 1, 1], [0, 0, 0], [0, 0, 1], [2, 2, 2]]
+    assert [r["supernet_rank"] for r in rec] == [0, 2, 3]
