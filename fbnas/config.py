@@ -195,7 +195,8 @@ class SearchConfig:
     # and this many more drawn uniformly from the same band (seeded by `seed`), so that the
     # pick ranks networks across the band, not only θ's most probable family (0: none)
     final_band_draws: int = setting(0, "int", min=0, max=4096, resumable=True, added=0)
-    # then the `final_train` best-ranked of them trained from scratch with the retrain
+    # then the `final_train` best-ranked of them predicted within ±fit_tolerance of the
+    # target trained from scratch with the retrain
     # section (its seed, threads and epochs) and ranked by that training's validation
     # accuracy (then CE) ahead of the rest: a few real trainings of the supernet's shortlist
     # (the cost of each is a child training; 0: none). docs/bench.md, "the duel"

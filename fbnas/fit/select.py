@@ -248,27 +248,31 @@ def rank_paths(cands: list[list[int]], scores: list[dict[str, float]]
                     "candidates_indices": [list(map(int, c)) for c in cands]}
 
 
-def distinct_top(prefer: list[list[int]], k: int, differ: int = 1) -> list[int]:
+def distinct_top(prefer: list[list[int]], k: int, differ: int = 1,
+                 eligible: Callable[[list[int]], bool] | None = None) -> list[int]:
     """Positions in `prefer` of its `k` best-ranked networks that differ pairwise in at least
     `differ` decisions (each in rank order, passed over where it is that close to one already
-    taken)."""
+    taken), among those `eligible` accepts (all by default)."""
     out: list[int] = []
     for j, p in enumerate(prefer):
         if len(out) == k:
             break
-        if all(sum(a != b for a, b in zip(p, prefer[i], strict=True)) >= differ for i in out):
+        if (eligible is None or eligible(p)) and all(
+                sum(a != b for a, b in zip(p, prefer[i], strict=True)) >= differ for i in out):
             out.append(j)
     return out
 
 
 def train_ranked(prefer: list[list[int]], train: Callable[[list[int]], dict[str, float]],
-                 k: int, log: Callable[[str], None], differ: int = 1
+                 k: int, log: Callable[[str], None], differ: int = 1,
+                 eligible: Callable[[list[int]], bool] | None = None
                  ) -> tuple[list[list[int]], list[dict]]:
-    """The `k` best-ranked of `prefer` that differ pairwise in at least `differ` decisions
-    (`distinct_top`) trained (`train(indices)` -> {val_acc, val_ce, ...}) and put first in
-    the order of their validation accuracy (then CE), the rest after them as they were; and
-    what each training read (the arch file's final_pick.trained)."""
-    taken = distinct_top(prefer, k, differ)
+    """The `k` best-ranked of `prefer` that differ pairwise in at least `differ` decisions,
+    among those `eligible` accepts (`distinct_top`), trained (`train(indices)` -> {val_acc,
+    val_ce, ...}) and put first in the order of their validation accuracy (then CE), the rest
+    after them as they were; and what each training read (the arch file's
+    final_pick.trained)."""
+    taken = distinct_top(prefer, k, differ, eligible)
     top = [prefer[j] for j in taken]
     got = [train(list(p)) for p in top]
     order = sorted(range(len(top)), key=lambda i: (-got[i]["val_acc"], got[i]["val_ce"]))
@@ -314,8 +318,12 @@ def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: fl
             f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
         prefer = [cands[i] for i in ranked]
         if s.final_train and train is not None:
+            # only networks the table predicts within the tolerance: a trained network the
+            # measured fit cannot return would be a training spent for nothing
+            model = costs.model(cfg.space)
             prefer, meta["final_pick"]["trained"] = train_ranked(
-                prefer, train, s.final_train, log, s.final_train_distinct)
+                prefer, train, s.final_train, log, s.final_train_distinct,
+                lambda p: abs(model.of(list(p)) / target - 1) <= s.fit_tolerance)
             pos = {tuple(c): i for i, c in enumerate(cands)}
             meta["final_pick"]["ranked"] = [pos[tuple(p)] for p in prefer]
             meta["final_pick"]["chosen"] = meta["final_pick"]["ranked"][0]

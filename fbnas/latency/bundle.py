@@ -24,6 +24,7 @@ from torch import nn
 
 from fbnas.arch import Architecture, build_child
 from fbnas.backends.executorch import ExecuTorchTimer, lower_executorch
+from fbnas.backends.exported import calibration_inputs
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
 from fbnas.latency.build import (
@@ -46,14 +47,26 @@ RUNNER = Path(__file__).with_name("bundle_runner.py")
 def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch",
                  threads: int = 1, protocol: Protocol | None = None, probes: int = 12,
                  table: LatencyTable | None = None, log=None,
-                 networks: Sequence[Architecture] = (), purpose: dict | None = None
-                 ) -> dict[str, Any]:
+                 networks: Sequence[Architecture] = (), purpose: dict | None = None,
+                 quantization: str | None = None) -> dict[str, Any]:
     """Write the bundle folder `out` (see module docstring); returns the manifest. `networks`
     are whole architectures to time as well (kind `network`: `fbnas sample --near-target`),
-    and `purpose` is recorded in the manifest as it is (what the bundle is for)."""
+    and `purpose` is recorded in the manifest as it is (what the bundle is for).
+    `quantization` (`int8`): every program quantized as `latency.quantization: int8` times
+    it on this machine (the same calibration inputs and quantizer), recorded in the manifest
+    so that the import builds an int8 table; by default `table`'s, else `none`."""
     if runtime not in RUNTIMES:
         raise FbnasError(f"--runtime: {runtime!r} is not bundled (choose from "
                          f"{', '.join(RUNTIMES)})")
+    have = table.setting("quantization") if table is not None else "none"
+    quantization = quantization or have
+    if quantization not in ExecuTorchTimer.quantizations:
+        raise FbnasError(f"--quantization: {quantization!r} is not bundled (choose from "
+                         f"{', '.join(ExecuTorchTimer.quantizations)})")
+    if table is not None and quantization != have:
+        raise FbnasError(f"--table: its entries are timed with quantization {have!r}, the "
+                         f"bundle's programs {quantization!r}; give a table of the same "
+                         "quantization, or none")
     version = ExecuTorchTimer.require()
     log = log or (lambda s: None)
     p = protocol or Protocol()
@@ -70,7 +83,8 @@ def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch
     def add(key: str, module: nn.Module, chw, **extra) -> None:
         torch.manual_seed(0)
         x = torch.randn(1, *chw)
-        buf, info = lower_executorch(module.eval(), x, where=key)
+        calibration = calibration_inputs(x) if quantization != "none" else None
+        buf, info = lower_executorch(module.eval(), x, where=key, int8_calibration=calibration)
         name = hashlib.sha256(key.encode()).hexdigest()[:16] + ".pte"
         (staging / "programs" / name).write_bytes(buf)
         programs.append({"key": key, "file": f"programs/{name}", "input_shape": [1, *chw],
@@ -95,6 +109,8 @@ def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch
             "dtype": "float32", "reference": REFERENCE.key(), "rounds": p.rounds,
             "sample_s": p.sample_s, "ref_sample_s": p.ref_sample_s, "seed": p.seed,
             "programs": programs, **({"purpose": purpose} if purpose else {}),
+            # only where quantized: an fp32 bundle's manifest (and its id) as before
+            **({} if quantization == "none" else {"quantization": quantization}),
         }
         manifest["bundle_id"] = hashlib.sha256(
             json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
@@ -170,7 +186,9 @@ def import_results(results_path: str | Path, space: SearchSpace | None = None) -
             "mode": "exported (torch.export), inference", "runtime": man["runtime"],
             "runtime_version": dev.get("executorch_version"), "clock": res.get("clock"),
             "torch_version": dev.get("torch_version"), "device": dev,
-            "imported_from": str(path), "bundle": man["bundle_id"]}
+            "imported_from": str(path), "bundle": man["bundle_id"],
+            **({"quantization": man["quantization"]} if man.get("quantization", "none")
+               != "none" else {})}
     table = LatencyTable("latency", meta)
     table.protocol = {"rounds": res["rounds"], "sample_s": man["sample_s"],
                       "ref_sample_s": man["ref_sample_s"], "ref_every": 2,

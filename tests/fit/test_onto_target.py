@@ -267,6 +267,8 @@ def test_final_train_trains_the_best_ranked_networks_and_returns_the_best_traine
     cands, accs = pick["candidates_indices"], pick["path_acc"]
     rec = pick["trained"]
     assert len(trained) == 2 and [r["indices"] for r in rec] == trained
+    model = t.costs.model(t.cfg.space)  # only networks the measured fit could return
+    assert all(abs(model.of(i) / t.loss.target - 1) <= 0.03 for i in trained)
     assert [r["supernet_rank"] for r in rec] == [0, 1]
     assert sorted(accs[cands.index(i)] for i in trained) == sorted(accs)[-2:]
     assert [r["val_acc"] for r in rec] == [0.1, 0.9]
@@ -328,6 +330,7 @@ def test_final_train_takes_the_best_ranked_networks_that_differ_enough():
     assert distinct_top(prefer, 3) == [0, 1, 2]
     assert distinct_top(prefer, 3, differ=2) == [0, 2, 3]  # [0,0,1] is one layer from [0,0,0]
     assert distinct_top(prefer, 9, differ=3) == [0, 4]  # fewer than k where no more differ
+    assert distinct_top(prefer, 2, differ=2, eligible=lambda p: p[0] != 1) == [0, 3]
     vals = {(0, 0, 0): 0.5, (1, 1, 0): 0.9, (0, 1, 1): 0.7}
     seen: list[list[int]] = []
 

@@ -22,10 +22,15 @@ from fbnas.search_space import SearchSpace
 SPACE = SearchSpace.from_dict(latency_space())
 
 
-def _lowered_as_its_key(monkeypatch) -> None:
-    """write_bundle without ExecuTorch's lowering: each program file holds its key."""
-    monkeypatch.setattr(bundle, "lower_executorch",
-                        lambda module, x, where: (where.encode(), {"delegated": 1.0}))
+def _lowered_as_its_key(monkeypatch, calibrations: dict | None = None) -> None:
+    """write_bundle without ExecuTorch's lowering: each program file holds its key (and
+    `calibrations[key]`: the int8 calibration inputs it was lowered with, or None)."""
+    def lower(module, x, where, int8_calibration=None):
+        if calibrations is not None:
+            calibrations[where] = (x, int8_calibration)
+        return where.encode(), {"delegated": 1.0}
+
+    monkeypatch.setattr(bundle, "lower_executorch", lower)
 
 
 def _fake_executorch(monkeypatch, ran: list[str]) -> None:
@@ -128,3 +133,50 @@ def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
                  str(tmp_path / "x.json")]) == 2
     assert "results of bundle" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_an_int8_bundle_lowers_quantized_programs_and_imports_an_int8_table(tmp_path,
+                                                                           monkeypatch):
+    """`--quantization int8`: every program is lowered quantized, calibrated as the int8 timer
+    calibrates (8 inputs of its shape, the timed one first), the manifest says so (another
+    bundle id than the fp32 one), and the import builds a table of that quantization, which
+    an fp32 run refuses; a table of the other quantization, or a quantization the bundle
+    cannot lower, is refused in one line."""
+    seen: dict = {}
+    _lowered_as_its_key(monkeypatch, seen)
+    fp32 = write_bundle(SPACE, tmp_path / "fp32", probes=0)
+    assert "quantization" not in fp32 and all(c is None for _, c in seen.values())
+    seen.clear()
+    man = write_bundle(SPACE, tmp_path / "int8", probes=0, quantization="int8",
+                       protocol=Protocol(rounds=2, sample_s=1e-4, ref_sample_s=1e-4))
+    assert man["quantization"] == "int8" and man["bundle_id"] != fp32["bundle_id"]
+    assert set(seen) == {p["key"] for p in man["programs"]}
+    for x, cal in seen.values():
+        assert len(cal) == 8 and cal[0] is x and all(c.shape == x.shape for c in cal)
+    ran: list[str] = []
+    _fake_executorch(monkeypatch, ran)
+    assert bundle_runner.main([str(tmp_path / "int8")]) == 0
+    table = import_results(tmp_path / "int8" / "results.json", SPACE)
+    assert table.setting("quantization") == "int8"
+    with pytest.raises(FbnasError, match="quantization"):
+        table.check_run(quantization="none")
+    # a bundle that leaves out a table's entries takes that table's quantization
+    assert write_bundle(SPACE, tmp_path / "more", probes=0, table=table)["quantization"] == "int8"
+    with pytest.raises(FbnasError, match="--table: its entries are timed with quantization"):
+        write_bundle(SPACE, tmp_path / "x", probes=0, table=table, quantization="none")
+    with pytest.raises(FbnasError, match="--quantization: 'int4' is not bundled"):
+        write_bundle(SPACE, tmp_path / "y", probes=0, quantization="int4")
+
+
+@pytest.mark.slow
+def test_an_int8_bundle_runs_standalone_and_imports_as_an_int8_table(tmp_path):
+    """The real lowering: int8 XNNPACK programs the runner times without fbnas, imported as an
+    int8 table of the whole space."""
+    folder = tmp_path / "bundle"
+    man = write_bundle(SPACE, folder, probes=0, protocol=Protocol(rounds=2),
+                       quantization="int8")
+    results = run_bundle_standalone(folder)
+    assert results["bundle"] == man["bundle_id"]
+    table = import_results(folder / "results.json", SPACE)
+    assert table.setting("quantization") == "int8" and table.missing(SPACE) == []
+    assert all(e.value >= 0 for e in table.entries.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbnas.backends.base import QUANTIZATIONS
 from fbnas.cli.latency.common import log
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable
@@ -20,9 +21,10 @@ def run(args) -> int:
         raise FbnasError(f"--threads: must be >= 1, got {args.threads}")
     man = write_bundle(space, args.out, args.runtime, threads=args.threads,
                        protocol=Protocol(rounds=args.rounds), probes=args.probes, table=table,
-                       log=None if args.quiet else log)
+                       log=None if args.quiet else log, quantization=args.quantization)
     n = sum(p["kind"] == "entry" for p in man["programs"])
-    print(f"{args.out}: {n} entries as .pte for {man['runtime']} {man['runtime_version']} "
+    q = f" {man['quantization']}" if "quantization" in man else ""
+    print(f"{args.out}: {n} entries as{q} .pte for {man['runtime']} {man['runtime_version']} "
           f"({args.threads} thread(s)); on the device: python run_bundle.py, then "
           f"fbnas latency import {Path(args.out) / 'results.json'} --out TABLE.json")
     return 0
@@ -40,5 +42,8 @@ def add_parser(actions) -> None:
     bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")
     bd.add_argument("--probes", type=int, default=12,
                     help="child networks for the context model (0: none)")
+    bd.add_argument("--quantization", choices=QUANTIZATIONS,
+                    help="int8: every program quantized as latency.quantization: int8 times "
+                         "it (default: --table's, else none)")
     bd.add_argument("--quiet", action="store_true", help="no per-program lines")
     bd.set_defaults(func=run)
