@@ -72,7 +72,8 @@ def require_extras(fmt: str, verify: bool = True) -> None:
 # ---- export ---------------------------------------------------------------------------------
 def export_child(model: nn.Module, arch: Architecture, fmt: str, out_path: str | os.PathLike,
                  batch: int = 1, dynamic_batch: bool = True, opset: int | None = None, *,
-                 verify: bool = True) -> dict[str, Any]:
+                 verify: bool = True, quantize: str = "none",
+                 calibration: torch.Tensor | None = None) -> dict[str, Any]:
     """Export the eval-mode child network `model` of `arch` to `out_path` as `fmt`
     (a name in FORMATS), traced/exported on a random example of `batch` images.
 
@@ -81,11 +82,23 @@ def export_child(model: nn.Module, arch: Architecture, fmt: str, out_path: str |
     FbnasError
     raised. Returns a record: format, path, bytes, method, batch, dynamic_batch, opset,
     arch_hash, arch_name, and `check` (the check_equivalence result, or None).
+
+    `quantize="int8"`: the program is quantized post-training as its runtime deploys it
+    (`Format.export_int8`), its activation ranges observed on `calibration` (N×C×H×W images,
+    e.g. `fbnas.data.calibration_images`: training images), and checked against its
+    fake-quantized reference within the format's `int8_tolerance` instead of the eager model.
     """
     fmt = check_format(fmt)
     form = FORMATS.get(fmt)
     if batch < 1:
         raise FbnasError(f"batch must be >= 1, got {batch}")
+    if quantize not in form.quantizations:
+        can = [n for n in FORMATS.choices() if quantize in FORMATS.get(n).quantizations]
+        raise FbnasError(f"--quantize {quantize}: the {fmt} format cannot be quantized "
+                         f"{quantize}" + (f"; export {' or '.join(can)}" if can else ""))
+    chunks = None
+    if quantize != "none":
+        chunks = _calibration_chunks(calibration, arch, batch)
     if opset is not None and not form.has_opset:
         raise FbnasError(f"opset {opset}: only the {' and '.join(opset_formats())} format has "
                          "an opset")
@@ -103,24 +116,33 @@ def export_child(model: nn.Module, arch: Architecture, fmt: str, out_path: str |
         "dynamic_batch": form.dynamic_batch(bool(dynamic_batch)),
         "arch_hash": arch.hash(), "arch_name": arch.name, "fbnas_version": __version__,
         "torch_version": torch.__version__,
+        **({} if quantize == "none" else {"quantization": quantize,
+                                          "calibration_images": sum(map(len, chunks))}),
     }
     record["input_shape"] = [None if record["dynamic_batch"] else batch,
                              arch.macro.in_channels, *arch.macro.input_size]
     tmp = out.with_name(f".{out.name}.{os.getpid()}.unverified")
     try:
-        write = form.export(model, example, arch, record, opset)
+        if chunks is None:
+            write, reference = form.export(model, example, arch, record, opset), None
+        else:
+            write, reference = form.export_int8(model, example, arch, record,
+                                                [c.to(device) for c in chunks], opset)
         atomic_write(tmp if verify else out, write, mode="wb")
         record["check"] = None
         if verify:
-            inputs = [_random_inputs(arch, batch, VERIFY_SEED)]
-            if record["dynamic_batch"]:
+            inputs = [_random_inputs(arch, batch, VERIFY_SEED)] if chunks is None else \
+                chunks[:max(1, 64 // batch)]  # int8: checked on images (noise has other ranges)
+            if record["dynamic_batch"] and chunks is None:
                 inputs.append(_random_inputs(arch, batch + VERIFY_EXTRA_BATCH, VERIFY_SEED + 2))
-            check = check_equivalence(model, tmp, fmt, inputs)
+            check = (check_equivalence(model, tmp, fmt, inputs) if reference is None else
+                     check_equivalence(reference(tmp), tmp, fmt, inputs, form.int8_tolerance))
             record["check"] = check
             if not check["ok"]:
                 rtol, atol = check["rtol"], check["atol"]
+                what = "eager model" if reference is None else f"fake-quantized {quantize} model"
                 raise FbnasError(
-                    f"{out}: the exported {fmt} model differs from the eager model (max abs "
+                    f"{out}: the exported {fmt} model differs from the {what} (max abs "
                     f"diff {check['max_abs_diff']:.3g}, max rel diff {check['max_rel_diff']:.3g},"
                     f" allowed {atol:g} + {rtol:g}·|y|); not written")
             os.replace(tmp, out)
@@ -138,6 +160,32 @@ def load_exported(path: str | os.PathLike, fmt: str | None = None):
     eval mode on the CPU, an OnnxModule, ...); the format comes from the suffix unless given."""
     p = Path(path)
     return _format(p, fmt).load_file(p)
+
+
+class ExportedModel:
+    """An exported file called like the eager model on batches of any size (a static
+    program, .pte, runs them in slices of its own batch, the last one padded): what
+    `fbnas eval --model` measures the accuracy of."""
+
+    def __init__(self, path: str | os.PathLike, fmt: str | None = None):
+        self.run = load_exported(path, fmt)
+        shape = getattr(self.run, "input_shape", None)
+        self.batch = int(shape()[0]) if callable(shape) else None
+
+    def eval(self) -> ExportedModel:
+        return self
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.cpu().float()
+        if self.batch is None:
+            return torch.as_tensor(self.run(x))
+        out = []
+        for part in x.split(self.batch):
+            n = len(part)
+            if n < self.batch:
+                part = torch.cat([part, part.new_zeros(self.batch - n, *part.shape[1:])])
+            out.append(torch.as_tensor(self.run(part))[:n])
+        return torch.cat(out)
 
 
 def exported_metadata(path: str | os.PathLike, fmt: str | None = None) -> dict[str, Any]:
@@ -166,9 +214,12 @@ def check_equivalence(model: nn.Module, exported_path: str | os.PathLike, fmt: s
     if not batches:
         raise FbnasError("check_equivalence: no inputs")
     exported = load_exported(exported_path, fmt)
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
+    is_module = isinstance(model, nn.Module)
+    was_training = is_module and model.training
+    if is_module:
+        model.eval()
+    params = next(model.parameters(), None) if is_module else None
+    device = params.device if params is not None else torch.device("cpu")
     max_abs = max_rel = 0.0
     agree = n = 0
     ok = True
@@ -196,12 +247,31 @@ def check_equivalence(model: nn.Module, exported_path: str | os.PathLike, fmt: s
             agree += int((rows.argmax(1) == got.reshape(got.shape[0], -1).argmax(1)).sum())
             n += rows.shape[0]
     finally:
-        model.train(was_training)
+        if is_module:
+            model.train(was_training)
     return {"format": fmt, "samples": n, "max_abs_diff": max_abs, "max_rel_diff": max_rel,
             "argmax_agreement": agree / n if n else 1.0, "rtol": rtol, "atol": atol, "ok": ok}
 
 
 # ---- helpers --------------------------------------------------------------------------------
+def _calibration_chunks(images: torch.Tensor | None, arch: Architecture, batch: int
+                        ) -> list[torch.Tensor]:
+    """An int8 export's calibration images as batches of the example's size (a static
+    program observes its ranges at that batch); one line where they are missing or shaped
+    unlike the network's input."""
+    want = (arch.macro.in_channels, *arch.macro.input_size)
+    if images is None or len(images) == 0:
+        raise FbnasError("--quantize int8: needs calibration images (the checkpoint's "
+                         "training data); none given")
+    if images.dim() != 4 or tuple(images.shape[1:]) != want:
+        raise FbnasError(f"--quantize int8: calibration images of shape "
+                         f"{tuple(images.shape)}, the network takes N×{'×'.join(map(str, want))}")
+    if len(images) < batch:
+        raise FbnasError(f"--quantize int8: {len(images)} calibration image(s), fewer than "
+                         f"--batch {batch}")
+    return list(images[:len(images) - len(images) % batch].float().split(batch))
+
+
 def _random_inputs(arch: Architecture, batch: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(batch, arch.macro.in_channels, *arch.macro.input_size, generator=g)

@@ -241,6 +241,10 @@ class Format:
     # elementwise on the logits (numpy.allclose), measured per format
     tolerance: tuple[float, float] = (1e-5, 1e-5)
     has_opset = False  # takes --opset
+    # `fbnas export --quantize` values it writes (`none`: the float program; `int8`:
+    # `export_int8`), and the check of an int8 file against its fake-quantized reference
+    quantizations: tuple[str, ...] = ("none",)
+    int8_tolerance: tuple[float, float] = (0.0, 0.0)
 
     @property
     def suffix(self) -> str:
@@ -260,6 +264,16 @@ class Format:
         """Export the eval-mode `model` of `arch` traced on `example` (batch axis dynamic if
         `record["dynamic_batch"]`); return what writes the file. Notes `method` (and what
         else is worth keeping) in `record`."""
+        raise NotImplementedError
+
+    def export_int8(self, model: nn.Module, example: torch.Tensor, arch: Architecture,
+                    record: dict[str, Any], calibration: list[torch.Tensor],
+                    opset: int | None = None
+                    ) -> tuple[Callable[[BinaryIO], None], Callable[[Path], Any]]:
+        """`export`, the program quantized to int8 post-training as its runtime deploys it, the
+        activation ranges observed on `calibration` (batches shaped like `example`); with what
+        the written file is checked against: its fake-quantized reference (quantize /
+        dequantize computed in float), a function of the file's path returning a callable."""
         raise NotImplementedError
 
     def load(self, path: Path) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -95,11 +95,12 @@ def quantize_xnnpack(module: nn.Module, x: torch.Tensor, calibration: list[torch
 
 
 def lower_executorch(module: nn.Module, x: torch.Tensor, where: str = "module",
-                     int8_calibration: list[torch.Tensor] | None = None
-                     ) -> tuple[bytes, dict[str, Any]]:
+                     int8_calibration: list[torch.Tensor] | None = None, *,
+                     quantized: bool = False) -> tuple[bytes, dict[str, Any]]:
     """`module` on input `x` as an XNNPACK-lowered ExecuTorch program: (.pte bytes, info with
     `delegated`, the share of compute nodes XNNPACK took, and the node counts). With
-    `int8_calibration`, quantized to int8 first (`quantize_xnnpack`) on those inputs."""
+    `int8_calibration`, quantized to int8 first (`quantize_xnnpack`) on those inputs;
+    `quantized`: `module` is `quantize_xnnpack`'s result already."""
     ExecuTorchTimer.require()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.devtools.backend_debug import get_delegation_info
@@ -107,10 +108,9 @@ def lower_executorch(module: nn.Module, x: torch.Tensor, where: str = "module",
 
     try:
         if int8_calibration is not None:
-            module = quantize_xnnpack(module, x, int8_calibration)
+            module, quantized = quantize_xnnpack(module, x, int8_calibration), True
         with torch.no_grad():
-            ep = torch.export.export(module if int8_calibration is not None else module.eval(),
-                                     (x,))
+            ep = torch.export.export(module if quantized else module.eval(), (x,))
         edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
         d = get_delegation_info(edge.exported_program().graph_module)
         buf = edge.to_executorch().buffer
@@ -193,15 +193,30 @@ class PteFormat(Format):
     def dynamic_batch(self, asked: bool) -> bool:
         return False
 
+    quantizations = ("none", "int8")
+    # the int8 program (XNNPACK's int8 kernels) against the PT2E fake-quantized module it was
+    # lowered from: requantization rounds differently; measured in scripts/bench_int8.py
+    int8_tolerance = (0.05, 0.05)
+
     def export(self, model, example, arch, record, opset=None):
         buf, info = lower_executorch(model, example, where=record["path"])
         record["method"] = "to_edge_transform_and_lower(XnnpackPartitioner)"
         record["delegated"] = info["delegated"]
+        return lambda f: f.write(buf)
 
-        def write(f) -> None:
-            f.write(buf)
-
-        return write
+    def export_int8(self, model, example, arch, record, calibration, opset=None):
+        where = record["path"]
+        try:
+            fake = quantize_xnnpack(model.eval(), example, calibration)
+        except Exception as e:
+            raise FbnasError(f"{where}: cannot quantize to int8 for XNNPACK "
+                             f"({first_line(e)})") from None
+        buf, info = lower_executorch(fake, example, where=where, quantized=True)
+        record["method"] = ("PT2E (XNNPACKQuantizer, symmetric, per-channel) + "
+                            "to_edge_transform_and_lower(XnnpackPartitioner)")
+        record["delegated"] = info["delegated"]
+        # a plain callable: an exported graph module refuses .eval()
+        return (lambda f: f.write(buf)), (lambda path: lambda x: fake(x))
 
     def load(self, path):
         return PteModule(path)

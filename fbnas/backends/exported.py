@@ -50,6 +50,8 @@ class ExportedTimer(CpuTimer):
     packages: tuple[str, ...] = ()
     install = ""
     per_call_overhead = True  # build_table times an empty program and takes it off entries
+    # names how an int8 program is quantized, in its cache key: a changed recipe re-lowers
+    int8_recipe = "pt2e"
 
     def __init__(self, *args, cache_dir: str | os.PathLike | None = None, **kw):
         super().__init__(*args, **kw)
@@ -89,7 +91,8 @@ class ExportedTimer(CpuTimer):
         h = hashlib.sha256()
         for part in (self.runtime, self.runtime_version, torch.__version__, repr(module),
                      str(tuple(input_chw)), str(self.batch),
-                     *(() if self.quantization == "none" else (self.quantization,))):
+                     *(() if self.quantization == "none" else (self.quantization,
+                                                               self.int8_recipe))):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:24]

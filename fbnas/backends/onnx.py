@@ -53,17 +53,35 @@ class OnnxFormat(Format):
             raise FbnasError(f"ONNX export needs {', '.join(missing)}, not installed: "
                              f"{INSTALL}")
 
-    def export(self, model, example, arch, record, opset=None):
-        import onnx
+    quantizations = ("none", "int8")
+    # onnxruntime's int8 kernels (fused QDQ) against the same QDQ model run node by node in
+    # float: measured in scripts/bench_int8.py
+    int8_tolerance = (0.05, 0.05)
 
+    def export(self, model, example, arch, record, opset=None):
         proto = onnx_proto(model, example, record, record["dynamic_batch"], opset,
                            where=f"architecture {arch.short_hash}")
+        return self._finish(proto, arch, record)
+
+    def export_int8(self, model, example, arch, record, calibration, opset=None):
+        where = f"architecture {arch.short_hash}"
+        proto = onnx_proto(model, example, record, record["dynamic_batch"], opset, where=where)
+        proto = quantize_qdq(proto, calibration, where)
+        record["method"] = f"{record.get('method', 'export')} + quantize_static (QDQ)"
+        return self._finish(proto, arch, record), (lambda path: OnnxModule(path, optimize=False))
+
+    def _finish(self, proto, arch, record):
+        """The file's bytes: `proto` with the architecture in its metadata, checked."""
+        import onnx
+
         meta = {
             "fbnas.arch_hash": arch.hash(), "fbnas.arch_name": arch.name,
             "fbnas.arch_space": arch.space or "",
             "fbnas.arch": json.dumps(arch.to_dict(), default=str),
             "fbnas.version": __version__, "fbnas.input_shape": json.dumps(record["input_shape"]),
             "fbnas.num_classes": str(arch.macro.num_classes),
+            **({"fbnas.quantization": record["quantization"]}
+               if record.get("quantization", "none") != "none" else {}),
         }
         for k, v in meta.items():
             entry = next((p for p in proto.metadata_props if p.key == k), None) \
@@ -157,10 +175,13 @@ def _opset(proto) -> int | None:
 class OnnxModule:
     """An onnxruntime CPU session called like a module: float tensor in, logits tensor out."""
 
-    def __init__(self, path: str | os.PathLike, threads: int | None = None):
+    def __init__(self, path: str | os.PathLike, threads: int | None = None,
+                 optimize: bool = True):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
+        if not optimize:  # each node as written: a QDQ model's quantize / dequantize in float
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.intra_op_num_threads = threads or torch.get_num_threads()
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
@@ -186,6 +207,7 @@ class OrtTimer(ExportedTimer):
     packages = ("onnxruntime", "onnx", "onnxscript")
     install = INSTALL
     quantizations = ("none", "int8")  # int8: static QDQ quantization (onnxruntime)
+    int8_recipe = "qdq-reduce-range"
 
     def _lower(self, module, x, where):
         record: dict[str, Any] = {}
@@ -210,7 +232,8 @@ class OrtTimer(ExportedTimer):
 
 def quantize_qdq(proto, calibration: list[torch.Tensor], where: str = "model"):
     """An ONNX model quantized to int8 as ONNX Runtime deploys it on CPUs: static
-    quantization in QDQ format (per-channel int8 weights, uint8 activations calibrated by
+    quantization in QDQ format (per-channel int8 weights in 7-bit range, uint8 activations
+    calibrated by
     min-max on `calibration`), after onnxruntime's pre-processing (shape inference, graph
     optimisation: BatchNorm folded into the convolutions)."""
     import onnx
@@ -236,8 +259,12 @@ def quantize_qdq(proto, calibration: list[torch.Tensor], where: str = "model"):
         src.write_bytes(proto.SerializeToString())
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+            # reduce_range (7-bit weights): without it, onnxruntime's u8s8 kernels saturate
+            # on x86 CPUs without VNNI, and the program's logits leave its own QDQ
+            # reference (argmax agreement 0.19 on one of 8 tiny networks on the project VM;
+            # 1.0 and equal to the last digit on all 8 with it)
             quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
-                            per_channel=True, weight_type=QuantType.QInt8,
+                            per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
                             activation_type=QuantType.QUInt8)
         except Exception as e:
             raise FbnasError(f"{where}: onnxruntime cannot quantize it to int8 "

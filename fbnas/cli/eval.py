@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from fbnas.arch import load_child
 from fbnas.config import RetrainConfig, apply_overrides, config_from_dict, load_config
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate
+from fbnas.export import ExportedModel
 from fbnas.io import write_json_atomic
 from fbnas.settings import setting_choices
 from fbnas.training import resolve_device
@@ -26,6 +29,9 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="take the data section from this config instead")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set data.root=/data (repeatable)")
+    p.add_argument("--model", metavar="FILE",
+                   help="evaluate this export of the checkpoint (.pte, .onnx, .ts, .pt2; e.g. "
+                        "an int8 program) instead of its eager model, on the CPU")
     p.add_argument("--device", default=RetrainConfig.device,
                    choices=setting_choices(RetrainConfig, "device"))
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
@@ -48,12 +54,16 @@ def run(args) -> int:
     loader = build_eval_data(cfg.data, m.input_size, m.in_channels, m.num_classes,
                              seed=cfg.search.seed, split=args.split,
                              pin_memory=device.type == "cuda")
+    what = ""
+    if args.model:
+        model, device, what = ExportedModel(args.model), torch.device("cpu"), f" {args.model}:"
     res = evaluate(model, loader, device)
-    print(f"{arch.name} [{arch.short_hash}] {args.split} ({res['n']} images, epoch "
+    print(f"{what}{arch.name} [{arch.short_hash}] {args.split} ({res['n']} images, epoch "
           f"{state.get('epoch', '?')}): top-1 {100 * res['top1']:.2f}%  "
           f"top-5 {100 * res['top5']:.2f}%  CE {res['ce']:.4f}")
     if args.json:
         write_json_atomic(args.json, {"checkpoint": str(Path(args.checkpoint)),
+                                      **({"model": str(args.model)} if args.model else {}),
                                       "arch_hash": arch.hash(), "split": args.split,
                                       "epoch": state.get("epoch"), **res})
     return 0

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from fbnas.arch import load_child
 from fbnas.backends import FORMATS
+from fbnas.config import config_from_dict
+from fbnas.data import calibration_images
 from fbnas.errors import FbnasError
 from fbnas.export import (
     check_format,
@@ -36,6 +38,13 @@ def add_parser(sub) -> None:
                    help="ONNX and pt2: fix the batch axis at --batch (a .pte is always "
                         "static)")
     p.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: torch's)")
+    p.add_argument("--quantize", choices=("none", "int8"), default="none",
+                   help="int8: post-training static quantization as the runtime deploys it "
+                        "(pte: XNNPACK's quantizer; onnx: onnxruntime's QDQ), calibrated on "
+                        "the checkpoint's training images and checked against the "
+                        "fake-quantized model")
+    p.add_argument("--calibration-images", type=int, default=256, metavar="N",
+                   help="training images the int8 ranges are observed on (default 256)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip comparing the exported model's outputs with the eager model's")
     p.set_defaults(func=run)
@@ -62,20 +71,43 @@ def run(args) -> int:
         require_extras(fmt, verify)
     outs = _outputs(args.out, args.checkpoint, formats)
 
-    arch, model, _ = load_child(args.checkpoint)
+    if args.calibration_images < 1:
+        raise FbnasError(f"--calibration-images: must be >= 1, got {args.calibration_images}")
+    for fmt in formats:
+        if args.quantize not in FORMATS.get(fmt).quantizations:
+            raise FbnasError(f"--quantize {args.quantize}: the {fmt} format cannot be "
+                             f"quantized; export pte or onnx")
+    arch, model, state = load_child(args.checkpoint)
+    images = (training_images(args.checkpoint, arch, state, args.calibration_images)
+              if args.quantize != "none" else None)
     for fmt in formats:
         rec = export_child(model, arch, fmt, outs[fmt], batch=args.batch,
                            dynamic_batch=not args.static_batch,
-                           opset=args.opset if fmt in with_opset else None, verify=verify)
+                           opset=args.opset if fmt in with_opset else None, verify=verify,
+                           quantize=args.quantize, calibration=images)
         check = rec["check"]
         verified = (f"max abs diff {check['max_abs_diff']:.2g} (atol {check['atol']:g}), "
                     f"argmax agree {check['argmax_agreement']:.0%} on {check['samples']}"
                     if check else "not verified")
         note = (f"  (legacy ONNX exporter: {rec['fallback_reason']})"
                 if rec.get("fallback_reason") else "")
+        if "quantization" in rec:
+            fmt = f"{fmt} {rec['quantization']} ({rec['calibration_images']} calibration images)"
         print(f"{rec['path']}: {fmt} {_size(rec['bytes'])}  {verified}  "
               f"[{arch.short_hash}]{note}")
     return 0
+
+
+def training_images(checkpoint: str, arch, state: dict, n: int):
+    """The first `n` training images of the data the checkpoint was trained on (its recorded
+    config's data section)."""
+    if not isinstance(state.get("config"), dict) or not state["config"]:
+        raise FbnasError(f"{checkpoint}: the checkpoint holds no config, so no training "
+                         "images to calibrate int8 on")
+    cfg = config_from_dict(state["config"], f"{checkpoint}: config", finished=True)
+    m = arch.macro
+    return calibration_images(cfg.data, m.input_size, m.in_channels, m.num_classes,
+                              cfg.search.seed, n)
 
 
 def _outputs(out: str | None, checkpoint: str, formats: list[str]) -> dict[str, Path]:

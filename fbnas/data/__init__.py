@@ -33,6 +33,7 @@ from fbnas.data.loaders import (
     build_eval_data,
     build_search_data,
     build_train_data,
+    calibration_images,
 )
 from fbnas.data.sampling import EpochSampler, split_indices
 from fbnas.data.sources import DigitsDataset, SyntheticDataset, digits_split
@@ -40,5 +41,5 @@ from fbnas.data.sources import DigitsDataset, SyntheticDataset, digits_split
 __all__ = [
     "DATASETS", "NEEDS_ROOT", "SPLITS", "DataConfig", "DigitsDataset", "EpochSampler",
     "SearchData", "SyntheticDataset", "TrainData", "build_eval_data", "build_search_data",
-    "build_train_data", "digits_split", "split_indices",
+    "build_train_data", "calibration_images", "digits_split", "split_indices",
 ]

@@ -209,6 +209,19 @@ def build_eval_data(cfg: DataConfig, input_size: int | Sequence[int], in_channel
 
 
 
+def calibration_images(cfg: DataConfig, input_size: int | Sequence[int], in_channels: int,
+                       num_classes: int, seed: int, n: int) -> torch.Tensor:
+    """The first `n` training images (the w ∪ θ part a child trains on, without
+    augmentation), as one N×C×H×W tensor: what a post-training int8 quantization observes its
+    activation ranges on (`fbnas export --quantize int8`)."""
+    src = load_source(cfg, input_size, in_channels, num_classes, seed)
+    w, theta, _ = split_source(src, cfg, seed)
+    idx = sorted(w + theta)[:n]
+    return torch.stack([src.train_eval[i][0] for i in idx]) if idx else \
+        torch.empty(0, in_channels, *((input_size,) * 2 if isinstance(input_size, int)
+                                      else input_size))
+
+
 def take_images(loader: DataLoader, limit: int, device: torch.device) -> Iterator[torch.Tensor]:
     """The first `limit` images of `loader` (labels dropped), batch by batch, on `device`: the
     BatchNorm re-estimation batches of validation and `fbnas fidelity`."""

@@ -208,7 +208,7 @@ class MeasuredFit:
 def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
                  target: float, measure, tol: float = 0.03, max_rounds: int = 6,
                  confirm: bool = True, first: Sequence[int] | None = None,
-                 prefer: Sequence[Sequence[int]] = ()) -> MeasuredFit:
+                 prefer: Sequence[Sequence[int]] = (), trained: int = 0) -> MeasuredFit:
     """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->
     (median, rel_iqr)` (in the table's units), and re-fitted until it measures in the inner
     third of the band, target ± `tol`/3: the user's own re-measurement moves by about 1% (sd)
@@ -226,10 +226,15 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
     final pick's, by their paths on the supernet): while re-fitting, the best-ranked untried
     one predicted within ±tol/3 of the goal, else within ±tol of it, is timed before θ's own
     fit (which a ranked network is left only for when none is predicted that near), and
-    `choose` prefers ranked networks."""
+    `choose` prefers ranked networks. `trained`: the first so many of `prefer` were ranked
+    by training them (`search.final_train`), which outranks any timing nearer the target:
+    one of them measured within ±tol is timed again (confirmed), and the fit stops where
+    their pooled figure is within ±tol; `choose` returns the best-ranked trained network so
+    measured."""
     lo, hi = target * (1 - tol), target * (1 + tol)
     inner, middle = tol / 3, tol / 2
     rank = {tuple(p): i for i, p in enumerate(prefer)}
+    decisive = {tuple(p) for p in prefer[:trained]}
     rounds: list[Round] = []
     if first is None:
         first = prefer[0] if prefer else fit_to_target(theta, rows, fixed, target, tol).indices
@@ -241,11 +246,12 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         mine = [r.measured for r in rounds if r.indices == key]
         est = _pooled(rounds, lo, hi)
         this = next(r for r in est if r.indices == key)
-        if confirm and (len(mine) == 1 and abs(med / target - 1) <= middle or len(mine) == 2
+        near = tol if key in decisive else middle
+        if confirm and (len(mine) == 1 and abs(med / target - 1) <= near or len(mine) == 2
                         and abs(math.log(mine[1] / mine[0])) > middle
-                        and min(abs(m / target - 1) for m in mine) <= middle):
+                        and min(abs(m / target - 1) for m in mine) <= near):
             continue  # time it again before judging it
-        if abs(this.measured / target - 1) <= inner:
+        if abs(this.measured / target - 1) <= (tol if key in decisive else inner):
             break
         if networks >= max_rounds:
             break
@@ -261,14 +267,15 @@ def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]],
         if nxt is None:
             break
         key, networks = nxt, networks + 1
-    chosen = choose(_pooled(rounds, lo, hi), target, (inner, middle), rank, tol)
+    chosen = choose(_pooled(rounds, lo, hi), target, (inner, middle), rank, tol, decisive)
     idx = list(chosen.indices)
     changes = sum(a != b for a, b in zip(idx, _argmax(theta), strict=True))
     return MeasuredFit(Fit(idx, chosen.predicted, changes, chosen.inside, tol), rounds, chosen)
 
 
 def choose(est: Sequence[Round], target: float, bands: Sequence[float],
-           rank: dict[tuple[int, ...], int] | None = None, tol: float | None = None) -> Round:
+           rank: dict[tuple[int, ...], int] | None = None, tol: float | None = None,
+           decisive: frozenset | set = frozenset()) -> Round:
     """The best `rank`ed network measured within the widest of `bands` (relative distances to
     `target`), where one was: the supernet ranks a band's networks far better than θ's
     probability does (docs/bench.md, "the duel"). Else the most probable network measured
@@ -278,11 +285,17 @@ def choose(est: Sequence[Round], target: float, bands: Sequence[float],
     ranked, then the most probable). Then, with `tol`, a network measured within ±tol, no
     slower than that choice and ranked before it (unranked ranks last) is returned instead,
     the best ranked: as fast, and better by the supernet (docs/search.md; figures in
-    docs/measurements.md)."""
+    docs/measurements.md). Before all that, the best-ranked of the `decisive` networks (ranked
+    by training them) measured within ±tol, where one was."""
     rank = rank or {}
 
     def rk(r: Round) -> int:
         return rank.get(r.indices, len(rank))
+
+    trained = [r for r in est if r.indices in decisive and tol is not None
+               and abs(r.measured / target - 1) <= tol]
+    if trained:
+        return min(trained, key=rk)
 
     inside = next((ins for b in sorted(bands)
                    if (ins := [r for r in est if abs(r.measured / target - 1) <= b])), None)

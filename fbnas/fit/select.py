@@ -139,7 +139,8 @@ def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, t
 def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
               log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None,
               prefer: Sequence[Sequence[int]] = (), fitted: TableFit | None = None,
-              measure: Measurer | None = None) -> tuple[list[int], dict[str, Any]]:
+              measure: Measurer | None = None, trained: int = 0
+              ) -> tuple[list[int], dict[str, Any]]:
     """The architecture a search returns for `target`: θ's argmax fitted onto the target by
     the table (`fit_to_target`), then, where `search.fit_measure` allows and this machine can
     time the table's device, timed end to end and re-fitted until it measures within
@@ -148,7 +149,8 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
     best first (decision indices, one choice of widths): the first is returned instead of
     the table's fit and timed first, and the measured fit prefers them (`measured_fit`).
     `fitted`: `table_fit`'s result, where the caller has it already; `measure`: times a
-    network instead of `fit_measurer` (a simulation)."""
+    network instead of `fit_measurer` (a simulation); `trained`: the first so many of
+    `prefer` were ranked by training them (`measured_fit`)."""
     s = cfg.search
     fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
     n = len(rows)
@@ -174,7 +176,7 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
         with reused_workers():  # one timing process for all of the fit's measurements
             mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance,
                               s.fit_rounds, first=fit.indices,
-                              prefer=[list(p[:n]) for p in prefer])
+                              prefer=[list(p[:n]) for p in prefer], trained=trained)
             meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
         chosen = [*mf.fit.indices, *widths]
         meta["fitted_layers"] = sum(a != int(t.argmax()) for a, t in zip(chosen, full,
@@ -290,22 +292,24 @@ def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: fl
            log: Callable[[str], None], run: str = "RUN", *,
            score_paths: Callable[[list[list[int]]], list[dict[str, float]]] | None = None,
            train: Callable[[list[int]], dict[str, float]] | None = None,
-           recorded: Sequence[Sequence[int]] = (), fit_measure: str | None = None,
-           measure: Measurer | None = None, dist: Any = None) -> Selection:
+           recorded: Sequence[Sequence[int]] = (), recorded_trained: int = 0,
+           fit_measure: str | None = None, measure: Measurer | None = None,
+           dist: Any = None) -> Selection:
     """The network a search returns for `target` (module docstring: argmax, table fit, pick,
     measured fit). `score_paths(cands)`: each candidate path's validation {acc, ce} on the
     supernet (the pick; called on every rank); `train(indices)`: a child trained from
     scratch, its {val_acc, val_ce} (`search.final_train`: the best-ranked ones re-ranked by
     it; None where it cannot run, e.g. under torchrun); `recorded`: a finished run's ranked
-    pick, used instead; `fit_measure` overrides `search.fit_measure`; `measure` times a
-    network instead of the clock (a simulation); `dist`: rank 0 times, the other ranks
-    receive its choice."""
+    pick, used instead (its first `recorded_trained` ranked by training them);
+    `fit_measure` overrides `search.fit_measure`; `measure` times a network instead of the
+    clock (a simulation); `dist`: rank 0 times, the other ranks receive its choice."""
     s = cfg.search
     if target is None or not s.fit_target:
         return Selection([int(t.argmax()) for t in theta])
     fitted = table_fit(cfg, theta, costs, target)
     meta: dict[str, Any] = {}
     prefer: list[list[int]] = [list(p) for p in recorded]
+    trained = recorded_trained  # how many of `prefer`, first, were ranked by training
     if not prefer and s.final_pick == "path" and score_paths is not None:
         cands = pick_candidates(cfg, theta, costs, target, fitted)
         scores = score_paths(cands)
@@ -326,6 +330,7 @@ def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: fl
                 lambda p: abs(model.of(list(p)) / target - 1) <= s.fit_tolerance)
             pos = {tuple(c): i for i, c in enumerate(cands)}
             meta["final_pick"]["ranked"] = [pos[tuple(p)] for p in prefer]
+            trained = len(meta["final_pick"]["trained"])
             meta["final_pick"]["chosen"] = meta["final_pick"]["ranked"][0]
         elif s.final_train:
             log("search.final_train skipped: the final pick cannot train networks here "
@@ -336,7 +341,8 @@ def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: fl
     if main:
         try:
             got = ("ok", *final_fit(cfg, theta, costs, target, log, run, fit_measure,
-                                    prefer=prefer, fitted=fitted, measure=measure))
+                                    prefer=prefer, fitted=fitted, measure=measure,
+                                    trained=trained))
         except FbnasError as e:
             got = ("error", str(e))
             if distributed:
@@ -363,7 +369,7 @@ def refit(run: SearchRun, fit_measure: str | None = None,
         return Architecture(a.macro, a.ops, a.name, a.space, {"run": where})
     prefer, pick = run.recorded_pick
     sel = select(cfg, run.theta, run.costs, run.target, log, where, recorded=prefer,
-                 fit_measure=fit_measure)
+                 recorded_trained=len((pick or {}).get("trained", [])), fit_measure=fit_measure)
     if pick is not None:
         sel.meta = {"final_pick": pick, **sel.meta}
     return sel.architecture(cfg, name, run=where)

@@ -329,6 +329,29 @@ def test_bench_export(tiny, formats, capsys):
 
 
 
+@pytest.mark.slow
+def test_bench_int8(tmp_path, capsys):
+    from fbnas.arch import arch_from_indices
+    from fbnas.config import config_from_dict
+    from fbnas.retrain import ChildTrainer
+    from fbnas.training import close_logger
+
+    d = digits_run_config(latency={"cost": "latency", "device": "fake"},
+                          retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu",
+                                   "measure_latency": False})
+    d["run"]["dir"] = str(tmp_path / "runs")
+    cfg = config_from_dict(d, "tiny.yaml")
+    t = ChildTrainer(cfg, arch_from_indices(cfg.space, [1, 0], "c"), tmp_path / "rt")
+    try:
+        t.fit()
+    finally:
+        close_logger(t.log)
+    out = run_main("bench_int8", ["--checkpoint", str(tmp_path / "rt"), "--calibration-images",
+                                  "16", "--rounds", "2"], capsys)
+    assert all(k in out for k in ("pte int8", "onnx int8", "eager fp32"))
+    assert "pte: int8 speed-up over fp32" in out and "onnx: int8 speed-up over fp32" in out
+
+
 def test_bench_target_counts_a_space_too_big_to_enumerate_from_random_ones(monkeypatch):
     """What the space offers near a target: counted exactly where the space can be
     enumerated, estimated from random architectures beyond (the ImageNet space, 9^22, once
