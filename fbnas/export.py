@@ -70,6 +70,15 @@ def require_extras(fmt: str, verify: bool = True) -> None:
 
 
 # ---- export ---------------------------------------------------------------------------------
+def require_quantization(fmt: str, quantize: str) -> None:
+    """One line where the format `fmt` cannot write `quantize` programs (naming those that
+    can)."""
+    if quantize not in FORMATS.get(check_format(fmt)).quantizations:
+        can = [n for n in FORMATS.choices() if quantize in FORMATS.get(n).quantizations]
+        raise FbnasError(f"--quantize {quantize}: the {fmt} format cannot be quantized"
+                         + (f"; export {' or '.join(can)}" if can else ""))
+
+
 def export_child(model: nn.Module, arch: Architecture, fmt: str, out_path: str | os.PathLike,
                  batch: int = 1, dynamic_batch: bool = True, opset: int | None = None, *,
                  verify: bool = True, quantize: str = "none",
@@ -92,10 +101,7 @@ def export_child(model: nn.Module, arch: Architecture, fmt: str, out_path: str |
     form = FORMATS.get(fmt)
     if batch < 1:
         raise FbnasError(f"batch must be >= 1, got {batch}")
-    if quantize not in form.quantizations:
-        can = [n for n in FORMATS.choices() if quantize in FORMATS.get(n).quantizations]
-        raise FbnasError(f"--quantize {quantize}: the {fmt} format cannot be quantized "
-                         f"{quantize}" + (f"; export {' or '.join(can)}" if can else ""))
+    require_quantization(fmt, quantize)
     chunks = None
     if quantize != "none":
         chunks = _calibration_chunks(calibration, arch, batch)

@@ -42,7 +42,7 @@ def bare_ckpt(tmp_path):
 def test_int8_export_refusals_are_one_line(bare_ckpt, capsys):
     assert main(["export", "--checkpoint", str(bare_ckpt), "--format", "torchscript",
                  "--quantize", "int8"]) == 2
-    assert "the torchscript format cannot be quantized; export pte or onnx" in \
+    assert "the torchscript format cannot be quantized; export onnx or pte" in \
         capsys.readouterr().err
     assert main(["export", "--checkpoint", str(bare_ckpt), "--format", "onnx",
                  "--quantize", "int8"]) == 2

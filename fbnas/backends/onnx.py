@@ -261,8 +261,7 @@ def quantize_qdq(proto, calibration: list[torch.Tensor], where: str = "model"):
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
             # reduce_range (7-bit weights): without it, onnxruntime's u8s8 kernels saturate
             # on x86 CPUs without VNNI, and the program's logits leave its own QDQ
-            # reference (argmax agreement 0.19 on one of 8 tiny networks on the project VM;
-            # 1.0 and equal to the last digit on all 8 with it)
+            # reference (the figures: docs/latency.md, int8)
             quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
                             activation_type=QuantType.QUInt8)

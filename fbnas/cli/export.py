@@ -17,6 +17,7 @@ from fbnas.export import (
     export_child,
     opset_formats,
     require_extras,
+    require_quantization,
 )
 
 
@@ -73,10 +74,8 @@ def run(args) -> int:
 
     if args.calibration_images < 1:
         raise FbnasError(f"--calibration-images: must be >= 1, got {args.calibration_images}")
-    for fmt in formats:
-        if args.quantize not in FORMATS.get(fmt).quantizations:
-            raise FbnasError(f"--quantize {args.quantize}: the {fmt} format cannot be "
-                             f"quantized; export pte or onnx")
+    for fmt in formats:  # before the checkpoint loads
+        require_quantization(fmt, args.quantize)
     arch, model, state = load_child(args.checkpoint)
     images = (training_images(args.checkpoint, arch, state, args.calibration_images)
               if args.quantize != "none" else None)
