@@ -51,11 +51,17 @@ def _format(path: Path, fmt: str | None) -> Format:
     return FORMATS.get(check_format(fmt) if fmt else format_of(path))
 
 
-def default_out(checkpoint: str | os.PathLike, fmt: str) -> Path:
-    """`<run_dir>/model.ts` or `model.onnx`: next to the checkpoint (or in the run directory)."""
+def default_out(checkpoint: str | os.PathLike, fmt: str, quantize: str = "none") -> Path:
+    """`<run_dir>/model.ts`, `model.onnx`, ... next to the checkpoint (or in the run
+    directory); a quantized program `model_int8.pte` (so it does not replace the fp32 one)."""
     p = Path(checkpoint)
-    folder = p if p.is_dir() else p.parent
-    return folder / f"model{FORMATS.get(check_format(fmt)).suffix}"
+    return (p if p.is_dir() else p.parent) / program_name(fmt, quantize)
+
+
+def program_name(fmt: str, quantize: str = "none") -> str:
+    """`model.pte`, `model_int8.pte`: the file name an export of `fmt` is written under."""
+    tail = "" if quantize == "none" else f"_{quantize}"
+    return f"model{tail}{FORMATS.get(check_format(fmt)).suffix}"
 
 
 def opset_formats() -> tuple[str, ...]:

@@ -18,6 +18,7 @@ epoch's weights.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -31,9 +32,9 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, build_child, child_stats
-from fbnas.config import Config
+from fbnas.config import Config, config_from_dict
 from fbnas.cost_kinds import is_measured
-from fbnas.data import build_train_data
+from fbnas.data import build_train_data, calibration_images
 from fbnas.distributed import PeriodicAverager, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate, supernet_child_state
@@ -281,7 +282,7 @@ class ChildTrainer(EpochRunner):
             images_per_s=total_n / max(total_s, 1e-9),
             init_from=self.init_from,
             search_run=self.arch.meta.get("run") if isinstance(self.arch.meta, dict) else None,
-            sweep=self.extra.get("sweep"))
+            sweep=self.extra.get("sweep"), programs=None)
         write_results(self.files.results, res)
         self.log.info(results_line(res))
         return res
@@ -358,3 +359,17 @@ def results_line(res: dict[str, Any]) -> str:
             f"{ms(res['predicted_latency_ms'])}, measured {ms(res['measured_latency_ms'])}, "
             f"top-1 {100 * res['top1']:.2f}%, top-5 {100 * res['top5']:.2f}%, params "
             f"{res['params'] / 1e6:.3f} M, FLOPs {res['flops'] / 1e6:.1f} M")
+
+
+def checkpoint_calibration(checkpoint: str | os.PathLike, arch: Architecture,
+                           state: dict[str, Any], n: int) -> torch.Tensor:
+    """An int8 export's calibration images: the first `n` training images of the data the
+    checkpoint was trained on (its recorded config's data section; `state` is its contents,
+    as `load_child` returns them)."""
+    if not isinstance(state.get("config"), dict) or not state["config"]:
+        raise FbnasError(f"{checkpoint}: the checkpoint holds no config, so no training "
+                         "images to calibrate int8 on")
+    cfg = config_from_dict(state["config"], f"{checkpoint}: config", finished=True)
+    m = arch.macro
+    return calibration_images(cfg.data, m.input_size, m.in_channels, m.num_classes,
+                              cfg.search.seed, n)

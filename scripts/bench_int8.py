@@ -28,13 +28,13 @@ import torch
 from fbnas.arch import load_child
 from fbnas.backends import make_timer
 from fbnas.backends.base import input_chw
-from fbnas.cli.export import training_images
 from fbnas.config import config_from_dict
 from fbnas.data import build_eval_data
 from fbnas.evaluate import evaluate
 from fbnas.export import ExportedModel, export_child
 from fbnas.latency.measure import Protocol, measure
 from fbnas.latency.timed_models import ModelSpec, load_model
+from fbnas.retrain import checkpoint_calibration
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     arch, model, state = load_child(args.checkpoint)
     cfg = config_from_dict(state["config"], f"{args.checkpoint}: config", finished=True)
     m = arch.macro
-    images = training_images(args.checkpoint, arch, state, args.calibration_images)
+    images = checkpoint_calibration(args.checkpoint, arch, state, args.calibration_images)
     test = build_eval_data(cfg.data, m.input_size, m.in_channels, m.num_classes,
                            seed=cfg.search.seed, split="test")
     eager = evaluate(model, test, "cpu")

@@ -127,9 +127,23 @@ def test_int8_programs_check_against_their_fake_quantized_model_and_eval_reads_t
     assert main(["eval", "--checkpoint", str(run), "--json", str(tmp_path / "fp32.json")]) == 0
     fp32 = json.loads((tmp_path / "fp32.json").read_text())
     for suffix in ("pte", "onnx"):
-        f = tmp_path / "x" / f"model.{suffix}"
+        f = tmp_path / "x" / f"model_int8.{suffix}"
         assert main(["eval", "--checkpoint", str(run), "--model", str(f), "--json",
                      str(tmp_path / f"{suffix}.json")]) == 0
         q = json.loads((tmp_path / f"{suffix}.json").read_text())
         assert q["model"] == str(f) and q["n"] == fp32["n"]
         assert abs(q["top1"] - fp32["top1"]) <= 0.05, (suffix, q["top1"], fp32["top1"])
+
+    # into the run folder (the default path): the run records the int8 program and its
+    # accuracy, and `fbnas runs` shows it beside the eager model's
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(run), "--format", "pte", "--quantize", "int8",
+                 "--calibration-images", "64"]) == 0
+    assert (run / "model_int8.pte").is_file() and not (run / "model.pte").exists()
+    assert main(["eval", "--checkpoint", str(run), "--model", str(run / "model_int8.pte"),
+                 "--json", str(tmp_path / "run_pte.json")]) == 0
+    capsys.readouterr()
+    assert main(["runs", str(run), "--columns", "top1,pte_int8_top1", "--format", "json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["top1"] == fp32["top1"]
+    assert row["pte_int8_top1"] == json.loads((tmp_path / "run_pte.json").read_text())["top1"]

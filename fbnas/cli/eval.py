@@ -13,6 +13,7 @@ from fbnas.errors import FbnasError
 from fbnas.evaluate import evaluate
 from fbnas.export import ExportedModel
 from fbnas.io import write_json_atomic
+from fbnas.runs.results import record_program, run_results
 from fbnas.settings import setting_choices
 from fbnas.training import resolve_device
 
@@ -31,7 +32,9 @@ def add_parser(sub) -> None:
                    help="override a config field, e.g. --set data.root=/data (repeatable)")
     p.add_argument("--model", metavar="FILE",
                    help="evaluate this export of the checkpoint (.pte, .onnx, .ts, .pt2; e.g. "
-                        "an int8 program) instead of its eager model, on the CPU")
+                        "an int8 program) instead of its eager model, on the CPU; on the test "
+                        "split of the checkpoint's own data, a program `fbnas export` wrote "
+                        "into the run gets its figures in the run's results.json")
     p.add_argument("--device", default=RetrainConfig.device,
                    choices=setting_choices(RetrainConfig, "device"))
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
@@ -61,6 +64,11 @@ def run(args) -> int:
     print(f"{what}{arch.name} [{arch.short_hash}] {args.split} ({res['n']} images, epoch "
           f"{state.get('epoch', '?')}): top-1 {100 * res['top1']:.2f}%  "
           f"top-5 {100 * res['top5']:.2f}%  CE {res['ce']:.4f}")
+    if args.model and args.split == "test" and not args.config and not args.set:
+        key = record_program(run_results(args.checkpoint), args.model, top1=res["top1"],
+                             top5=res["top5"], test_ce=res["ce"])
+        if key is not None:
+            print(f"recorded in the run's results.json for {key}")
     if args.json:
         write_json_atomic(args.json, {"checkpoint": str(Path(args.checkpoint)),
                                       **({"model": str(args.model)} if args.model else {}),

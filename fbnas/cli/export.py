@@ -8,17 +8,18 @@ from pathlib import Path
 
 from fbnas.arch import load_child
 from fbnas.backends import FORMATS
-from fbnas.config import config_from_dict
-from fbnas.data import calibration_images
 from fbnas.errors import FbnasError
 from fbnas.export import (
     check_format,
     default_out,
     export_child,
     opset_formats,
+    program_name,
     require_extras,
     require_quantization,
 )
+from fbnas.retrain import checkpoint_calibration
+from fbnas.runs.results import record_program, run_results
 
 
 def add_parser(sub) -> None:
@@ -31,7 +32,9 @@ def add_parser(sub) -> None:
                         "XNNPACK); a comma list (pt2,pte,onnx) or repeated to export several")
     p.add_argument("--out", metavar="PATH",
                    help="output file, or a directory for several formats (default: next to "
-                        "the checkpoint, RUN_DIR/model.ts and RUN_DIR/model.onnx)")
+                        "the checkpoint, RUN_DIR/model.ts and RUN_DIR/model.onnx; int8: "
+                        "RUN_DIR/model_int8.pte). A program written into the checkpoint's run "
+                        "folder is recorded in its results.json (`fbnas runs` shows it)")
     p.add_argument("--batch", type=int, default=1, metavar="N",
                    help="batch size of the example input (default 1); the batch axis stays "
                         "dynamic unless --static-batch")
@@ -70,14 +73,14 @@ def run(args) -> int:
     verify = not args.no_verify
     for fmt in formats:  # before any work, so that a missing extra does not leave half a job
         require_extras(fmt, verify)
-    outs = _outputs(args.out, args.checkpoint, formats)
+    outs = _outputs(args.out, args.checkpoint, formats, args.quantize)
 
     if args.calibration_images < 1:
         raise FbnasError(f"--calibration-images: must be >= 1, got {args.calibration_images}")
     for fmt in formats:  # before the checkpoint loads
         require_quantization(fmt, args.quantize)
     arch, model, state = load_child(args.checkpoint)
-    images = (training_images(args.checkpoint, arch, state, args.calibration_images)
+    images = (checkpoint_calibration(args.checkpoint, arch, state, args.calibration_images)
               if args.quantize != "none" else None)
     for fmt in formats:
         rec = export_child(model, arch, fmt, outs[fmt], batch=args.batch,
@@ -92,29 +95,23 @@ def run(args) -> int:
                 if rec.get("fallback_reason") else "")
         if "quantization" in rec:
             fmt = f"{fmt} {rec['quantization']} ({rec['calibration_images']} calibration images)"
+        key = record_program(run_results(args.checkpoint), rec["path"], fresh=True,
+                             format=rec["format"], quantization=args.quantize,
+                             bytes=rec["bytes"])
+        if key is not None:
+            note += f"  (recorded in the run's results.json as {key})"
         print(f"{rec['path']}: {fmt} {_size(rec['bytes'])}  {verified}  "
               f"[{arch.short_hash}]{note}")
     return 0
 
 
-def training_images(checkpoint: str, arch, state: dict, n: int):
-    """The first `n` training images of the data the checkpoint was trained on (its recorded
-    config's data section)."""
-    if not isinstance(state.get("config"), dict) or not state["config"]:
-        raise FbnasError(f"{checkpoint}: the checkpoint holds no config, so no training "
-                         "images to calibrate int8 on")
-    cfg = config_from_dict(state["config"], f"{checkpoint}: config", finished=True)
-    m = arch.macro
-    return calibration_images(cfg.data, m.input_size, m.in_channels, m.num_classes,
-                              cfg.search.seed, n)
-
-
-def _outputs(out: str | None, checkpoint: str, formats: list[str]) -> dict[str, Path]:
+def _outputs(out: str | None, checkpoint: str, formats: list[str], quantize: str
+             ) -> dict[str, Path]:
     if out is None:
-        return {fmt: default_out(checkpoint, fmt) for fmt in formats}
+        return {fmt: default_out(checkpoint, fmt, quantize) for fmt in formats}
     o = Path(out)
     if o.is_dir() or out.endswith(("/", "\\")):
-        return {fmt: o / f"model{FORMATS.get(fmt).suffix}" for fmt in formats}
+        return {fmt: o / program_name(fmt, quantize) for fmt in formats}
     if len(formats) > 1:
         raise FbnasError(f"--out: {out} is a file name but {len(formats)} formats were asked "
                          f"for; give a directory")

@@ -15,6 +15,7 @@ from fbnas.runs.index import (
     DEFAULT_COLUMNS,
     DESCENDING,
     check_column,
+    columns_for,
     find_results,
     format_table,
     parse_columns,
@@ -28,6 +29,10 @@ DEFAULT_DIR = "runs"
 EPILOG = f"""\
 {textwrap.fill('columns: ' + ', '.join(COLUMNS), 92, subsequent_indent='  ')}
 {textwrap.fill('default columns: ' + ', '.join(DEFAULT_COLUMNS), 92, subsequent_indent='  ')}
+  and each FMT_QUANT_top1 / FMT_QUANT_ms column (an exported program's test top-1 and
+  latency, e.g. pte_int8_top1) that some run has: `fbnas export` records a program written
+  into the run folder, `fbnas eval --model` its accuracy, `fbnas latency measure --model` its
+  latency.
 
 Sorting is numeric for numbers; runs missing the sort value come last either way. Without
 --asc/--desc, {', '.join(sorted(DESCENDING))} sort high-to-low and every other column
@@ -68,7 +73,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     check_column(args.sort, "sort column")
-    cols = parse_columns(args.columns)
+    cols = parse_columns(args.columns) if args.columns is not None else None
     if args.top is not None and args.top < 1:
         raise FbnasError(f"--top must be >= 1, got {args.top}")
     dirs = list(args.dirs) or [DEFAULT_DIR]
@@ -92,6 +97,8 @@ def run(args) -> int:
         if not rows:
             print(f"fbnas runs: none of the {total} results under {where} is of space "
                   f"{args.space!r}", file=sys.stderr)
+    if cols is None:
+        cols = columns_for(rows)
     if args.format == "table":
         if rows:
             print(format_table(rows, args.sort, args.descending, cols, args.top))

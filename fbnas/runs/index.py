@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fbnas.backends import FORMATS
 from fbnas.errors import FbnasError
 from fbnas.runs.files import RESULTS
 from fbnas.runs.results import PATH_KEY, is_number
@@ -143,10 +144,42 @@ COLUMNS: dict[str, Column] = {
     "file": Column("file", lambda r: _rel(r[PATH_KEY]) if r.get(PATH_KEY) else None, str),
 }
 
+
+
+def _program(fmt: str, quantization: str, key: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A run's figure `key` of its exported `fmt` program of `quantization` (the first file
+    by name that has it, where the run exported several)."""
+    def get(r: Mapping[str, Any]) -> Any:
+        progs = r.get("programs")
+        if not isinstance(progs, Mapping):
+            return None
+        for name in sorted(progs):
+            p = progs[name]
+            if (isinstance(p, Mapping) and p.get("format") == fmt
+                    and (p.get("quantization") or "none") == quantization
+                    and p.get(key) is not None):
+                return p[key]
+        return None
+    return get
+
+
+# Per exported program kind (every registered format, each quantization it writes): the
+# program's test top-1 (`fbnas eval --model`) and latency (`fbnas latency measure --model`).
+PROGRAM_COLUMNS: list[str] = []
+for _fmt, _form in FORMATS.items():
+    for _q in _form.quantizations:
+        _label = "fp32" if _q == "none" else _q
+        COLUMNS[f"{_fmt}_{_label}_top1"] = Column(f"{_fmt} {_label} top1 %",
+                                                  _program(_fmt, _q, "top1"), _fixed(2, 100.0))
+        COLUMNS[f"{_fmt}_{_label}_ms"] = Column(f"{_fmt} {_label} ms",
+                                                _program(_fmt, _q, "latency_ms"), _fixed(3))
+        PROGRAM_COLUMNS += [f"{_fmt}_{_label}_top1", f"{_fmt}_{_label}_ms"]
+
 DEFAULT_COLUMNS = ["front", "run", "arch", "name", "space", "dataset", "device", "target_ms",
                    "pred_ms", "meas_ms", "top1", "top5", "params", "flops", "epochs", "setting"]
 # Sorted high-to-low unless told otherwise; every other column sorts low-to-high.
-DESCENDING = frozenset({"front", "top1", "top5", "val_top1", "img_s"})
+DESCENDING = frozenset({"front", "top1", "top5", "val_top1", "img_s",
+                        *(c for c in PROGRAM_COLUMNS if c.endswith("_top1"))})
 # Left-aligned in the table; the rest are numbers, right-aligned.
 TEXT_COLUMNS = frozenset({"front", "run", "arch", "name", "space", "dataset", "device", "setting",
                           "sweep", "train_device", "hash", "search_run", "kind", "created",
@@ -169,6 +202,13 @@ def parse_columns(spec: str | Sequence[str] | None) -> list[str]:
     if not names:
         raise FbnasError(f"no columns given; columns are: {', '.join(COLUMNS)}")
     return [check_column(n) for n in names]
+
+
+def columns_for(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The default columns, then each program column that some row has a figure in (the
+    runs' int8 and fp32 programs beside the eager model, once they were exported)."""
+    return list(DEFAULT_COLUMNS) + [c for c in PROGRAM_COLUMNS
+                                    if any(not _missing(COLUMNS[c].get(r)) for r in rows)]
 
 
 def default_descending(column: str) -> bool:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, show, write_json_atomic
+from fbnas.runs.files import RunFiles
 
 SCHEMA = 1  # the value of a results file's `fbnas_results`
 PATH_KEY = "_path"  # load_results adds the file the row came from under this key
@@ -28,6 +30,16 @@ FIELDS: dict[str, str] = {
     "top1": "num", "top5": "num", "test_ce": "num", "val_top1": "num", "val_ce": "num",
     "params": "num", "flops": "num", "epochs": "num", "train_seconds": "num",
     "images_per_s": "num", "init_from": "str", "search_run": "str", "sweep": "map",
+    "programs": "map",
+}
+
+# `programs`: the run's exported programs (`fbnas export`), keyed by their path relative to the
+# run folder, each with these figures (None until measured): written by `record_program` from
+# `fbnas export` (format, quantization, bytes), `fbnas eval --model` (test top1, top5, CE) and
+# `fbnas latency measure --model` (latency_ms, its relative IQR, and the timer's description).
+PROGRAM_FIELDS: dict[str, str] = {
+    "format": "str", "quantization": "str", "bytes": "num", "top1": "num", "top5": "num",
+    "test_ce": "num", "latency_ms": "num", "latency_iqr": "num", "timer": "str",
 }
 
 
@@ -75,6 +87,7 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
                 row[key] = None  # NaN / inf (Python's json reads them) count as not measured
         if kind == "map" and not isinstance(v, Mapping):
             raise FbnasError(f"{path}: '{key}' must be an object or null, got {_kind(v)}")
+    row["programs"] = _programs(path, row["programs"])
     arch = dict(row["arch"] or {})
     for key in ("name", "hash"):
         v = arch.setdefault(key, None)
@@ -86,6 +99,85 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     row["arch"] = arch
     row[PATH_KEY] = str(path)
     return row
+
+
+def _programs(path, progs: Mapping | None) -> dict[str, dict[str, Any]] | None:
+    """`programs` checked: each entry an object whose known keys hold their kind."""
+    if progs is None:
+        return None
+    out = {}
+    for name, entry in progs.items():
+        if not isinstance(entry, Mapping):
+            raise FbnasError(f"{path}: 'programs.{name}' must be an object, got {_kind(entry)}")
+        e = dict(entry)
+        for key, kind in PROGRAM_FIELDS.items():
+            v = e.setdefault(key, None)
+            if v is None:
+                continue
+            if kind == "str" and not isinstance(v, str) or kind == "num" and not is_number(v):
+                raise FbnasError(f"{path}: 'programs.{name}.{key}' must be a "
+                                 f"{'string' if kind == 'str' else 'number'} or null, got "
+                                 f"{_kind(v)}")
+        out[str(name)] = e
+    return out
+
+
+def run_results(checkpoint: str | os.PathLike) -> Path:
+    """The results.json of the retrain run a checkpoint (file or run folder) belongs to."""
+    p = Path(checkpoint)
+    return RunFiles(p if p.is_dir() else p.parent).results
+
+
+def record_program(results: str | os.PathLike, program: str | os.PathLike, *,
+                   fresh: bool = False, **values: Any) -> str | None:
+    """Record `values` (keys of PROGRAM_FIELDS) for the exported program at `program` in the
+    run's `results` file, and return its key there (its path relative to the run folder).
+
+    `fresh` (a new export): the entry is replaced, so figures of an earlier program at that
+    path are dropped. Nothing is recorded (None) for a program outside the run folder.
+    Otherwise the figures are merged into the entry `fbnas export` made, and
+    nothing is written (None returned) when the run has no results.json or no such entry: a
+    file the run did not export is not the run's program. Written atomically.
+    """
+    unknown = sorted(set(values) - set(PROGRAM_FIELDS))
+    if unknown:
+        raise ValueError(f"record_program: undeclared keys {unknown}")
+    res = Path(results)
+    if not res.is_file():
+        return None
+    key = Path(os.path.relpath(Path(program).resolve(), res.parent.resolve())).as_posix()
+    if key.startswith("../"):
+        return None  # outside the run folder: not the run's program
+    data = load_json(res)
+    progs = dict(data.get("programs") or {})
+    if fresh:
+        entry = dict.fromkeys(PROGRAM_FIELDS)
+    elif isinstance(progs.get(key), Mapping):
+        entry = dict(progs[key])
+    else:
+        return None
+    entry.update(values)
+    progs[key] = entry
+    data["programs"] = progs
+    write_json_atomic(res, data)
+    return key
+
+
+def record_program_anywhere(program: str | os.PathLike, levels: int = 3, **values: Any
+                            ) -> str | None:
+    """`record_program` into the run that exported `program`: the results.json of its folder
+    or of one of the `levels` folders above whose `programs` lists it (the first such);
+    "RUN/results.json: KEY" where recorded, else None."""
+    folder = Path(program).resolve().parent
+    for _ in range(levels):
+        res = RunFiles(folder).results
+        key = record_program(res, program, **values)
+        if key is not None:
+            return f"{res}: {key}"
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    return None
 
 
 def is_number(v: Any) -> bool:

@@ -13,6 +13,7 @@ from fbnas.io import write_json_atomic
 from fbnas.latency import LatencyTable
 from fbnas.latency.end_to_end import Panel, panel, panel_modules, unit_scales
 from fbnas.latency.timed_models import ModelSpec, measure_specs, parse_input_shape
+from fbnas.runs.results import record_program_anywhere
 from fbnas.search_space import load_space
 
 
@@ -80,6 +81,13 @@ def run(args) -> int:
                 line += f"; table {pred / 1e3:.3f} ms (x{pred / s['median_us']:.2f})"
                 res["predicted_us"] = pred
         print(line)
+        if it["kind"] == "model":
+            where = record_program_anywhere(
+                it["path"], latency_ms=s["median_us"] / 1e3, latency_iqr=s["rel_iqr"],
+                timer=f"{t.backend}, {t.threads} thread(s), batch {t.batch}"
+                      f"{'; ' + pan.label if pan.anchors else ''}")
+            if where is not None:
+                print(f"  recorded in {where}")
         results.append(res)
     if args.json:
         write_json_atomic(args.json, {"timer": t.describe(), "results": results,
