@@ -143,13 +143,19 @@ def cross_validate(X: np.ndarray, pred: np.ndarray, meas: np.ndarray, k: int = 5
 def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
              seed: int = 0, protocol: Protocol | None = None, repeats: int = 2,
              fit_model: bool = False, folds: int = 5, archs: Sequence[Architecture] | None = None,
-             progress=None, log=None) -> dict[str, Any]:
+             progress=None, log=None, others: Sequence[LatencyTable] = ()) -> dict[str, Any]:
     """Measure `n` spanning architectures end to end and compare them with `table`.
 
     Returns the report (a JSON-ready dict). Does not modify `table`; `apply_report` stores
     the calibration (and the fitted corrections) in it. `progress`: a callback (done, total,
     key) per pass, or True for `MeasureProgress` on stderr (a bar on a terminal, else a plain
     line every 30 s; made where the measuring runs, an allocator's worker included).
+
+    `others`: tables of the same space measured another way (the fp32 table beside an int8
+    one, another device's): each ranks the same measured networks too (`report["others"]`:
+    its rank agreement with the measurements and with `table`, and per candidate op the
+    median over layers of its entry / `table`'s: the int8 speed-up per op when `table` is
+    int8 and the other fp32).
     """
     log = log or (lambda s: None)
     if not is_measured(table.cost):
@@ -159,6 +165,8 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
                     memory_format="channels_last" if timer.channels_last else "contiguous",
                     allocator=timer.allocator, quantization=timer.quantization)
     rows, _ = table.costs_for(space, "raw")
+    for o in others:
+        o.require(space, o.path)
     if archs is None:
         if n < 5:
             raise FbnasError(f"validate: -n must be at least 5 (got {n})")
@@ -219,6 +227,8 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
                             "target_spearman": min(0.9, 0.95 * math.sqrt(r))}
     report["table"] = metrics(pred, meas)
     report["flops_proxy"] = rank_metrics(flops, meas)
+    if others:
+        report["others"] = [other_table(o, space, archs, rows, pred, meas) for o in others]
     X = one_hot(space, archs)
     cv = cross_validate(X, pred, meas, k=min(folds, len(archs)), seed=seed, fitted=fit_model)
     a, b = fit_affine(pred, meas)
@@ -239,6 +249,27 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
          **({"fitted_cv_us": cv["fitted_predictions"][i]} if fit_model else {})}
         for i, a in enumerate(archs)]
     return report
+
+
+def other_table(other: LatencyTable, space: SearchSpace, archs: Sequence[Architecture],
+                rows: Sequence[dict[str, float]], pred: np.ndarray, meas: np.ndarray
+                ) -> dict[str, Any]:
+    """How `other` ranks the networks a validation measured (against the measurements and
+    against the validated table's predictions `pred`), and its entries per op against the
+    validated table's (`rows`, raw): the median over layers of other / this."""
+    pred_o = np.array([other.predict(a, "raw") for a in archs])
+    rows_o, _ = other.costs_for(space, "raw")
+    ratios: dict[str, list[float]] = {}
+    for mine, theirs in zip(rows, rows_o, strict=True):
+        for op, v in mine.items():
+            if v > 0 and theirs.get(op, 0) > 0:
+                ratios.setdefault(op, []).append(theirs[op] / v)
+    return {"table": other.path, "fingerprint": other.fingerprint(),
+            "quantization": other.setting("quantization"), "backend": other.meta.get("backend"),
+            "vs_measured": rank_metrics(pred_o, meas), "vs_table": rank_metrics(pred_o, pred),
+            "per_op_ratio": {op: {"median": float(np.median(r)), "min": float(min(r)),
+                                  "max": float(max(r)), "layers": len(r)}
+                             for op, r in ratios.items()}}
 
 
 def apply_report(table: LatencyTable, space: SearchSpace, report: dict[str, Any]) -> None:
@@ -285,6 +316,13 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                  f"median pred/meas {t['median_ratio']:.3f}  MAPE {100 * t['mape']:.1f}%  "
                  f"within 10% {100 * t['within_10pct']:.0f}%")
     lines.append(f"FLOPs proxy: Spearman {f['spearman']:.3f}  Kendall {f['kendall']:.3f}")
+    for o in report.get("others", []):
+        m, v = o["vs_measured"], o["vs_table"]
+        lines.append(f"other table {o['table']} ({o['backend']}, {o['quantization']}): Spearman "
+                     f"{m['spearman']:.3f}  Kendall {m['kendall']:.3f} against the "
+                     f"measurements; Kendall {v['kendall']:.3f} against this table")
+        lines.append("  its entries / this table's, median over layers: " + ", ".join(
+            f"{op} {r['median']:.2f}x" for op, r in o["per_op_ratio"].items()))
     c = report["calibration"]
     h = c["held_out"]
     lines.append(f"calibration measured = {c['a']:.3f} x predicted + {c['b']:.0f} us; held out: "

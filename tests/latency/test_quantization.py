@@ -73,6 +73,25 @@ def test_a_search_builds_and_caches_one_table_per_quantization(tmp_path):
                    "--quantization none")
 
 
+def test_the_measured_fit_of_an_int8_search_times_int8_programs(tmp_path, monkeypatch):
+    """Item 4: a search whose table is int8 is fitted by timing int8 programs (the measured
+    fit's timer takes the table's quantization), in the table's units."""
+    import fbnas.fit.select as select
+
+    cfg = _cfg(tmp_path, "int8")
+    table = resolve_costs(cfg, log=lambda _: None).table
+    seen = []
+
+    def time_archs(timer, archs, table_, pan):
+        seen.append((timer.quantization, timer.backend, table_ is table))
+        return {name: {"median_us": 7.0, "rel_iqr": 0.01} for name in archs}
+
+    monkeypatch.setattr(select, "time_archs", time_archs)
+    measure = select.fit_measurer(cfg, table)
+    assert measure([0] * cfg.space.num_layers) == (7.0, 0.01)
+    assert seen == [("int8", "fake", True)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["executorch", "ort"])
 def test_a_runtime_times_an_int8_program_close_to_the_float_block(runtime, tmp_path):

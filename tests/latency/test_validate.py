@@ -8,6 +8,9 @@ import pytest
 from fbnas.arch import arch_from_indices
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, apply_report, sample_spanning, space_hash, validate
+from fbnas.latency.build import build_table
+from fbnas.latency.signature import layer_signatures
+from fbnas.latency.validate import rank_metrics, summary_lines
 
 from .fakes import FAST, fake, tiny_space
 
@@ -52,3 +55,38 @@ def test_validate_reports_and_calibrates(built, tmp_path):
     other = tiny_space(candidates=["ir_k3_e1", "skip"])  # same signatures, other layers
     with pytest.raises(FbnasError, match="fitted for space 'tiny'"):
         t.costs_for(other, "fitted")
+
+
+def test_validate_ranks_by_other_tables_and_gives_their_ratio_per_op(built, tmp_path):
+    """`others` (the fp32 table beside an int8 one): each ranks the same measured networks,
+    and its entries / the table's per op are reported (the int8 speed-up per op)."""
+    space, table = built
+    scaled = LatencyTable.from_dict(table.to_dict())
+    for e in scaled.entries.values():
+        e.value *= 3.0
+    rows, _ = table.costs_for(space, "raw")
+    skip_rows = [r for r in rows if r.get("skip", 0) > 0]
+    bent = LatencyTable.from_dict(table.to_dict())
+    skip_keys = {s.key() for row in layer_signatures(space) for op, s in row.items()
+                 if op == "skip"}
+    for k, e in bent.entries.items():
+        if k in skip_keys:
+            e.value *= 10.0
+    rep = validate(space, table, fake(noise=0.02, seed=5), n=12, protocol=FAST,
+                   others=[scaled, bent])
+    a, b = rep["others"]
+    # the same entries x3 (the in-network context model is not scaled): nearly the same order
+    assert a["vs_table"]["kendall"] > 0.95
+    assert a["vs_measured"]["spearman"] == pytest.approx(rep["table"]["spearman"], abs=0.05)
+    assert rank_metrics([1, 2, 3, 4], [2, 4, 6, 8])["kendall"] == pytest.approx(1.0)
+    assert set(a["per_op_ratio"]) == {op for r in rows for op, v in r.items() if v > 0}
+    assert all(r["median"] == pytest.approx(3.0) for r in a["per_op_ratio"].values())
+    assert b["per_op_ratio"]["skip"]["median"] == pytest.approx(10.0)
+    assert b["per_op_ratio"]["skip"]["layers"] == len(skip_rows)
+    assert b["per_op_ratio"]["ir_k3_e1"]["median"] == pytest.approx(1.0)
+    assert b["vs_table"]["kendall"] < 1.0
+    assert any("its entries / this table's" in line for line in summary_lines(rep))
+    foreign = build_table(tiny_space(candidates=["ir_k3_e1"]), fake(noise=0.02, seed=1), FAST,
+                          context_probes=0)
+    with pytest.raises(FbnasError, match="missing"):
+        validate(space, table, fake(seed=5), n=6, protocol=FAST, others=[foreign])

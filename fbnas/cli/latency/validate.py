@@ -20,6 +20,7 @@ def run(args) -> int:
     space = load_space(args.config)
     table = LatencyTable.load(args.table)
     table.require(space, args.config)
+    others = [LatencyTable.load(f) for f in args.also or []]
     t = timer(args, table, args.config)
     proto = protocol(args, {k: v for k, v in (table.protocol or {}).items()
                             if k in TABLE_PROTOCOL})
@@ -28,7 +29,7 @@ def run(args) -> int:
     # progress: a bar on a terminal, else a plain line every 30 s (MeasureProgress)
     rep = validate(space, table, t, n=args.n, seed=args.seed, protocol=proto,
                    repeats=args.repeats, fit_model=args.fit_model, log=log,
-                   progress=not args.quiet)
+                   progress=not args.quiet, others=others)
     for line in summary_lines(rep):
         print(line)
     out = args.report or str(Path(args.table).with_suffix("")) + ".validate.json"
@@ -58,6 +59,10 @@ def add_parser(actions) -> None:
     v.add_argument("--save", action="store_true",
                    help="store the calibration (and corrections) in the table file")
     v.add_argument("--report", help="report JSON (default: TABLE.validate.json)")
+    v.add_argument("--also", nargs="+", metavar="TABLE",
+                   help="other tables of the space (e.g. the fp32 table of an int8 --table): "
+                        "how each ranks the same measured networks, and its entries / the "
+                        "table's per op (the int8 speed-up per op)")
     v.add_argument("--plot", help="write a predicted-vs-measured scatter PNG here")
     v.add_argument("--quiet", action="store_true", help="no progress output")
     timer_args(v)
