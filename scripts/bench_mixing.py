@@ -15,12 +15,21 @@ unfolded.
 
     python -m scripts.bench_mixing                                   # fbnet_imagenet at 56x56
     python -m scripts.bench_mixing --config configs/quickstart.yaml --input-size 16
+
+`--time R` also times the step (forward + backward, one thread) of the three variants in R
+interleaved rounds and prints each one's median wall time, its spread and its ratio to
+"unfolded" per round (median and range): at batch 2 and 16x16 (`--config
+configs/fbnet_imagenet.yaml --input-size 16 --batch 2 --time 30`), where the arithmetic is
+negligible, it is the CPU dispatch overhead issue 52 asks about. Nothing else may run while
+it times.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
+import time
 from collections import Counter
 
 import torch
@@ -78,11 +87,44 @@ def measure(net: Supernet, x: torch.Tensor, theta_grad: bool) -> tuple[Counter, 
     return c.n, saved.total()
 
 
+def step_seconds(net: Supernet, x: torch.Tensor, theta_grad: bool) -> float:
+    """Wall time of one full-mode step's forward + backward (the path drawn outside it)."""
+    s = net.sample_path(1.0, mode="full")
+    m = s.m if theta_grad else [t.detach() for t in s.m]
+    net.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    logits, _ = net(x, m=m, active=s.active, cost_m=s.cost_m)
+    logits.float().logsumexp(1).sum().backward()
+    return time.perf_counter() - t0
+
+
+def time_variants(nets: dict[str, Supernet], x: torch.Tensor, rounds: int) -> None:
+    """Interleaved rounds (the variants in a rotating order), 3 warm-up steps each first."""
+    names = list(nets)
+    for n in names:
+        for _ in range(3):
+            step_seconds(nets[n], x, True)
+    t: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            t[n].append(step_seconds(nets[n], x, True))
+    base = t[names[0]]
+    print(f"θ step wall time, {rounds} interleaved rounds, {torch.get_num_threads()} thread(s):")
+    for n in names:
+        ratios = sorted(a / b for a, b in zip(t[n], base, strict=True))
+        q = statistics.quantiles(t[n], n=4)
+        print(f"  {n:9s} median {1e3 * statistics.median(t[n]):8.2f} ms (IQR "
+              f"{1e3 * q[0]:.2f}-{1e3 * q[2]:.2f})  / {names[0]}: median "
+              f"{statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "fbnet_imagenet.yaml"))
     ap.add_argument("--input-size", type=int, default=56)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--time", type=int, default=0, metavar="R",
+                    help="also time the θ step of each variant in R interleaved rounds")
     a = ap.parse_args(argv)
     d = load_config(a.config, []).space.to_dict()
     d["input_size"] = a.input_size
@@ -104,6 +146,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r:7.3f}")
         print(f"{step:12s} {'saved MiB':16s} {b0 / 2**20:12.2f} {b1 / 2**20:12.2f} "
               f"{b2 / 2**20:12.2f} {b2 / b0:7.3f}")
+    if a.time:
+        torch.set_num_threads(1)
+        time_variants({"unfolded": one_by_one(net, fold=False), "folded": one_by_one(net),
+                       "together": net}, x, a.time)
 
 
 if __name__ == "__main__":

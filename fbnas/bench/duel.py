@@ -65,6 +65,7 @@ from fbnas.io import atomic_write
 from fbnas.retrain import train_child
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
+from fbnas.search_space import SearchSpace
 from fbnas.training.loop import torch_threads
 
 MAX_DRAWS = 100_000  # draws in a row without a new network in the band: it is exhausted
@@ -305,6 +306,42 @@ class PairStore:
 
 
 # ---- the report -------------------------------------------------------------------------------
+def pair_picks(path: str | Path, space: SearchSpace) -> list[tuple[Architecture, str]]:
+    """Both picks of every finished pair of a duel's pair file, as architectures of `space`
+    (to train into a sampled benchmark: `fbnas bench add BENCH --pairs FILE`), each with its
+    source "FILE:TARGET/seedN:SIDE". One line where the file is not a pair file, has no
+    finished pair, or a pick is not of `space`."""
+    p = Path(path)
+    if not p.is_file():
+        raise FbnasError(f"--pairs {p}: no such file")
+    store = PairStore(p)
+    if len(space.decision_candidates()) != space.num_layers:
+        raise FbnasError(f"--pairs {p}: space '{space.name}' searches widths; a pair records "
+                         "its picks' ops only")
+    cands = space.layer_candidates()
+    out = []
+    for key, rec in store.pairs.items():
+        for side in ("search", "random"):
+            pick = rec.get("retrain", {}).get(side)
+            if pick is None:
+                continue
+            ops = pick.get("ops") or []
+            if len(ops) != len(cands) or any(op not in c for c, op in zip(cands, ops, strict=True)):
+                raise FbnasError(f"--pairs {p}: {key} {side}'s pick {' '.join(map(str, ops))} "
+                                 f"is not a network of space '{space.name}'")
+            name = f"{side}_{key.replace('/', '_')}"
+            idx = [c.index(op) for c, op in zip(cands, ops, strict=True)]
+            arch = arch_from_indices(space, idx, name)
+            if pick.get("hash") not in (None, arch.hash()):
+                raise FbnasError(f"--pairs {p}: {key} {side}'s pick has hash {pick['hash'][:12]}"
+                                 f", its ops in space '{space.name}' give {arch.short_hash}: "
+                                 "another space")
+            out.append((arch, f"{p}:{key}:{side}"))
+    if not out:
+        raise FbnasError(f"--pairs {p}: no finished pair (none retrained yet)")
+    return out
+
+
 def bootstrap_interval(diffs: Sequence[float], resamples: int = 10_000, seed: int = 0,
                        level: float = 0.95) -> tuple[float, float]:
     """The percentile bootstrap interval of the mean of `diffs` (pairs resampled with

@@ -17,6 +17,7 @@ import fbnas.bench.build as bench_build
 import fbnas.bench.sample as bench_sample
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.bench.build import build_bench
+from fbnas.bench.duel import pair_picks
 from fbnas.bench.sample import SampleSpec
 from fbnas.bench.table import BENCH_SCHEMA, SAMPLED_SCHEMA, Bench
 from fbnas.cli import main
@@ -192,6 +193,44 @@ def test_an_added_architecture_outside_the_space_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "layer 1 op 'ir_k5_e6'" in err and str(bad) in err
     assert Bench.load(tmp_path / "s.json.gz").added() == []
+
+
+def test_a_duels_picks_are_added_from_its_pair_file(tmp_path, capsys):
+    """`fbnas bench add BENCH --pairs FILE`: both picks of every finished pair of a duel,
+    trained into the sampled file (an unfinished pair is skipped); bad pair files are one
+    line."""
+    cfg, _, _ = _draw(tmp_path, "s.json.gz", SampleSpec(2, ("0.5x",), 0.1, 0))
+    space = cfg.space
+    a, b = arch_from_indices(space, [0, 1, 2]), arch_from_indices(space, [3, 2, 1])
+    pairs = {"0.5x/seed3": {"target": "0.5x", "seed": 3, "retrain": {
+                 "search": {"ops": list(a.ops), "hash": a.hash()},
+                 "random": {"ops": list(b.ops), "hash": b.hash()}}},
+             "0.8x/seed3": {"target": "0.8x", "seed": 3, "search": {"seconds": 1.0}}}
+    f = tmp_path / "pairs.json"
+    f.write_text(json.dumps({"pairs": pairs}))
+    picks = pair_picks(f, space)
+    assert [(p.hash(), src) for p, src in picks] == [
+        (a.hash(), f"{f}:0.5x/seed3:search"), (b.hash(), f"{f}:0.5x/seed3:random")]
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps(_cfg(tmp_path)))
+    assert main(["bench", "add", str(tmp_path / "s.json.gz"), "--pairs", str(f),
+                 "--config", str(conf)]) == 0
+    got = Bench.load(tmp_path / "s.json.gz")
+    assert got.added() == [a.hash(), b.hash()] and all(got.complete(h) for h in got.added())
+    capsys.readouterr()
+
+    bad = json.loads(json.dumps(pairs))
+    bad["0.5x/seed3"]["retrain"]["random"]["ops"][1] = "ir_k7_e9"
+    f.write_text(json.dumps({"pairs": bad}))
+    one_line_error(lambda: pair_picks(f, space), "0.5x/seed3 random", "not a network of space")
+    bad["0.5x/seed3"]["retrain"]["random"] = {"ops": list(b.ops), "hash": a.hash()}
+    f.write_text(json.dumps({"pairs": bad}))
+    one_line_error(lambda: pair_picks(f, space), "another space")
+    f.write_text(json.dumps({"pairs": {"0.8x/seed3": pairs["0.8x/seed3"]}}))
+    one_line_error(lambda: pair_picks(f, space), "no finished pair")
+    f.write_text("[1, 2]")
+    one_line_error(lambda: pair_picks(f, space), "not a duel's pair file")
+    one_line_error(lambda: pair_picks(tmp_path / "none.json", space), "no such file")
 
 
 # ---- built: trained, timed, added to, scored --------------------------------------------------

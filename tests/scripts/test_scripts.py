@@ -150,6 +150,15 @@ def test_bench_mixing(tiny, capsys):
     assert saved and float(saved[4]) < 1.0, out
 
 
+def test_bench_mixing_times_the_three_variants(tiny, capsys):
+    out = run_main("bench_mixing", ["--config", tiny, "--input-size", "8", "--batch", "2",
+                                    "--time", "3"], capsys)
+    rows = re.findall(r"^  (unfolded|folded|together)\s+median\s+(\S+) ms .* median (\S+) "
+                      r"\[(\S+), (\S+)\]$", out, re.M)
+    assert [r[0] for r in rows] == ["unfolded", "folded", "together"], out
+    assert all(float(r[1]) > 0 for r in rows) and float(rows[0][2]) == 1.0, out
+
+
 @pytest.mark.slow
 def test_bench_widths(capsys):
     out = run_main("bench_widths", ["--batch", "4", "--repeats", "1", "--mem-samples", "1",
