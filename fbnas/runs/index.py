@@ -145,7 +145,6 @@ COLUMNS: dict[str, Column] = {
 }
 
 
-
 def _program(fmt: str, quantization: str, key: str) -> Callable[[Mapping[str, Any]], Any]:
     """A run's figure `key` of its exported `fmt` program of `quantization` (the first file
     by name that has it, where the run exported several)."""

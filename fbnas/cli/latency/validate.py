@@ -21,6 +21,8 @@ def run(args) -> int:
     table = LatencyTable.load(args.table)
     table.require(space, args.config)
     others = [LatencyTable.load(f) for f in args.also or []]
+    for o in others:
+        o.require(space, args.config)
     t = timer(args, table, args.config)
     proto = protocol(args, {k: v for k, v in (table.protocol or {}).items()
                             if k in TABLE_PROTOCOL})
