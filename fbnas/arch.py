@@ -265,9 +265,7 @@ def load_child(path: str | Path, device: str | torch.device = "cpu"
                ) -> tuple[Architecture, ChildNet, dict[str, Any]]:
     """(architecture, child network with the checkpoint's weights in eval mode, raw state)
     from a retrain checkpoint (a file, or a retrain run directory holding checkpoint.pt)."""
-    p = Path(path)
-    if p.is_dir():
-        p = RunFiles(p).checkpoint
+    p = RunFiles.checkpoint_of(path)
     state = load_checkpoint(p, kind="child")
     arch = Architecture.from_dict(state["arch"], f"{p}: arch")
     model = build_child(arch)

@@ -25,6 +25,7 @@ from fbnas.arch import Architecture
 from fbnas.backends import FORMATS, Format
 from fbnas.errors import FbnasError, first_line
 from fbnas.io import atomic_write
+from fbnas.runs.files import RunFiles
 
 VERIFY_SEED = 0          # the verification inputs are N(0, 1) from this seed, not the global RNG
 VERIFY_EXTRA_BATCH = 3   # verify also at batch + this, to exercise a dynamic batch axis
@@ -54,8 +55,7 @@ def _format(path: Path, fmt: str | None) -> Format:
 def default_out(checkpoint: str | os.PathLike, fmt: str, quantize: str = "none") -> Path:
     """`<run_dir>/model.ts`, `model.onnx`, ... next to the checkpoint (or in the run
     directory); a quantized program `model_int8.pte` (so it does not replace the fp32 one)."""
-    p = Path(checkpoint)
-    return (p if p.is_dir() else p.parent) / program_name(fmt, quantize)
+    return RunFiles.of(checkpoint).dir / program_name(fmt, quantize)
 
 
 def program_name(fmt: str, quantize: str = "none") -> str:

@@ -57,7 +57,7 @@ from fbnas.arch import Architecture, arch_from_indices, arch_indices
 from fbnas.backends.worker import reused_workers
 from fbnas.bench.score import percentile, truth
 from fbnas.bench.table import Bench
-from fbnas.config import Config
+from fbnas.config import Config, load_config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here, fit_measurer
@@ -318,28 +318,34 @@ def pair_picks(path: str | Path, space: SearchSpace) -> list[tuple[Architecture,
     if len(space.decision_candidates()) != space.num_layers:
         raise FbnasError(f"--pairs {p}: space '{space.name}' searches widths; a pair records "
                          "its picks' ops only")
-    cands = space.layer_candidates()
     out = []
     for key, rec in store.pairs.items():
         for side in ("search", "random"):
             pick = rec.get("retrain", {}).get(side)
             if pick is None:
                 continue
-            ops = pick.get("ops") or []
-            if len(ops) != len(cands) or any(op not in c for c, op in zip(cands, ops, strict=True)):
-                raise FbnasError(f"--pairs {p}: {key} {side}'s pick {' '.join(map(str, ops))} "
-                                 f"is not a network of space '{space.name}'")
-            name = f"{side}_{key.replace('/', '_')}"
-            idx = [c.index(op) for c, op in zip(cands, ops, strict=True)]
-            arch = arch_from_indices(space, idx, name)
-            if pick.get("hash") not in (None, arch.hash()):
-                raise FbnasError(f"--pairs {p}: {key} {side}'s pick has hash {pick['hash'][:12]}"
-                                 f", its ops in space '{space.name}' give {arch.short_hash}: "
-                                 "another space")
+            arch = _pick_arch(space, pick.get("ops") or [], pick.get("hash"),
+                              f"{side}_{key.replace('/', '_')}", f"--pairs {p}: {key} {side}")
             out.append((arch, f"{p}:{key}:{side}"))
     if not out:
         raise FbnasError(f"--pairs {p}: no finished pair (none retrained yet)")
     return out
+
+
+def _pick_arch(space: SearchSpace, ops: Sequence[str], recorded_hash: str | None, name: str,
+               where: str) -> Architecture:
+    """A pair's pick (its recorded ops) as an architecture of `space`; one line where its ops
+    are not a network of `space` or give another hash than the one recorded."""
+    cands = space.layer_candidates()
+    if len(ops) != len(cands) or any(op not in c for c, op in zip(cands, ops, strict=True)):
+        raise FbnasError(f"{where}'s pick {' '.join(map(str, ops))} is not a network of space "
+                         f"'{space.name}'")
+    arch = arch_from_indices(space, [c.index(op) for c, op in zip(cands, ops, strict=True)],
+                             name)
+    if recorded_hash not in (None, arch.hash()):
+        raise FbnasError(f"{where}'s pick has hash {recorded_hash[:12]}, its ops in space "
+                         f"'{space.name}' give {arch.short_hash}: another space")
+    return arch
 
 
 def bootstrap_interval(diffs: Sequence[float], resamples: int = 10_000, seed: int = 0,
@@ -366,7 +372,9 @@ def summarize(pairs: Sequence[dict[str, Any]], resamples: int = 10_000, seed: in
               ) -> dict[str, dict[str, Any]]:
     """Per target, over its finished pairs (accuracies as fractions, the difference in points):
     n, mean_diff_pt and ci95_pt, wins and ties, median_r, r1_beats_median (share of pairs),
-    r1_beats_random (mean chance), the picks' median latency offsets."""
+    r1_beats_random (mean chance), the picks' median latency offsets, and where the pairs
+    carry their picks' percentiles in a benchmark's reference sample: how many carry one
+    (`with_percentile`), each side's median percentile and its picks at or above the 90th."""
     out: dict[str, dict[str, Any]] = {}
     for target in dict.fromkeys(p["target"] for p in pairs):
         ps = [p for p in pairs if p["target"] == target and "retrain" in p]
@@ -387,7 +395,18 @@ def summarize(pairs: Sequence[dict[str, Any]], resamples: int = 10_000, seed: in
                 p["retrain"]["search"]["offset"] for p in ps),
             "random_offset_median": statistics.median(
                 p["retrain"]["random"]["offset"] for p in ps)}
+        pct = {side: [p["retrain"][side]["percentile"] for p in ps
+                      if _number(p["retrain"][side].get("percentile"))]
+               for side in ("search", "random")}
+        out[target]["with_percentile"] = len(pct["search"])
+        for side, xs in pct.items():
+            out[target][f"{side}_percentile_median"] = statistics.median(xs) if xs else None
+            out[target][f"{side}_top10"] = sum(x >= 90 for x in xs)
     return out
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not math.isnan(x)
 
 
 # ---- one pair ---------------------------------------------------------------------------------
@@ -421,8 +440,7 @@ def run_pair(store: PairStore, config: str | Path, target: str, seed: int, out: 
                          and "measuring a latency table" in built.read_text()}
         store.save()
         log(f"duel {target} seed {seed}: search {wall:.1f} s")
-    run = SearchRun.open(run_dir)
-    cfg = run.config
+    run = SearchRun.open(run_dir) if "retrain" not in rec else None
     if "random" not in rec:
         rs = equal_cost_random(run, rec["search"]["seconds"], seed, work, threads, log)
         rec["random"] = rs.to_dict()
@@ -431,6 +449,7 @@ def run_pair(store: PairStore, config: str | Path, target: str, seed: int, out: 
             f"{rs.spent:.1f} s (budget {rs.budget:.1f}, overshoot {rs.overshoot:.1f}), "
             f"R = {rs.r:.2f}")
     if "retrain" not in rec:
+        cfg = run.config
         tgt = run.target
         picks: dict[str, Any] = {}
         s_arch = run.arch
@@ -457,5 +476,21 @@ def run_pair(store: PairStore, config: str | Path, target: str, seed: int, out: 
         store.save()
         log(f"duel {target} seed {seed}: test {picks['search']['mean_test_acc']:.4f} (search) "
             f"vs {picks['random']['mean_test_acc']:.4f} (random)")
+    elif bench is not None and any(rec["retrain"][side].get("percentile") is None
+                                   for side in ("search", "random")):
+        _fill_percentiles(rec, load_config(config, list(sets)).space, bench)  # the bench came later
+        store.save()
     shutil.rmtree(work, ignore_errors=True)
     return rec
+
+
+def _fill_percentiles(rec: dict[str, Any], space: SearchSpace, bench: Bench) -> None:
+    """A retrained pair's picks' percentiles in `bench` (their records unchanged otherwise):
+    the pair ran before the benchmark held them, or without one."""
+    for side in ("search", "random"):
+        p = rec["retrain"][side]
+        arch = _pick_arch(space, p.get("ops") or [], p.get("hash"),
+                          f"{side}_{rec['target']}_seed{rec['seed']}", f"{rec['target']}/seed"
+                          f"{rec['seed']} {side}")
+        p["percentile"], p["percentile_by"] = bench_percentile(bench, arch, p["latency"],
+                                                               p["mean_test_acc"])

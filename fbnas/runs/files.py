@@ -33,6 +33,19 @@ class RunFiles:
     def __init__(self, run_dir: str | os.PathLike):
         self.dir = Path(run_dir)
 
+    @classmethod
+    def of(cls, checkpoint_or_dir: str | os.PathLike) -> RunFiles:
+        """The run a checkpoint belongs to, given as its file or as the run folder (the one
+        rule every command that takes either applies: export, eval, latency measure)."""
+        p = Path(checkpoint_or_dir)
+        return cls(p if p.is_dir() else p.parent)
+
+    @staticmethod
+    def checkpoint_of(checkpoint_or_dir: str | os.PathLike) -> Path:
+        """The checkpoint file meant by a checkpoint file or a run folder."""
+        p = Path(checkpoint_or_dir)
+        return RunFiles(p).checkpoint if p.is_dir() else p
+
     checkpoint = _file(CHECKPOINT)
     config = _file(CONFIG)
     theta = _file(THETA)

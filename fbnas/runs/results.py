@@ -124,8 +124,7 @@ def _programs(path, progs: Mapping | None) -> dict[str, dict[str, Any]] | None:
 
 def run_results(checkpoint: str | os.PathLike) -> Path:
     """The results.json of the retrain run a checkpoint (file or run folder) belongs to."""
-    p = Path(checkpoint)
-    return RunFiles(p if p.is_dir() else p.parent).results
+    return RunFiles.of(checkpoint).results
 
 
 def record_program(results: str | os.PathLike, program: str | os.PathLike, *,

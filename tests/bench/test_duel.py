@@ -179,6 +179,16 @@ def test_bootstrap_interval_and_wins_by_hand():
     assert v["r1_beats_random"] == pytest.approx((2 / 3 + 0.75 + 1) / 3)
     assert v["search_offset_median"] == 0.01 and v["random_offset_median"] == -0.02
     assert s["0.8x"]["pairs"] == 1 and s["0.8x"]["wins"] == 1
+    assert v["with_percentile"] == 0 and v["search_percentile_median"] is None
+
+    # percentiles in a benchmark's reference sample: NaN (no neighbour) and missing not counted
+    for p, (sp, rp) in zip(pairs[:3], [(95.0, 40.0), (90.0, math.nan), (50.0, 100.0)], strict=True):
+        p["retrain"]["search"]["percentile"], p["retrain"]["random"]["percentile"] = sp, rp
+    del pairs[2]["retrain"]["search"]["percentile"]
+    v = summarize(pairs, resamples=10)["0.5x"]
+    assert v["with_percentile"] == 2 and v["search_top10"] == 2
+    assert v["search_percentile_median"] == 92.5
+    assert v["random_percentile_median"] == 70.0 and v["random_top10"] == 1
 
 
 def test_pair_store_resumes(tmp_path):

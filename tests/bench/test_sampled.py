@@ -14,11 +14,13 @@ import pytest
 from conftest import digits_run_config, one_line_error
 
 import fbnas.bench.build as bench_build
+import fbnas.bench.duel as duel
 import fbnas.bench.sample as bench_sample
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.bench.build import build_bench
-from fbnas.bench.duel import pair_picks
+from fbnas.bench.duel import PairStore, pair_picks
 from fbnas.bench.sample import SampleSpec
+from fbnas.bench.score import truth
 from fbnas.bench.table import BENCH_SCHEMA, SAMPLED_SCHEMA, Bench
 from fbnas.cli import main
 from fbnas.config import config_from_dict
@@ -199,9 +201,16 @@ def test_a_duels_picks_are_added_from_its_pair_file(tmp_path, capsys):
     """`fbnas bench add BENCH --pairs FILE`: both picks of every finished pair of a duel,
     trained into the sampled file (an unfinished pair is skipped); bad pair files are one
     line."""
-    cfg, _, _ = _draw(tmp_path, "s.json.gz", SampleSpec(2, ("0.5x",), 0.1, 0))
+    cfg, drawn, _ = _draw(tmp_path, "s.json.gz", SampleSpec(2, ("0.5x",), 0.1, 0))
     space = cfg.space
-    a, b = arch_from_indices(space, [0, 1, 2]), arch_from_indices(space, [3, 2, 1])
+    # two networks outside the reference sample, each within ±3% of one in it (a percentile
+    # is read among those)
+    model, cost = _every_cost(cfg)
+    ref = [cost[k] for k in drawn.reference()]
+    near = [arch_from_indices(space, list(i)) for i in itertools.product(
+        *(range(len(c)) for c in space.decision_candidates()))
+        if any(abs(model.of(list(i)) / r - 1) <= 0.03 for r in ref)]
+    a, b = [x for x in near if x.hash() not in drawn.reference()][:2]
     pairs = {"0.5x/seed3": {"target": "0.5x", "seed": 3, "retrain": {
                  "search": {"ops": list(a.ops), "hash": a.hash()},
                  "random": {"ops": list(b.ops), "hash": b.hash()}}},
@@ -218,6 +227,31 @@ def test_a_duels_picks_are_added_from_its_pair_file(tmp_path, capsys):
     got = Bench.load(tmp_path / "s.json.gz")
     assert got.added() == [a.hash(), b.hash()] and all(got.complete(h) for h in got.added())
     capsys.readouterr()
+
+    # the duel run again with the benchmark (its reference sample trained now): each pick's
+    # percentile filled from the file's truth (no stage runs again), by hand: the share of the
+    # reference networks within ±3% of its latency it is at least as accurate as
+    build_bench(cfg, tmp_path / "s.json.gz", seeds=(0,), log=_quiet,
+                sample=SampleSpec(2, ("0.5x",), 0.1, 0))
+    got = Bench.load(tmp_path / "s.json.gz")
+    done = json.loads(json.dumps(pairs))
+    done["0.5x/seed3"].update(search={"seconds": 1.0}, random={"r": 1.0})
+    for side in ("search", "random"):
+        done["0.5x/seed3"]["retrain"][side].update(latency=1.0, mean_test_acc=0.5)
+    st_path = tmp_path / "duel" / "pairs.json"
+    st_path.parent.mkdir()
+    st_path.write_text(json.dumps({"pairs": done}))
+    rec = duel.run_pair(PairStore(st_path), conf, "0.5x", 3, tmp_path / "duel", [9],
+                        bench=got, log=_quiet)
+    t = truth(got)
+    for side, arch in (("search", a), ("random", b)):
+        lat, acc = t[arch.hash()]["latency"], t[arch.hash()]["acc"]
+        pool = [k for k in got.reference() if k in t and abs(t[k]["latency"] / lat - 1) <= 0.03]
+        want = 100 * sum(t[k]["acc"] <= acc for k in pool) / len(pool) if pool else math.nan
+        p = PairStore(st_path).get("0.5x", 3)["retrain"][side]
+        assert p["percentile_by"] == "bench" == rec["retrain"][side]["percentile_by"]
+        assert p["percentile"] == pytest.approx(want, nan_ok=True)
+        assert pool and not math.isnan(want)
 
     bad = json.loads(json.dumps(pairs))
     bad["0.5x/seed3"]["retrain"]["random"]["ops"][1] = "ir_k7_e9"

@@ -98,6 +98,20 @@ def test_the_run_files_are_named_in_one_module_only():
     assert not found, found
 
 
+def test_a_checkpoint_or_its_run_folder_name_the_same_run(tmp_path):
+    """RunFiles.of / checkpoint_of: the one rule of the commands that take either."""
+    run = tmp_path / "retrain"
+    run.mkdir()
+    ckpt = RunFiles(run).checkpoint
+    ckpt.write_bytes(b"x")
+    elsewhere = tmp_path / "kept" / "best.pt"
+    for given in (run, ckpt):
+        assert RunFiles.of(given).dir == run and RunFiles.of(given).results == run / "results.json"
+        assert RunFiles.checkpoint_of(given) == ckpt
+    assert RunFiles.of(elsewhere).dir == elsewhere.parent  # a file not yet there: its folder
+    assert RunFiles.checkpoint_of(elsewhere) == elsewhere
+
+
 def test_results_writer_and_reader_share_one_schema(tmp_path):
     values = {k: None for k in FIELDS}
     values.update(kind="retrain", top1=0.5, arch={"name": "a", "hash": "h", "ops": ["skip"]})

@@ -103,6 +103,13 @@ def run(a) -> int:
               f"{v['wins']:2d}/{v['pairs']:<2d} {v['median_r']:6.2f} "
               f"{v['r1_beats_median'] * v['pairs']:4.0f}/{v['pairs']:<3d} "
               f"{v['r1_beats_random']:7.2f}")
+    for t, v in summary.items():
+        if v["with_percentile"]:
+            print(f"{t:>6s} percentile in the reference sample ({v['with_percentile']} pairs): "
+                  f"search median {v['search_percentile_median']:.0f}, "
+                  f"{v['search_top10']} at or above the 90th; random median "
+                  f"{_pct(v['random_percentile_median']).strip()}, {v['random_top10']} at or "
+                  "above the 90th")
     report = {"config": a.config, "sets": a.sets, "targets": targets, "seeds": seeds,
               "retrain_seeds": fresh, "threads": a.threads, "bench": a.bench,
               "summary": summary, "pairs": pairs}
