@@ -36,6 +36,7 @@ from fbnas.precision import PRECISIONS, layout_setting
 from fbnas.search.modes import MODES, get_mode, refuse_as_theta_mode, weight_sampler
 from fbnas.search_space import SearchSpace
 from fbnas.settings import read_fields, setting, settings_of
+from fbnas.supernet import check_checkpoint_setting
 
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
@@ -129,7 +130,8 @@ class SearchConfig:
     Gumbel sample per layer) draws weight steps' paths (`weight_sampling`) but a search with
     it as the θ mode is refused (`SinglePath.refused`). `hard` applies to `full` only.
     checkpoint_activations: recompute each layer's activations in backward instead of
-    storing them (less memory, more time; same gradients and BN statistics).
+    storing them (less memory, more time; same gradients and BN statistics); `cheap` keeps
+    the convolutions' outputs and recomputes only BatchNorm, ReLU and the mixing from them.
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
     NHWC memory layout for the training steps (fbnas.precision; channels_last `auto`: on CUDA,
     off on the CPU).
@@ -159,7 +161,8 @@ class SearchConfig:
     # re-estimate BN stats of the argmax path before validation
     bn_calib_samples: int = setting(1024, "int", min=0)
     mode: str = setting("full", "str", choices=MODES, added="full")
-    checkpoint_activations: bool = setting(False, "bool", resumable=True, added=False)
+    checkpoint_activations: bool | str = setting(False, "raw", resumable=True, added=False,
+                                                 convert=check_checkpoint_setting)
     precision: str = setting("float32", "str", choices=PRECISIONS, added="float32")
     channels_last: bool | str = setting("auto", "raw", resumable=True, added=False,
                                         convert=layout_setting)

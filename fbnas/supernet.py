@@ -12,7 +12,10 @@ fbnas.search.modes, each class's docstring states its sampling; docs/search_mode
 how a forward samples paths: which candidates are computed and with what weights m.
 
 `checkpoint_activations` recomputes each MixedOp's activations in backward instead of storing
-them (BatchNorm running statistics are updated once per forward, as without it).
+them (BatchNorm running statistics are updated once per forward, as without it); `cheap` keeps
+the convolutions' outputs and recomputes only what is cheap from them (BatchNorm, ReLU, the
+mixing), so a layer keeps its input and its convolutions' outputs, not the normalised and
+activated tensors too (selective activation checkpointing, torch >= 2.4).
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
+
+try:  # selective activation checkpointing (torch >= 2.4)
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+except ImportError:  # pragma: no cover - older torch: `cheap` is refused (CHECKPOINT_VALUES)
+    CheckpointPolicy = create_selective_checkpoint_contexts = None
 
 from fbnas.blocks import build_block, init_weights
 from fbnas.blocks.batched import LayerBatches
@@ -57,17 +66,49 @@ def _bn_stats_frozen(module: nn.Module) -> Iterator[None]:
     bns = [b for b in module.modules()
            if isinstance(b, nn.modules.batchnorm._BatchNorm) and b.track_running_stats
            and b.running_mean is not None]
-    saved = [(b.momentum, None if b.num_batches_tracked is None else b.num_batches_tracked.clone())
-             for b in bns]
+    with _disable_current_modes():  # bookkeeping, not the recompute (`cheap`'s dispatch mode
+        saved = [(b.momentum, None if b.num_batches_tracked is None  # checks its ops)
+                  else b.num_batches_tracked.clone()) for b in bns]
     for b in bns:
         b.momentum = 0.0
     try:
         yield
     finally:
-        for b, (mo, n) in zip(bns, saved, strict=True):
-            b.momentum = mo
-            if n is not None:
-                b.num_batches_tracked.copy_(n)
+        with _disable_current_modes():
+            for b, (mo, n) in zip(bns, saved, strict=True):
+                b.momentum = mo
+                if n is not None:
+                    b.num_batches_tracked.copy_(n)
+
+
+# search.checkpoint_activations: nothing recomputed, every activation of a layer, or only what
+# is cheap to recompute from its convolutions' outputs (kept)
+CHECKPOINT_VALUES = (False, True, "cheap")
+_KEPT_IN_CHEAP = (torch.ops.aten.convolution.default,)
+
+
+def check_checkpoint_setting(value: object, where: str) -> bool | str:
+    """A `checkpoint_activations` setting read: true, false or cheap (one line otherwise, and
+    where this torch has no selective checkpointing)."""
+    if value not in CHECKPOINT_VALUES or (value in (0, 1) and not isinstance(value, bool)):
+        raise FbnasError(f"{where}: expected true, false or cheap, got {value!r}")
+    if value == "cheap" and create_selective_checkpoint_contexts is None:
+        raise FbnasError(f"{where}: cheap needs selective activation checkpointing (torch >= "
+                         f"2.4; this is {torch.__version__})")
+    return value
+
+
+def _cheap_policy(ctx, op, *args, **kwargs):
+    """Keep the convolutions' outputs over activation maps; recompute the rest (BatchNorm,
+    ReLU, mixing) from them. A convolution over a 1x1 map (squeeze-and-excitation's, whose
+    output an in-place ReLU then changes, which a kept tensor must not be) is recomputed:
+    it is tiny."""
+    keep = op in _KEPT_IN_CHEAP and args[0].shape[-2:].numel() > 1
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _cheap_contexts():
+    return create_selective_checkpoint_contexts(_cheap_policy)
 
 
 def _gives_branch(block: nn.Module) -> bool:
@@ -119,8 +160,9 @@ class MixedOp(nn.Module):
         # which candidates are computed together where all are (None: none can be)
         self.batches = LayerBatches.plan(self.candidates, [self._folded(i) for i in range(
             len(self.candidates))])
-        # recompute this layer's activations in backward (training with grad only)
-        self.checkpoint_activations = False
+        # recompute this layer's activations in backward (training with grad only): False,
+        # True (all of them) or "cheap" (all but the convolutions' outputs)
+        self.checkpoint_activations: bool | str = False
         # width search (fbnas.blocks.masked): 0/1 rows per width choice of the input (each
         # candidate's expanded channels) and of the output; None where the width is fixed
         din, cin, dout, cout = widths or (None, (c_in,), None, (c_out,))
@@ -150,7 +192,8 @@ class MixedOp(nn.Module):
                 with _bn_stats_frozen(self):  # the recompute in backward
                     return self._mix(x, m, active, w_in, w_out)
 
-            return checkpoint(run, x, m, use_reentrant=False)
+            kw = {"context_fn": _cheap_contexts} if self.checkpoint_activations == "cheap" else {}
+            return checkpoint(run, x, m, use_reentrant=False, **kw)
         return self._mix(x, m, active, w_in, w_out)
 
     def _mix(self, x: torch.Tensor, m: torch.Tensor, active: Sequence[int] | None,
@@ -230,7 +273,7 @@ class Supernet(nn.Module):
 
     def __init__(self, space: SearchSpace, costs: CostRows | None = None,
                  fixed_cost: float = 0.0, mode: str = "full",
-                 checkpoint_activations: bool = False, weights: str = "separate",
+                 checkpoint_activations: bool | str = False, weights: str = "separate",
                  width_costs: WidthCosts | None = None):
         super().__init__()
         self.space = space
@@ -271,13 +314,16 @@ class Supernet(nn.Module):
         return self._mode
 
     @property
-    def checkpoint_activations(self) -> bool:
-        return all(op.checkpoint_activations for op in self.mixed)
+    def checkpoint_activations(self) -> bool | str:
+        """False, True or "cheap" (every MixedOp's; False where they differ)."""
+        got = {op.checkpoint_activations for op in self.mixed}
+        return got.pop() if len(got) == 1 else False
 
     @checkpoint_activations.setter
-    def checkpoint_activations(self, on: bool) -> None:
+    def checkpoint_activations(self, on: bool | str) -> None:
+        value = check_checkpoint_setting(on, "checkpoint_activations")
         for op in self.mixed:
-            op.checkpoint_activations = bool(on)
+            op.checkpoint_activations = value
 
     # ---- compilation --------------------------------------------------------------------------
     def compile_blocks(self, backend: str = "inductor") -> int:

@@ -10,13 +10,20 @@ dispatch-mode counter; and the bytes autograd saves for backward (scripts.common
 distinct storages, parameters and buffers excluded). "unfolded" is the same supernet with
 every MixedOp's `folds` off and nothing computed together: each candidate's output
 multiplied by m_i, as before item 2; "folded" folds m_i, one candidate at a time (item 2
-alone); "together" is the supernet as it is (items 2 and 3); the ratio is together /
-unfolded.
+alone); "together" is the supernet as it is (items 2 and 3); "cheap" is it under
+`search.checkpoint_activations: cheap` (the convolutions' outputs kept, BatchNorm, ReLU and
+the mixing recomputed in backward) and "recompute" under `true` (everything recomputed). The
+ratios: together / unfolded, cheap / together. Besides SavedBytes (which cannot see what
+checkpointing keeps), the resident memory the forward leaves held and the peak over forward
+and backward (scripts.common.HeldBytes; run as a script, it re-executes itself with glibc's
+mmap threshold fixed so that resident memory follows tensors: held matched SavedBytes within
+2% at batch 8, within 8% at batch 4, where both apply).
 
     python -m scripts.bench_mixing                                   # fbnet_imagenet at 56x56
     python -m scripts.bench_mixing --config configs/quickstart.yaml --input-size 16
 
-`--time R` also times the step (forward + backward, one thread) of the three variants in R
+`--time R` also times the step (forward + backward, one thread) of unfolded, folded, together
+and cheap in R
 interleaved rounds and prints each one's median wall time, its spread and its ratio to
 "unfolded" per round (median and range): at batch 2 and 16x16 (`--config
 configs/fbnet_imagenet.yaml --input-size 16 --batch 2 --time 30`), where the arithmetic is
@@ -27,7 +34,9 @@ it times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import gc
 import statistics
 import time
 from collections import Counter
@@ -38,7 +47,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fbnas.config import load_config
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
-from scripts.common import ROOT, SavedBytes
+from scripts.common import (
+    MMAP_ENV,
+    ROOT,
+    HeldBytes,
+    SavedBytes,
+    exact_resident_memory,
+    resident_bytes_exact,
+)
 
 KINDS = {"batch_norm": ("native_batch_norm", "_native_batch_norm_legit",
                         "_native_batch_norm_legit_no_training", "cudnn_batch_norm",
@@ -76,15 +92,34 @@ def one_by_one(net: Supernet, fold: bool = True) -> Supernet:
     return ref
 
 
-def measure(net: Supernet, x: torch.Tensor, theta_grad: bool) -> tuple[Counter, int]:
-    torch.manual_seed(0)
-    s = net.sample_path(1.0, mode="full")
-    m = s.m if theta_grad else [t.detach() for t in s.m]
-    with Calls() as c:
-        with SavedBytes(net) as saved:
-            logits, _ = net(x, m=m, active=s.active, cost_m=s.cost_m)
-        logits.float().logsumexp(1).sum().backward()
-    return c.n, saved.total()
+def recomputing(net: Supernet, how: bool | str) -> Supernet:
+    """A copy under `search.checkpoint_activations: how` (True: every activation recomputed
+    in backward; "cheap": all but the convolutions' outputs)."""
+    out = copy.deepcopy(net)
+    out.checkpoint_activations = how
+    return out
+
+
+def measure(net: Supernet, x: torch.Tensor, theta_grad: bool
+            ) -> tuple[Counter, int | None, int | None, int | None]:
+    """(calls, bytes autograd saves (None under checkpointing, whose saves it cannot see),
+    resident bytes held at the end of the forward, and the peak over forward and backward;
+    both None without exact resident memory)."""
+    for _ in range(2):  # first a step alike, so one-time allocations are made
+        torch.manual_seed(0)
+        s = net.sample_path(1.0, mode="full")
+        m = s.m if theta_grad else [t.detach() for t in s.m]
+        gc.collect()
+        saved = None if net.checkpoint_activations else SavedBytes(net)
+        with Calls() as c, HeldBytes() as mem:
+            with saved or contextlib.nullcontext():
+                logits, _ = net(x, m=m, active=s.active, cost_m=s.cost_m)
+            held = mem.held()
+            logits.float().logsumexp(1).sum().backward()
+            peak = mem.peak()
+        del logits
+        net.zero_grad(set_to_none=True)
+    return c.n, None if saved is None else saved.total(), held, peak
 
 
 def step_seconds(net: Supernet, x: torch.Tensor, theta_grad: bool) -> float:
@@ -135,22 +170,35 @@ def main(argv: list[str] | None = None) -> None:
           f"{sum(len(op.candidates) for op in net.mixed)} candidates, input "
           f"{a.batch}x{space.macro.in_channels}x{a.input_size}x{a.input_size}, full mode, "
           f"forward + backward, CPU, torch {torch.__version__}")
-    print(f"{'step':12s} {'figure':16s} {'unfolded':>12s} {'folded':>12s} {'together':>12s} "
-          f"{'ratio':>7s}")
+    nets = {"unfolded": one_by_one(net, fold=False), "folded": one_by_one(net),
+            "together": net, "cheap": recomputing(net, "cheap"),
+            "recompute": recomputing(net, True)}
+    print(f"{'step':12s} {'figure':16s} " + " ".join(f"{n:>10s}" for n in nets)
+          + f" {'tog/unf':>7s} {'chp/tog':>7s}")
     for step, grad in (("weight step", False), ("θ step", True)):
-        (c0, b0), (c1, b1), (c2, b2) = (measure(n, x, grad) for n in (
-            one_by_one(net, fold=False), one_by_one(net), net))
-        for kind in KINDS:
-            r = c2[kind] / c0[kind] if c0[kind] else float("nan")
-            print(f"{step:12s} {kind:16s} {c0[kind]:12d} {c1[kind]:12d} {c2[kind]:12d} "
-                  f"{r:7.3f}")
-        print(f"{step:12s} {'saved MiB':16s} {b0 / 2**20:12.2f} {b1 / 2**20:12.2f} "
-              f"{b2 / 2**20:12.2f} {b2 / b0:7.3f}")
+        got = {n: measure(v, x, grad) for n, v in nets.items()}
+        rows = [(kind, [got[n][0][kind] for n in nets]) for kind in KINDS]
+        rows += [(label, [got[n][i] for n in nets]) for label, i in (
+            ("saved MiB", 1), ("held MiB", 2), ("peak MiB", 3))]
+        for label, vals in rows:
+            mib = "MiB" in label
+            cells = " ".join("         -" if v is None else f"{v / 2**20:10.2f}" if mib
+                             else f"{v:10d}" for v in vals)
+            print(f"{step:12s} {label:16s} {cells} {_ratio(vals[2], vals[0]):>7s} "
+                  f"{_ratio(vals[3], vals[2]):>7s}")
+    if not resident_bytes_exact():
+        print(f"(held / peak: run as `python -m scripts.bench_mixing`, which sets {MMAP_ENV} "
+              "so that resident memory follows tensors)")
     if a.time:
         torch.set_num_threads(1)
         time_variants({"unfolded": one_by_one(net, fold=False), "folded": one_by_one(net),
-                       "together": net}, x, a.time)
+                       "together": net, "cheap": recomputing(net, "cheap")}, x, a.time)
+
+
+def _ratio(a: int | None, b: int | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.3f}"
 
 
 if __name__ == "__main__":
+    exact_resident_memory()
     main()

@@ -81,6 +81,24 @@ def test_candidates_computed_together_change_nothing(weights, channels_last):
     assert net.state_dict().keys() == ref.state_dict().keys()
 
 
+@pytest.mark.parametrize(("weights", "channels_last"), [("separate", False), ("shared", True)])
+def test_cheap_recompute_changes_nothing(weights, channels_last):
+    """search.checkpoint_activations: cheap (the convolutions' outputs kept, the rest
+    recomputed in backward) against the same supernet storing everything: every mode's weight
+    and θ step, outputs, gradients, running statistics and counts equal."""
+    net, _, x = _net(weights, channels_last)
+    ref = copy.deepcopy(net)
+    net.checkpoint_activations = "cheap"
+    assert net.checkpoint_activations == "cheap" and ref.checkpoint_activations is False
+    for seed, mode in enumerate(MODES.choices()):
+        for frozen in (False, True):
+            net.zero_grad(), ref.zero_grad()
+            got = _step(net, x, mode, seed, frozen)
+            want = _step(ref, x, mode, seed, frozen)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=mode)
+            assert_same_grads_and_buffers(net, ref, f"cheap {mode} frozen={frozen}")
+
+
 def test_recalibration_and_checkpointed_steps_keep_each_candidates_statistics():
     """BatchNorm re-estimated over the relaxation (a cumulative average: momentum None) and
     a step under activation checkpointing (statistics updated once, in the real forward)."""

@@ -212,8 +212,12 @@ def test_bad_mode_is_an_error_naming_the_key(tiny_space):
         config_from_dict(d, "tiny.yaml")
     d["search"]["mode"] = "single_path"
     d["search"]["checkpoint_activations"] = "yes"
-    with pytest.raises(FbnasError, match=r"search\.checkpoint_activations: expected true or "
-                                         "false"):
+    with pytest.raises(FbnasError, match=r"search\.checkpoint_activations: expected true, "
+                                         "false or cheap, got 'yes'"):
+        config_from_dict(d, "tiny.yaml")
+    d["search"]["checkpoint_activations"] = 1
+    with pytest.raises(FbnasError, match=r"search\.checkpoint_activations: expected true, "
+                                         "false or cheap, got 1"):
         config_from_dict(d, "tiny.yaml")
     with pytest.raises(FbnasError, match=r"search\.mode: unknown search mode 'sampled' \(choose "
                                          r"from full, single_path, two_path"):
@@ -228,6 +232,9 @@ def test_config_defaults_and_round_trip():
     cfg = config_from_dict(d)
     again = config_from_dict(cfg.resolved())
     assert again.search.mode == "two_path" and again.search.checkpoint_activations is True
+    d["search"]["checkpoint_activations"] = "cheap"
+    again = config_from_dict(config_from_dict(d).resolved())
+    assert again.search.checkpoint_activations == "cheap"
 
 
 # ---- activation checkpointing ---------------------------------------------------------------
@@ -239,14 +246,15 @@ def _step(net: Supernet, x, y, p):
     return loss.detach()
 
 
+@pytest.mark.parametrize("how", [True, "cheap"])
 @pytest.mark.parametrize("mode", MODES.choices())
-def test_checkpointing_gives_the_same_loss_grads_and_bn_statistics(tiny_space, mode):
+def test_checkpointing_gives_the_same_loss_grads_and_bn_statistics(tiny_space, mode, how):
     torch.manual_seed(0)
     plain = Supernet(tiny_space, COSTS, mode=mode)
     random_theta(plain)
     ckpt = copy.deepcopy(plain)
-    ckpt.checkpoint_activations = True
-    assert ckpt.checkpoint_activations and not plain.checkpoint_activations
+    ckpt.checkpoint_activations = how
+    assert ckpt.checkpoint_activations == how and not plain.checkpoint_activations
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
     for step in range(2):
         torch.manual_seed(100 + step)
