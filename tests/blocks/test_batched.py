@@ -58,19 +58,25 @@ def _step(net, x, mode: str, seed: int, frozen: bool = False):
     return logits.detach()
 
 
-@pytest.mark.parametrize("weights", ["separate", "shared"])
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_candidates_computed_together_change_nothing(weights, channels_last):
-    """Every mode's weight step and θ step (weights frozen), then an eval forward: outputs,
-    every gradient, θ's, running mean / var and num_batches_tracked equal; keys unchanged."""
-    net, ref, x = _net(weights, channels_last)
+def _every_step_alike(net, ref, x, label: str = "") -> None:
+    """Every mode's weight step and θ step (weights frozen) of `net` and `ref`: outputs, every
+    gradient, θ's, running mean / var and num_batches_tracked equal."""
     for seed, mode in enumerate(MODES.choices()):
         for frozen in (False, True):
             net.zero_grad(), ref.zero_grad()
             got = _step(net, x, mode, seed, frozen)
             want = _step(ref, x, mode, seed, frozen)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=mode)
-            assert_same_grads_and_buffers(net, ref, f"{mode} frozen={frozen}")
+            assert_same_grads_and_buffers(net, ref, f"{label} {mode} frozen={frozen}")
+
+
+@pytest.mark.parametrize("weights", ["separate", "shared"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_candidates_computed_together_change_nothing(weights, channels_last):
+    """Every mode's weight step and θ step (weights frozen), then an eval forward: outputs,
+    every gradient, θ's, running mean / var and num_batches_tracked equal; keys unchanged."""
+    net, ref, x = _net(weights, channels_last)
+    _every_step_alike(net, ref, x)
     net.eval(), ref.eval()
     with torch.no_grad():
         outs = []
@@ -90,13 +96,7 @@ def test_cheap_recompute_changes_nothing(weights, channels_last):
     ref = copy.deepcopy(net)
     net.checkpoint_activations = "cheap"
     assert net.checkpoint_activations == "cheap" and ref.checkpoint_activations is False
-    for seed, mode in enumerate(MODES.choices()):
-        for frozen in (False, True):
-            net.zero_grad(), ref.zero_grad()
-            got = _step(net, x, mode, seed, frozen)
-            want = _step(ref, x, mode, seed, frozen)
-            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=mode)
-            assert_same_grads_and_buffers(net, ref, f"cheap {mode} frozen={frozen}")
+    _every_step_alike(net, ref, x, "cheap")
 
 
 def test_recalibration_and_checkpointed_steps_keep_each_candidates_statistics():
