@@ -27,9 +27,8 @@ def _run(tmp_path, name: str, mode: str, compile_: bool) -> SearchTrainer:
     return t
 
 
-@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow),
-                                  pytest.param("reinforce", marks=pytest.mark.slow),
-                                  "two_path"])
+@pytest.mark.parametrize("mode", ["full", "reinforce", "two_path"])
+@pytest.mark.slow  # about 20 s a mode; the fast tier checks the backend setting below
 def test_a_compiled_search_computes_what_the_eager_one_does(tmp_path, mode):
     from torch._dynamo.utils import counters
 

@@ -178,7 +178,7 @@ def test_bench_mixing_memory_held_as_a_script():
 
 def test_bench_mixing_times_the_three_variants(tiny, capsys):
     out = run_main("bench_mixing", ["--config", tiny, "--input-size", "8", "--batch", "2",
-                                    "--time", "3"], capsys)
+                                    "--time", "2"], capsys)
     rows = re.findall(r"^  (unfolded|folded|together|cheap)\s+median\s+(\S+) ms .* median "
                       r"(\S+) \[(\S+), (\S+)\]$", out, re.M)
     assert [r[0] for r in rows] == ["unfolded", "folded", "together", "cheap"], out
