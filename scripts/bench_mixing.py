@@ -22,8 +22,7 @@ mmap threshold fixed so that resident memory follows tensors: held matched Saved
     python -m scripts.bench_mixing                                   # fbnet_imagenet at 56x56
     python -m scripts.bench_mixing --config configs/quickstart.yaml --input-size 16
 
-`--time R` also times the step (forward + backward, one thread) of unfolded, folded, together
-and cheap in R
+`--time R` also times the θ step (forward + backward, one thread) of every variant in R
 interleaved rounds and prints each one's median wall time, its spread and its ratio to
 "unfolded" per round (median and range): at batch 2 and 16x16 (`--config
 configs/fbnet_imagenet.yaml --input-size 16 --batch 2 --time 30`), where the arithmetic is
@@ -191,8 +190,7 @@ def main(argv: list[str] | None = None) -> None:
               "so that resident memory follows tensors)")
     if a.time:
         torch.set_num_threads(1)
-        time_variants({"unfolded": one_by_one(net, fold=False), "folded": one_by_one(net),
-                       "together": net, "cheap": recomputing(net, "cheap")}, x, a.time)
+        time_variants(nets, x, a.time)
 
 
 def _ratio(a: int | None, b: int | None) -> str:

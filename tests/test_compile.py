@@ -4,12 +4,15 @@ front end, without code generation, so the test stays fast on a CPU)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from conftest import digits_run_config
+from conftest import assert_same_grads_and_buffers, digits_run_config, randomise_bn
 
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
+from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer
 from fbnas.training import close_logger
 
@@ -60,3 +63,30 @@ def test_an_unknown_backend_is_one_line_naming_the_key(tmp_path):
         SearchTrainer(cfg, cfg.run.dir)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "r").exists()  # refused before the run directory was made
+
+
+@pytest.mark.parametrize("how", ["cheap", True])
+@pytest.mark.slow  # 20-30 s a setting: dynamo traces every block in backward's recompute too
+def test_compiled_blocks_under_checkpointing_give_the_eager_gradients(tiny_space, how):
+    """search.compile with search.checkpoint_activations: each compiled block recomputed (true)
+    or its convolutions' outputs kept (cheap): loss, every weight gradient, θ's and the
+    BatchNorm statistics equal the eager, unrecomputed supernet's in float64."""
+    torch._dynamo.reset()
+    ref = Supernet(tiny_space).double().train()
+    randomise_bn(ref)
+    net = copy.deepcopy(ref)
+    net.compile_blocks("aot_eager")
+    net.checkpoint_activations = how
+    x = torch.randn(4, 3, 16, 16, dtype=torch.float64)
+    ms = [[torch.softmax(torch.randn(len(op.candidates), dtype=torch.float64), 0)
+           .requires_grad_() for op in ref.mixed]]
+    ms.append([m.detach().clone().requires_grad_() for m in ms[0]])
+    losses = []
+    for model, m in ((net, ms[0]), (ref, ms[1])):
+        logits, _ = model(x, m=m)
+        losses.append(logits.logsumexp(1).sum())
+        losses[-1].backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-12, atol=1e-12)
+    assert_same_grads_and_buffers(net, ref, f"compiled, checkpoint_activations={how}")
+    for a, b in zip(ms[0], ms[1], strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12)
