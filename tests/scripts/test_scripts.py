@@ -138,9 +138,9 @@ def test_bench_modes(tiny, capsys):
 def test_bench_mixing(tiny, capsys):
     # counts, not timings: fast. Folded, no multiply over an activation remains (the tiny
     # space has no squeeze-excite) and a θ step keeps less for backward; computed together,
-    # fewer BatchNorm calls than one candidate at a time
-    out = run_main("bench_mixing", ["--config", tiny, "--input-size", "16", "--batch", "2"],
-                   capsys)
+    # fewer BatchNorm calls than one candidate at a time; and two timed rounds of each variant
+    out = run_main("bench_mixing", ["--config", tiny, "--input-size", "16", "--batch", "2",
+                                    "--time", "2"], capsys)
     five = r"\s+(\S+)" * 5
     for step in ("weight step", "θ step"):
         row = re.search(rf"^{step}\s+mul \(4-d\){five}", out, re.M)
@@ -154,6 +154,10 @@ def test_bench_mixing(tiny, capsys):
     saved = re.search(rf"^θ step\s+saved MiB{five}\s+(\S+)", out, re.M)
     assert saved and float(saved[6]) < 1.0 and saved[4] == saved[5] == "-", out
     assert "held / peak: run as `python -m scripts.bench_mixing`" in out  # in-process: no RSS
+    rows = re.findall(r"^  (unfolded|folded|together|cheap|recompute)\s+median\s+(\S+) ms .* "
+                      r"median (\S+) \[(\S+), (\S+)\]$", out, re.M)
+    assert [r[0] for r in rows] == ["unfolded", "folded", "together", "cheap", "recompute"], out
+    assert all(float(r[1]) > 0 for r in rows) and float(rows[0][2]) == 1.0, out
 
 
 @pytest.mark.slow
@@ -174,15 +178,6 @@ def test_bench_mixing_memory_held_as_a_script():
             assert float(held[i]) == pytest.approx(float(saved[i]), rel=rel), out
         assert float(held[4]) < 0.8 * float(held[3]) and float(held[5]) < float(held[4]), out
         assert float(peak[4]) < float(peak[3]), out
-
-
-def test_bench_mixing_times_the_three_variants(tiny, capsys):
-    out = run_main("bench_mixing", ["--config", tiny, "--input-size", "8", "--batch", "2",
-                                    "--time", "2"], capsys)
-    rows = re.findall(r"^  (unfolded|folded|together|cheap)\s+median\s+(\S+) ms .* median "
-                      r"(\S+) \[(\S+), (\S+)\]$", out, re.M)
-    assert [r[0] for r in rows] == ["unfolded", "folded", "together", "cheap"], out
-    assert all(float(r[1]) > 0 for r in rows) and float(rows[0][2]) == 1.0, out
 
 
 @pytest.mark.slow
