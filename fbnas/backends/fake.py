@@ -14,6 +14,21 @@ from torch import nn
 from fbnas.backends.base import TIMERS, Runnable, Timer
 from fbnas.cost_kinds import count_flops
 
+_PLAIN = (int, float, str, bool, tuple, type(None))
+_COUNTED: dict[tuple, tuple[int, int]] = {}
+
+
+def _signature(module: nn.Module) -> tuple:
+    """What decides a module's FLOP count and leaf count: each submodule's type and plain
+    attributes (channels, kernel, stride, groups, flags) and every parameter's and buffer's
+    shape, in order."""
+    return tuple(
+        (name, type(m).__qualname__,
+         tuple(sorted((k, v) for k, v in vars(m).items() if isinstance(v, _PLAIN))),
+         tuple((k, tuple(t.shape)) for k, t in m.named_parameters(recurse=False)),
+         tuple((k, tuple(t.shape)) for k, t in m.named_buffers(recurse=False)))
+        for name, m in module.named_modules())
+
 
 @TIMERS.register("fake")
 class FakeTimer(Timer):
@@ -50,10 +65,13 @@ class FakeTimer(Timer):
             module, where = module.eval(), "cpu"
         else:
             module = module.eval().to("meta")
-        leaves = sum(1 for m in module.modules() if not list(m.children()))
+        key = (_signature(module), tuple(input_chw), where)
+        if key not in _COUNTED:  # counting FLOPs costs ~0.1 s a network: once per structure
+            _COUNTED[key] = (count_flops(module, input_chw, where),
+                             sum(1 for m in module.modules() if not list(m.children())))
+        flops, leaves = _COUNTED[key]
         speed = self.flops_per_s * (self.INT8_SPEEDUP if self.quantization == "int8" else 1)
-        cost = self.batch * count_flops(module, input_chw, where) / speed \
-            + leaves * self.overhead_s
+        cost = self.batch * flops / speed + leaves * self.overhead_s
         return Runnable(lambda: None, module, cost_s=cost, label=label)
 
     def speed(self) -> float:
