@@ -467,26 +467,26 @@ def run_pair(store: PairStore, config: str | Path, target: str, seed: int, out: 
                 p = retrain_pick(cfg, arch, retrain_seeds, work, threads)
             p.update(hash=arch.hash(), ops=list(arch.ops), latency=lat, latency_is=how,
                      offset=lat / tgt - 1)
-            if bench is not None:
-                p["percentile"], p["percentile_by"] = bench_percentile(
-                    bench, arch, lat, p["mean_test_acc"])
             picks[side] = p
         picks["target_cost"] = tgt
         rec["retrain"] = picks
         store.save()
         log(f"duel {target} seed {seed}: test {picks['search']['mean_test_acc']:.4f} (search) "
             f"vs {picks['random']['mean_test_acc']:.4f} (random)")
-    elif bench is not None and any(rec["retrain"][side].get("percentile") is None
-                                   for side in ("search", "random")):
-        _fill_percentiles(rec, load_config(config, list(sets)).space, bench)  # the bench came later
+    if bench is not None and any(rec["retrain"][side].get("percentile") is None
+                                 for side in ("search", "random")):  # just retrained, or the
+        space = (run.config if run is not None  # bench came later
+                 else load_config(config, list(sets))).space
+        _fill_percentiles(rec, space, bench)
         store.save()
     shutil.rmtree(work, ignore_errors=True)
     return rec
 
 
 def _fill_percentiles(rec: dict[str, Any], space: SearchSpace, bench: Bench) -> None:
-    """A retrained pair's picks' percentiles in `bench` (their records unchanged otherwise):
-    the pair ran before the benchmark held them, or without one."""
+    """A retrained pair's picks' percentiles in `bench` (their records unchanged otherwise),
+    just after their retrain, or later: the pair ran before the benchmark held them, or
+    without one."""
     for side in ("search", "random"):
         p = rec["retrain"][side]
         arch = _pick_arch(space, p.get("ops") or [], p.get("hash"),
