@@ -66,7 +66,7 @@ class FakeTimer(Timer):
         else:
             module = module.eval().to("meta")
         key = (_signature(module), tuple(input_chw), where)
-        if key not in _COUNTED:  # counting FLOPs costs ~0.1 s a network: once per structure
+        if key not in _COUNTED:  # counting FLOPs runs a forward: once per structure
             _COUNTED[key] = (count_flops(module, input_chw, where),
                              sum(1 for m in module.modules() if not list(m.children())))
         flops, leaves = _COUNTED[key]

@@ -136,9 +136,10 @@ def test_bench_modes(tiny, capsys):
 
 
 def test_bench_mixing(tiny, capsys):
-    # counts, not timings: fast. Folded, no multiply over an activation remains (the tiny
-    # space has no squeeze-excite) and a θ step keeps less for backward; computed together,
-    # fewer BatchNorm calls than one candidate at a time; and two timed rounds of each variant
+    # counts, checked; two timed rounds of each variant, only checked to be printed. Folded,
+    # no multiply over an activation remains (the tiny space has no squeeze-excite) and a θ
+    # step keeps less for backward; computed together, fewer BatchNorm calls than one
+    # candidate at a time
     out = run_main("bench_mixing", ["--config", tiny, "--input-size", "16", "--batch", "2",
                                     "--time", "2"], capsys)
     five = r"\s+(\S+)" * 5
