@@ -182,6 +182,36 @@ def machine() -> dict[str, Any]:
             "cpus": torch.get_num_threads(), "python": sys.version.split()[0]}
 
 
+# torch's CPU capabilities, lowest first, and the environment that holds a host of a higher one
+# to each (torch's own kernels: ATEN_CPU_CAPABILITY; the convolutions: oneDNN's ISA cap). Set
+# before torch is imported, it trains to the last digit what a host of that capability trains
+# (checked on an AVX512 host against a file built on an AVX2 one; docs/bench.md)
+CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
+CAPABILITY_ENV = {"AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
+
+def capability_env(recorded: str | None, here: str | None = None) -> dict[str, str] | None:
+    """The environment under which this host (capability `here`, default torch's now) trains
+    as a host of capability `recorded` did: {} where they are the same, None where it cannot
+    (a lower host, or a capability with no way to hold a higher host to it)."""
+    here = torch.backends.cpu.get_cpu_capability() if here is None else here
+    if recorded == here:
+        return {}
+    if (recorded in CAPABILITY_ENV and here in CAPABILITIES
+            and CAPABILITIES.index(here) > CAPABILITIES.index(recorded)):
+        return dict(CAPABILITY_ENV[recorded])
+    return None
+
+
+def capability_hint(recorded: str | None) -> str:
+    """How to train here as a host of capability `recorded` did, in words."""
+    env = capability_env(recorded)
+    if env is None:
+        return (f"this host ({torch.backends.cpu.get_cpu_capability()}) cannot train as a "
+                f"{recorded} host does")
+    return " ".join(f"{k}={v}" for k, v in env.items()) or "as it is"
+
+
 def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
                 budgets: Sequence[int] | None = None, rounds: int = 30,
                 limit: int | None = None, workers: int | None = None,
@@ -235,10 +265,15 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         return c.get("source_hash"), c.get("machine")
     if not built or sitting(built[-1]) != sitting(here):
         if built:
+            was = built[-1].get("machine", {}).get("cpu_capability")
+            now = here["machine"]["cpu_capability"]
+            isa = ("" if was is None or was == now else
+                   f"; its networks were trained by {was} kernels, these are {now}: "
+                   f"to train as they did, resume with {capability_hint(was)}")
             log(f"bench: {path} was built so far by {describe_code(built[-1])} on "
                 f"{built[-1].get('machine', {}).get('platform')}; resuming with "
                 f"{describe_code(here)} on {here['machine']['platform']} (other code or "
-                "another machine can train the same network to other last digits)")
+                f"another machine can train the same network to other last digits){isa}")
         built.append(here)
     if bench.sampled:
         bench.save()  # the draw and the added networks, before any training

@@ -207,6 +207,30 @@ def test_a_sitting_on_other_code_is_recorded_beside_the_first(tmp_path, monkeypa
     assert len(Bench.load(out).code) == 2
 
 
+def test_a_host_is_held_to_a_lower_cpu_capability_only():
+    env = bench_build.capability_env
+    assert env("AVX2", "AVX2") == {} and env("AVX512", "AVX512") == {}
+    assert env("AVX2", "AVX512") == {"ATEN_CPU_CAPABILITY": "avx2",
+                                      "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert env("AVX512", "AVX2") is None  # a lower host cannot train as a higher one
+    assert env("AVX2", "ZVECTOR") is None and env(None, "AVX2") is None
+
+
+def test_a_sitting_on_another_cpu_capability_says_how_to_train_as_the_first(tmp_path,
+                                                                           monkeypatch):
+    cfg = config_from_dict(_cfg(tmp_path, epochs=1), "bench.yaml")
+    out, lines, host = tmp_path / "b.json.gz", [], bench_build.machine()
+    monkeypatch.setattr(bench_build, "machine", lambda: {**host, "cpu_capability": "AVX2"})
+    build_bench(cfg, out, seeds=(0,), rounds=3, limit=1, log=lines.append)
+    monkeypatch.setattr(bench_build, "machine", lambda: {**host, "cpu_capability": "AVX512"})
+    monkeypatch.setattr(bench_build.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    build_bench(cfg, out, seeds=(0,), rounds=3, limit=1, log=lines.append)
+    said = [ln for ln in lines if ln.startswith("bench: ") and "resuming" in ln]
+    assert len(said) == 1 and said[0].endswith(
+        "trained by AVX2 kernels, these are AVX512: to train as they did, resume with "
+        "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2")
+
+
 def test_a_worker_importing_other_fbnas_sources_refuses_in_one_line(built):
     _, cfg, _, _ = built
     a = all_archs(cfg.space)[0]

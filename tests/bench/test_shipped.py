@@ -2,28 +2,28 @@
 retrained by `fbnas retrain` with the benchmark's config (`configs/<name>.yaml`) under the
 entry's seed, reads the recorded figures to the last digit. A change to the child's numerics,
 or a file built otherwise than a user retrains, fails here: then rebuild the file with the
-command in its config's header."""
+command in its config's header. The retrain runs as the file's machine trained: torch's CPU
+capability (AVX2, AVX512) changes the last digits, so a host of a higher one is held to the
+file's (fbnas.bench.build.capability_env); a host of a lower one cannot check the file."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from fbnas.bench.build import machine
+from fbnas.bench.build import capability_env, machine
 from fbnas.bench.table import Bench, bench_for
-from fbnas.cli import main
 from fbnas.config import load_config
 from fbnas.provenance import describe_code
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
 SHIPPED = sorted(CONFIGS.glob("*.json.gz"))
-# files built before the Ray build was made to train as `fbnas retrain` does (docs/bench.md "A
-# benchmark that stays true"): their records are not what a retrain gives, until rebuilt with
-# the commands in their configs' headers (issue 51 item 5). Strict: a rebuilt file passes,
-# which fails here until its name is taken off this list.
-STALE = {"bench_digits.json.gz", "bench_digits_b.json.gz"}
 
 
 def _config(path: Path) -> Path:
@@ -33,11 +33,14 @@ def _config(path: Path) -> Path:
 def test_every_shipped_benchmark_is_of_the_config_beside_it():
     """Each file loads against its config (the same space, data and retrain sections), so
     `fbnas retrain --config` of that config is what the file's records claim to be."""
-    assert SHIPPED and any(p.name not in STALE for p in SHIPPED)
+    assert SHIPPED
     for path in SHIPPED:
         assert _config(path).is_file(), path
         b = bench_for(path, load_config(str(_config(path)), []))
         assert b.networks and all(b.complete(k) for k in b), path
+        # and it says which kernels trained it, to a capability a host can be held to
+        cap = recorded_capability(b)
+        assert cap == "AVX512" or capability_env(cap, "AVX512"), path
 
 
 def entry_to_retrain(b: Bench) -> tuple[str, int]:
@@ -51,21 +54,34 @@ def entry_to_retrain(b: Bench) -> tuple[str, int]:
                key=lambda ks: b.networks[ks[0]]["runs"][str(ks[1])][full]["seconds"])
 
 
+def recorded_capability(b: Bench) -> str:
+    """The CPU capability every sitting of `b` trained with (one, or the file is mixed)."""
+    caps = {m.get("cpu_capability") for m in
+            [b.meta["machine"], *(c.get("machine", {}) for c in b.meta.get("code", []))]}
+    assert len(caps) == 1 and None not in caps, f"{b.path}: trained with capabilities {caps}"
+    return caps.pop()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=f"{p.name}: built before the "
-                                            "fix, to be rebuilt (issue 51 item 5)"))
-    if p.name in STALE else p for p in SHIPPED], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_a_shipped_entry_retrains_to_its_records(path, tmp_path):
     config = _config(path)
     b = bench_for(path, load_config(str(config), []))  # its space and training
+    cap = recorded_capability(b)
+    env = capability_env(cap)
+    if env is None:
+        pytest.skip(f"{path.name} was trained by {cap} kernels; this host's torch dispatches "
+                    f"{machine()['cpu_capability']}, which cannot be held to them")
     k, seed = entry_to_retrain(b)
     rec = b.networks[k]["runs"][str(seed)][str(b.budgets[-1])]
     arch, run = tmp_path / "arch.yaml", tmp_path / "run"
     b.arch(k).save(arch)
-    assert main(["retrain", "--config", str(config), "--arch", str(arch), "--out", str(run),
-                 "--set", f"retrain.seed={seed}", "--set", "retrain.measure_latency=false",
-                 "--set", "run.progress=false", "--set", "run.tensorboard=false"]) == 0
+    r = subprocess.run([sys.executable, "-m", "fbnas", "retrain", "--config", str(config),
+                        "--arch", str(arch), "--out", str(run), "--set", f"retrain.seed={seed}",
+                        "--set", "retrain.measure_latency=false", "--set", "run.progress=false",
+                        "--set", "run.tensorboard=false"], cwd=ROOT, capture_output=True,
+                       text=True, env={**os.environ, **env}, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
     last = json.loads((run / "history.json").read_text())[-1]
     got = {"test_acc": res["top1"], "test_ce": res["test_ce"], "val_acc": res["val_top1"],
@@ -75,6 +91,5 @@ def test_a_shipped_entry_retrains_to_its_records(path, tmp_path):
     built = describe_code(b.code[0]) if b.code else "an unrecorded commit"
     m = b.meta["machine"]
     assert got == want, (f"{path.name}: network {k[:12]} seed {seed} (built at {built} on "
-                         f"{m.get('cpu_model', '?')} {m.get('cpu_capability', '?')}, "
-                         f"{m['platform']}; here {machine()}) retrains to {got}, the file "
-                         f"records {want}")
+                         f"{m.get('cpu_model', '?')} {cap}, {m['platform']}; here {machine()}, "
+                         f"held to it by {env}) retrains to {got}, the file records {want}")
