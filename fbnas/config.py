@@ -207,6 +207,12 @@ class SearchConfig:
     # the networks `final_train` trains differ pairwise in at least this many layers (the
     # best-ranked first, a near copy of one already chosen passed over; 1: any two)
     final_train_distinct: int = setting(1, "int", min=1, max=64, resumable=True, added=1)
+    # plan the whole search to cost this many trainings of the retrain section's recipe (R):
+    # epochs, warm-up, the final pick's scores and trainings chosen from a few timed steps of
+    # each kind at the start (fbnas.search.budget, docs/search.md); the planned settings the
+    # config gives are kept and reported as overrides. null: the settings as given
+    budget: float | None = setting(None, "float", gt=0.0, max=1000.0, nullable=True,
+                                   added=None)
     # torch.compile every block of the supernet (stem, each candidate, head) in place: one
     # graph per block shape and mode, whatever paths a step samples (Supernet.compile_blocks)
     compile: bool = setting(False, "bool", resumable=True, added=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import statistics
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -282,6 +283,8 @@ class ChildTrainer(EpochRunner):
             images_per_s=total_n / max(total_s, 1e-9),
             init_from=self.init_from,
             search_run=self.arch.meta.get("run") if isinstance(self.arch.meta, dict) else None,
+            search_seconds=search_cost_of(self.arch.meta, "seconds"),
+            search_trainings=search_cost_of(self.arch.meta, "trainings"),
             sweep=self.extra.get("sweep"), programs=None)
         write_results(self.files.results, res)
         self.log.info(results_line(res))
@@ -338,6 +341,64 @@ def train_child(cfg: Config, arch: Architecture, seed: int, work: str | Path,
     return {"val_acc": float(res["val_top1"]), "val_ce": float(res["val_ce"]),
             "test_acc": float(res["top1"]), "test_ce": float(res["test_ce"]),
             "seconds": time.perf_counter() - t0}
+
+
+def probe_training(cfg: Config, arch: Architecture, work: str | Path, steps: int = 6,
+                   clock=time.perf_counter) -> dict[str, float]:
+    """What one training of `arch` with the config's retrain section costs here, from a few
+    of its steps (`search.budget`'s unit, fbnas.search.budget): the seconds of building its
+    trainer (`setup`), of one training step (`step`, the median of `steps` after one untimed)
+    and of one evaluation batch (`eval`), and how many of each one training holds (`steps`:
+    epochs × steps per epoch; `evals`: validation each epoch and the test). Nothing is kept:
+    the scratch folder is removed and the weights are thrown away."""
+    r = replace(cfg.retrain, measure_latency=False)
+    c = replace(cfg, retrain=r, run=replace(cfg.run, progress=False, tensorboard=False))
+    run = Path(work) / f"probe-{arch.short_hash}"
+    shutil.rmtree(run, ignore_errors=True)
+    quiet = logging.getLogger("fbnas.retrain.probe")
+    quiet.setLevel(logging.WARNING)
+    try:
+        with torch_threads(r.threads):
+            t0 = clock()
+            t = ChildTrainer(c, arch, run, log=quiet)
+            setup = clock() - t0
+            try:
+                batches = iter(t.data.iterate(t.data.train_loader))
+                times = []
+                for _ in range(steps + 1):
+                    x, y = next(batches, None) or next(iter(t.data.iterate(
+                        t.data.train_loader)))
+                    x, y = x.to(t.device), y.to(t.device)
+                    t1 = clock()
+                    t.train_step(x, y)
+                    times.append(clock() - t1)
+                loader = t.data.val_loader or t.data.test_loader
+                evals = []
+                t.model.eval()
+                with torch.no_grad():
+                    for i, (x, _) in enumerate(loader):
+                        if i > steps:
+                            break
+                        t1 = clock()
+                        t.model(x.to(t.device))
+                        evals.append(clock() - t1)
+                n_val = len(t.data.val_loader) if t.data.val_loader is not None else 0
+                per_epoch = t.steps_per_epoch
+            finally:
+                close_logger(t.log)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+    return {"setup": setup, "step": statistics.median(times[1:]),
+            "eval": statistics.median(evals[1:] or evals),
+            "steps": r.epochs * per_epoch, "evals": r.epochs * n_val + len(t.data.test_loader)}
+
+
+def search_cost_of(meta: Any, key: str) -> float | None:
+    """What the search that returned an architecture spent (its meta's `search_cost`, written
+    by `fbnas train`): `seconds`, or `trainings` (R, where search.budget timed one)."""
+    cost = meta.get("search_cost") if isinstance(meta, dict) else None
+    v = cost.get(key) if isinstance(cost, dict) else None
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def target_ms_of(meta: Any) -> float | None:

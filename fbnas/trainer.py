@@ -22,7 +22,14 @@ directory.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
+import itertools
+import math
+import random
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +39,19 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, arch_from_indices, arch_indices
 from fbnas.config import Config
+from fbnas.cost_kinds import is_measured
 from fbnas.data import build_search_data
 from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import validate_weights
 from fbnas.fit.costs import CostSource, shared_costs
 from fbnas.fit.onto_target import range_warning
-from fbnas.fit.select import select
+from fbnas.fit.select import cannot_time_here, pick_candidates, select
 from fbnas.io import write_json_atomic
-from fbnas.retrain import train_child
-from fbnas.rng import rng_state, seed_everything
+from fbnas.latency.end_to_end import timing_seconds
+from fbnas.retrain import probe_training, train_child
+from fbnas.rng import rng_state, seed_everything, set_rng_state
+from fbnas.search import budget as budgets
 from fbnas.search.figures import epoch_line, tb_scalars
 from fbnas.search.modes import get_mode, ignored_note, refuse_as_theta_mode
 from fbnas.search.schedules import TauSchedule
@@ -59,7 +69,10 @@ class SearchTrainer(SearchSteps, EpochRunner):
     POLICY = ResumePolicy(compared=("data", "latency", "loss", "search", "run"))
 
     def __init__(self, cfg: Config, run_dir: str | Path, costs: CostSource | None = None,
-                 log=None, resume: bool = False, dist=None):
+                 log=None, resume: bool = False, dist=None,
+                 clock: Callable[[], float] = time.perf_counter):
+        # what the search's cost is read by (search.budget's probe and its accounting)
+        self.clock = clock
         super().__init__(cfg, run_dir, log, dist, resume=resume, costs=costs)
 
     def _setup(self, resume: bool, costs: CostSource | None) -> None:
@@ -76,6 +89,10 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if state is None or state["epoch"] < s.epochs:
             refuse_as_theta_mode(s.mode, resuming=state is not None)
         self.costs = costs or shared_costs(cfg, self.dist, self.log.info, self.run_dir, resume)
+        # the search's cost is counted from here, the latency table loaded (search.budget)
+        self._t0 = self._mark = self.clock()
+        self.spent: dict[str, float] = dict((state or {}).get("spent") or {})
+        self.budget_plan: dict[str, Any] | None = (state or {}).get("budget_plan")
         # seeded after the costs: measuring a table draws random numbers, a cached one does not
         seed_everything(s.seed)
         if state is not None and state["cost_fingerprint"] != self.costs.fingerprint:
@@ -127,15 +144,150 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if state is not None:
             self._restore(state)
         else:
+            if s.budget is not None:
+                self._plan_budget()
             self._write_config()
             if (note := ignored_note(s.mode, s.weight_sampling, {
                     k for sec, k in cfg.given if sec == "search"})) is not None:
                 self.log.info(note)
         if self.dist.distributed:
+            if s.budget is not None:
+                raise FbnasError("search.budget is not supported under torchrun yet (its probe "
+                                 "trains a child on one process); set the epochs instead")
             if s.warmup_sampling != "mode":
                 raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "
                                  "under torchrun yet; use mode (the default)")
             self._setup_distributed(fresh=state is None)
+
+    # ---- search.budget (fbnas.search.budget) ------------------------------------------------
+    def _plan_budget(self) -> None:
+        """Time a few steps of each kind, plan the settings that spend `search.budget`
+        trainings, print the plan, and run with them (the schedules rebuilt for the planned
+        epochs). Nothing the probe did stays: weights, optimizer states and RNGs are restored."""
+        s = self.cfg.search
+        setup = self.clock() - self._t0
+        t0 = self.clock()
+        costs = self._probe_costs()
+        costs = dataclasses.replace(costs, probe=self.clock() - t0)
+        given = budgets.given_settings(s, self.cfg.given)
+        p = budgets.plan(s.budget, costs, given, measured_fit=self._fit_times(), setup=setup,
+                         pick=self._pick_sizes(given))
+        self._charge("setup", setup)
+        self._charge("probe", costs.probe)
+        self._mark = self.clock()
+        self.budget_plan = {**p.to_dict(), "costs": costs.to_dict()}
+        for line in p.lines():
+            self.log.info(line)
+        self.cfg = dataclasses.replace(self.cfg, search=dataclasses.replace(s, **p.settings))
+        s = self.cfg.search
+        self.tau_schedule = TauSchedule.from_config(s)
+        self.w_sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            self.w_opt, T_max=s.epochs, eta_min=s.w_lr_min)
+
+    def _pick_sizes(self, given: dict[str, int]) -> tuple[int, int]:
+        """How many of θ's paths and of the band's draws the final pick can score here at
+        most: (0, 0) where it scores none (no target, no fit, `final_pick: theta`, no
+        validation split), else what `pick_candidates` finds in the band at the start."""
+        s, target = self.cfg.search, self.loss_target()
+        if (target is None or not s.fit_target or s.final_pick != "path"
+                or self.data.val_loader is None):
+            return 0, 0
+        cands = given.get("final_candidates", s.final_candidates)
+        draws = given.get("final_band_draws", budgets.BAND_DRAWS)
+        probe = dataclasses.replace(self.cfg, search=dataclasses.replace(
+            s, final_candidates=cands, final_band_draws=draws))
+        found = len(pick_candidates(probe, list(self.net.theta), self.costs, target))
+        return min(cands, found), max(0, found - cands)
+
+    def _fit_times(self) -> bool:
+        """Whether the final fit will time networks end to end here."""
+        s = self.cfg.search
+        return (self.loss_target() is not None and s.fit_target and s.fit_measure != "off"
+                and is_measured(self.cfg.latency.cost)
+                and cannot_time_here(self.cfg, self.costs.table) is None)
+
+    def loss_target(self) -> float | None:
+        return getattr(self.loss, "target", None)
+
+    def _band_network(self) -> list[int]:
+        """A network of the target's band (the middle of the space's costs without a target):
+        the closest to it of 2,000 drawn, seeded by search.seed."""
+        model = self.costs.model(self.cfg.space)
+        lo, hi = self.model.cost_bounds()
+        target = self.loss_target() or (lo + hi) / 2
+        rng = random.Random(f"fbnas-budget:{self.cfg.search.seed}")
+        cands = self.cfg.space.decision_candidates()
+        draws = ([rng.randrange(len(c)) for c in cands] for _ in range(2000))
+        return min(draws, key=lambda i: abs(model.of(i) / target - 1))
+
+    def _probe_costs(self, steps: int = 4) -> budgets.StepCosts:
+        """Seconds of one step of each kind here (budgets.StepCosts): the supernet's weight
+        steps (in the warm-up and after it), θ steps and one validation, a band network's
+        child steps and evaluation batches, and one end-to-end timing (estimated from the
+        measuring protocol). The supernet, its optimizers and every RNG are put back."""
+        saved = (rng_state(), copy.deepcopy(self.model.state_dict()),
+                 copy.deepcopy(self.w_opt.state_dict()),
+                 copy.deepcopy(self.theta_opt.state_dict()))
+        epoch, phase, skipped = self.epoch, self.phase, self.skipped_steps
+        clock = self.clock
+
+        def timed(fn, loader) -> float:
+            batches = itertools.cycle(list(itertools.islice(self.data.iterate(loader),
+                                                            steps + 1)))
+            times = []
+            for _ in range(steps + 1):
+                x, y = next(batches)
+                x, y = x.to(self.device), y.to(self.device)
+                t = clock()
+                fn(x, y)
+                times.append(clock() - t)
+            return sorted(times[1:])[len(times[1:]) // 2]
+
+        try:
+            warm = timed(self.weight_step, self.data.w_loader)
+            self.epoch = 10 ** 6  # past any warm-up: the mode's weight steps, and θ steps
+            w = timed(self.weight_step, self.data.w_loader)
+            th = timed(self.theta_step, self.data.theta_loader)
+            idx = self._band_network()  # a path of the band: what the pick scores
+            t = clock()
+            if self.data.val_loader is not None:
+                self.score_paths([idx])
+            score = clock() - t
+        finally:
+            self.epoch, self.phase, self.skipped_steps = epoch, phase, skipped
+            self.model.load_state_dict(saved[1])
+            self.w_opt.load_state_dict(saved[2])
+            self.theta_opt.load_state_dict(saved[3])
+        arch = arch_from_indices(self.cfg.space, idx, "budget_probe")
+        with tempfile.TemporaryDirectory(prefix="fbnas-probe-") as work:
+            child = probe_training(self.cfg, arch, work, clock=clock)
+        set_rng_state(saved[0])
+        timing = 0.0
+        if self._fit_times():
+            timing = timing_seconds(self.cfg.space, self.costs.table,
+                                    float(self.costs.model(self.cfg.space).of(idx)))
+        return budgets.StepCosts(
+            child_setup=child["setup"], child_step=child["step"], child_eval=child["eval"],
+            child_steps=int(child["steps"]), child_evals=int(child["evals"]), w_step=w,
+            warm_w_step=warm, theta_step=th, w_steps=len(self.data.w_loader),
+            theta_steps=len(self.data.theta_loader), path_score=score, timing=timing)
+
+    def _spent_now(self) -> dict[str, float]:
+        """Seconds spent per stage so far, the stage in progress included."""
+        out = dict(self.spent)
+        stage = getattr(self, "_stage", None)
+        if stage is not None:
+            out[stage[0]] = out.get(stage[0], 0.0) + self.clock() - stage[1]
+        return out
+
+    def _charge(self, stage: str, seconds: float) -> None:
+        self.spent[stage] = self.spent.get(stage, 0.0) + seconds
+
+    def search_cost(self) -> dict[str, Any]:
+        """What the run spent (arch meta `search_cost`): seconds per stage, in all, and in
+        trainings where search.budget timed one."""
+        training = (self.budget_plan or {}).get("training_s", 0.0)
+        return budgets.spent(self._spent_now(), training, self.cfg.search.budget)
 
     # ---- resume ---------------------------------------------------------------------------
     def _check_resume(self, state: dict[str, Any]) -> None:
@@ -172,6 +324,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
             "cost_fingerprint": self.costs.fingerprint, "history": self.history,
             "partial": self._partial_state(), "skipped_steps": self.skipped_steps,
             "scalers": self.prec.state_dict(),
+            "spent": self._spent_now(), "budget_plan": self.budget_plan,
         }
 
     def _after_save(self) -> None:
@@ -243,7 +396,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         """Run (or finish) the current epoch; returns its metrics."""
         e = self.epoch
         self.data.set_epoch(e)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         rec: dict[str, Any] = self.partial.setdefault("rec", {})
         if self.phase == "w":
             w = self._phase("w", self.data.w_loader, self.weight_step)
@@ -265,7 +418,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         rec.update(self.validate())
         rec.update({"epoch": e + 1, "tau": self.tau, "theta_lr": self.theta_opt.param_groups[0]
                     ["lr"], "theta_active": self.theta_active(e),
-                    "seconds": time.perf_counter() - t0,
+                    "seconds": self.clock() - t0,
                     "probs": [p.cpu().tolist() for p in self.model.probabilities()],
                     "entropy": self.model.entropy().cpu().tolist()})
         return rec
@@ -280,10 +433,15 @@ class SearchTrainer(SearchSteps, EpochRunner):
                       + (", channels_last" if self.prec.channels_last else ""))
         if (warn := self.prec.warning("search")) is not None:
             self.log.warning(warn)
-        self._run_epochs(s.epochs)
+        self._charge("setup", self.clock() - self._mark)  # this process's, before the epochs
+        self._stage = ("supernet", self.clock())
+        try:
+            self._run_epochs(lambda: self.cfg.search.epochs)  # search.budget may re-plan it
+        finally:
+            self._charge("supernet", self.clock() - self._stage[1])
+            self._stage = None
+        t = self.clock()
         arch = self.final_arch()
-        if self.dist.is_main:
-            arch.save(self.files.arch)
         indices = arch_indices(self.cfg.space, arch)
         predicted = self.costs.model(self.cfg.space).of(indices)
         result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
@@ -299,6 +457,21 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if "measured" in arch.meta:  # the measured fit's figure and what it took
             result.update(measured_cost=arch.meta["measured"],
                           fit_seconds=arch.meta["fit_seconds"])
+        # the pick's seconds: the measured fit's and the final trainings' as recorded, the
+        # rest (the paths scored, the returned one validated) scoring
+        picked = self.clock() - t
+        fit_s = float(arch.meta.get("fit_seconds", 0.0))
+        pick = arch.meta.get("final_pick") or {}
+        train_s = sum(float(r.get("seconds", 0.0)) for r in pick.get("trained", []))
+        self._charge("measured_fit", fit_s)
+        self._charge("final_train", train_s)
+        self._charge("scoring", max(0.0, picked - fit_s - train_s))
+        cost = self.search_cost()
+        arch = dataclasses.replace(arch, meta={**arch.meta, "search_cost": cost})
+        if self.dist.is_main:
+            arch.save(self.files.arch)
+        result["search_cost"] = cost
+        self.log.info("spent: " + budgets.describe_spent(cost))
         u = self.costs.unit
         said = "".join(f", {arch.meta[k]:.1f} {u} {w}" for k, w in (
             ("target", "asked"), ("measured", "measured")) if k in arch.meta)
@@ -310,6 +483,41 @@ class SearchTrainer(SearchSteps, EpochRunner):
     def _next_epoch(self) -> None:
         super()._next_epoch()
         self.phase = "w"
+        self._replan()
+
+    def _replan(self) -> None:
+        """search.budget: after the first epoch and the first θ epoch, the epochs planned
+        again on the supernet's real epoch seconds (the probe's steps run cold); the
+        schedules follow (the cosine's lr set where the new length puts it) and config.yaml
+        is rewritten, so that a resumed run reads the plan it was on."""
+        p, s = self.budget_plan, self.cfg.search
+        if p is None or self.epoch not in (1, s.warmup_epochs + 1) or not self.history:
+            return
+        warm = [h["seconds"] for h in self.history if not h.get("theta_active")]
+        theta = [h["seconds"] for h in self.history if h.get("theta_active")]
+        c = p["costs"]
+        ratio = budgets.StepCosts(**{k: v for k, v in c.items() if k != "training"})
+        warm_s = sum(warm) / len(warm) if warm else ratio.epoch(False)
+        theta_s = (sum(theta) / len(theta) if theta
+                   else warm_s * ratio.epoch(True) / ratio.epoch(False))
+        spent = sum(self._spent_now().values())
+        n, w = budgets.replan(p, spent, self.epoch, s.warmup_epochs, warm_s, theta_s)
+        if (n, w) == (s.epochs, s.warmup_epochs):
+            return
+        self.log.info(f"budget: epochs planned again on the real epochs ({warm_s:.1f} s weights "
+                      f"only, {theta_s:.1f} s with θ): {n} epochs, {w} weights only (were "
+                      f"{s.epochs}, {s.warmup_epochs})")
+        self.cfg = dataclasses.replace(self.cfg, search=dataclasses.replace(
+            s, epochs=n, warmup_epochs=w))
+        s = self.cfg.search
+        p["settings"].update(epochs=n, warmup_epochs=w)
+        self.tau_schedule = TauSchedule.from_config(s)
+        self.w_sched.T_max = n
+        for g, base in zip(self.w_opt.param_groups, self.w_sched.base_lrs, strict=True):
+            g["lr"] = s.w_lr_min + (base - s.w_lr_min) * (1 + math.cos(
+                math.pi * self.epoch / n)) / 2
+        self.w_sched._last_lr = [g["lr"] for g in self.w_opt.param_groups]
+        self._write_config()
 
     def _position(self) -> str:
         return f"epoch {self.epoch} phase {self.phase} step {self.step}"

@@ -64,7 +64,9 @@ OLD_SEARCH_ADDED = {
     # declared since (issue 51): dataset cluttered_digits, which runs before them did not use
     **{("data", k): v for k, v in (("clutter_digit_size", 8), ("clutter_fragments", 2),
                                    ("clutter_fragment_size", 4), ("clutter_per_source", 3),
-                                   ("clutter_test_per_source", 4), ("clutter_seed", 0))}}
+                                   ("clutter_test_per_source", 4), ("clutter_seed", 0))},
+    # declared since: a search planned to a budget, which runs before it did not have
+    ("search", "budget"): None}
 CLUTTER_ADDED = {k: v for k, v in OLD_SEARCH_ADDED.items() if k[1].startswith("clutter_")}
 OLD_RETRAIN_RESUMABLE = {
     ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),

@@ -62,7 +62,7 @@ from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here, fit_measurer
 from fbnas.io import atomic_write
-from fbnas.retrain import train_child
+from fbnas.retrain import search_cost_of, train_child
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
 from fbnas.search_space import SearchSpace
@@ -251,6 +251,16 @@ def search_side(config: str | Path, target: str, seed: int, run_dir: str | Path,
     return wall
 
 
+def recorded_cost(run_dir: str | Path) -> dict[str, float | None]:
+    """What a search run recorded it spent (its arch file's meta `search_cost`, from the table
+    loaded to the pick): `recorded_seconds`, and `recorded_r` in trainings where it ran at a
+    `search.budget` (None where it recorded none)."""
+    arch = RunFiles(run_dir).arch
+    meta = Architecture.load(arch).meta if arch.is_file() else {}
+    return {"recorded_seconds": search_cost_of(meta, "seconds"),
+            "recorded_r": search_cost_of(meta, "trainings")}
+
+
 # ---- the picks retrained ----------------------------------------------------------------------
 def retrain_pick(cfg: Config, arch: Architecture, seeds: Sequence[int], work: str | Path,
                  threads: int | None = None) -> dict[str, Any]:
@@ -389,6 +399,8 @@ def summarize(pairs: Sequence[dict[str, Any]], resamples: int = 10_000, seed: in
             "pairs": len(ps), "mean_diff_pt": statistics.fmean(d), "ci95_pt": [lo, hi],
             "wins": sum(x > 0 for x in d), "ties": sum(x == 0 for x in d),
             "median_r": statistics.median(p["random"]["r"] for p in ps),
+            "median_recorded_r": _median_known(p.get("search", {}).get("recorded_r")
+                                               for p in ps),
             "r1_beats_median": statistics.fmean(a > statistics.median(o) for a, o in r1),
             "r1_beats_random": statistics.fmean(_beats(a, o) for a, o in r1),
             "search_offset_median": statistics.median(
@@ -403,6 +415,12 @@ def summarize(pairs: Sequence[dict[str, Any]], resamples: int = 10_000, seed: in
             out[target][f"{side}_percentile_median"] = statistics.median(xs) if xs else None
             out[target][f"{side}_top10"] = sum(x >= 90 for x in xs)
     return out
+
+
+def _median_known(xs) -> float | None:
+    """The median of the numbers among `xs` (None where there is none)."""
+    known = [x for x in xs if _number(x)]
+    return statistics.median(known) if known else None
 
 
 def _number(x: Any) -> bool:
@@ -437,17 +455,23 @@ def run_pair(store: PairStore, config: str | Path, target: str, seed: int, out: 
         wall = search_side(config, target, seed, run_dir, threads, [*sets, *extra])
         built = RunFiles(run_dir).log
         rec["search"] = {"run": str(run_dir), "seconds": wall, "table_built": built.is_file()
-                         and "measuring a latency table" in built.read_text()}
+                         and "measuring a latency table" in built.read_text(),
+                         **recorded_cost(run_dir)}
         store.save()
-        log(f"duel {target} seed {seed}: search {wall:.1f} s")
+        said = (f" (it recorded {rec['search']['recorded_r']:.2f} trainings spent, "
+                f"{rec['search']['recorded_seconds']:.1f} s after its table)"
+                if rec["search"].get("recorded_r") is not None else "")
+        log(f"duel {target} seed {seed}: search {wall:.1f} s{said}")
     run = SearchRun.open(run_dir) if "retrain" not in rec else None
     if "random" not in rec:
         rs = equal_cost_random(run, rec["search"]["seconds"], seed, work, threads, log)
         rec["random"] = rs.to_dict()
         store.save()
+        own = rec["search"].get("recorded_r")
         log(f"duel {target} seed {seed}: random search trained {len(rs.trained)} networks in "
             f"{rs.spent:.1f} s (budget {rs.budget:.1f}, overshoot {rs.overshoot:.1f}), "
-            f"R = {rs.r:.2f}")
+            f"R = {rs.r:.2f}" + (f" (the search's own record: {own:.2f})"
+                                 if own is not None else ""))
     if "retrain" not in rec:
         cfg = run.config
         tgt = run.target

@@ -179,6 +179,28 @@ def time_archs(timer: Timer, archs: dict[str, Architecture], table: LatencyTable
     return time_networks(timer, _built(archs), table, pan, Protocol(rounds=rounds))
 
 
+def timing_seconds(space: SearchSpace, table: LatencyTable | None, latency_us: float,
+                   rounds: int = FIT_ROUNDS) -> float:
+    """The wall seconds `time_archs` is expected to take for one network of about
+    `latency_us` among `panel(space, table)` (what `search.budget` plans for each network the
+    measured fit times): per round, every entry sampled for the protocol's sample time (or one
+    call where a call is longer) and the reference op bracketing every `ref_every` of them;
+    each entry warmed up and built once. Calibrated against measured fits on the 2-core VM
+    (`docs/search.md`, "A search at a budget")."""
+    p = Protocol(rounds=rounds)
+    pan = panel(space, table)
+    entries = 1 + len(pan.archs)
+    sample = max(p.sample_s, latency_us / 1e6)
+    per_round = entries * sample + (entries / p.ref_every + 1) * p.ref_sample_s
+    return TIMING_OVERHEAD * (rounds * per_round + entries * (p.warmup_s + BUILD_S))
+
+
+# the measured wall time of a timing over the protocol's sample times (Python, the worker's
+# round trips) and the seconds to build one network: `timing_seconds`
+TIMING_OVERHEAD = 1.3
+BUILD_S = 0.05
+
+
 def _built(archs: dict[str, Architecture]
            ) -> dict[str, tuple[torch.nn.Module, tuple[int, int, int]]]:
     """Each architecture built with the same seed, with its input shape."""

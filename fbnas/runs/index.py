@@ -133,6 +133,8 @@ COLUMNS: dict[str, Column] = {
     "epochs": Column("epochs", _key("epochs"), _int),
     "train_s": Column("train s", _key("train_seconds"), _fixed(1)),
     "img_s": Column("img/s", _key("images_per_s"), _fixed(0)),
+    "search_s": Column("search s", _key("search_seconds"), _fixed(0)),
+    "search_R": Column("search R", _key("search_trainings"), _fixed(2)),
     "setting": Column("sweep point", lambda r: _sweep(r, "label"), str),
     "sweep": Column("sweep", _sweep, str),
     "train_device": Column("train device", _key("device"), str),
@@ -175,7 +177,8 @@ for _fmt, _form in FORMATS.items():
         PROGRAM_COLUMNS += [f"{_fmt}_{_label}_top1", f"{_fmt}_{_label}_ms"]
 
 DEFAULT_COLUMNS = ["front", "run", "arch", "name", "space", "dataset", "device", "target_ms",
-                   "pred_ms", "meas_ms", "top1", "top5", "params", "flops", "epochs", "setting"]
+                   "pred_ms", "meas_ms", "top1", "top5", "params", "flops", "epochs", "search_R",
+                   "setting"]
 # Sorted high-to-low unless told otherwise; every other column sorts low-to-high.
 DESCENDING = frozenset({"front", "top1", "top5", "val_top1", "img_s",
                         *(c for c in PROGRAM_COLUMNS if c.endswith("_top1"))})

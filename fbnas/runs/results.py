@@ -29,7 +29,8 @@ FIELDS: dict[str, str] = {
     "measured_latency_ms": "num", "measured_latency_iqr": "num",
     "top1": "num", "top5": "num", "test_ce": "num", "val_top1": "num", "val_ce": "num",
     "params": "num", "flops": "num", "epochs": "num", "train_seconds": "num",
-    "images_per_s": "num", "init_from": "str", "search_run": "str", "sweep": "map",
+    "images_per_s": "num", "init_from": "str", "search_run": "str",
+    "search_seconds": "num", "search_trainings": "num", "sweep": "map",
     "programs": "map",
 }
 

@@ -287,12 +287,13 @@ class EpochRunner:
         """Files a trainer writes beside each checkpoint (rank 0)."""
 
     # ---- the loops --------------------------------------------------------------------------
-    def _run_epochs(self, epochs: int) -> None:
-        """Train to epoch `epochs`, saving after each; on Ctrl-C/SIGTERM save the exact
-        position, say how to continue and raise Interrupted."""
+    def _run_epochs(self, epochs: int | Callable[[], int]) -> None:
+        """Train to epoch `epochs` (a number, or read after each epoch where a plan may move
+        it), saving after each; on Ctrl-C/SIGTERM save the exact position, say how to
+        continue and raise Interrupted."""
         try:
             with self._stop_signals():
-                while self.epoch < epochs:
+                while self.epoch < (epochs() if callable(epochs) else epochs):
                     rec = self.train_epoch()
                     self.history.append(rec)
                     self._next_epoch()

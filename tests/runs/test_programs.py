@@ -40,7 +40,8 @@ def run(tmp_path):
                             "latency_table", "measured_latency_ms", "measured_latency_iqr",
                             "top1", "top5", "test_ce", "val_top1", "val_ce", "params", "flops",
                             "epochs", "train_seconds", "images_per_s", "init_from",
-                            "search_run", "sweep", "programs"))
+                            "search_run", "search_seconds", "search_trainings", "sweep",
+                            "programs"))
     fields.update(kind="retrain", run_dir=str(d), top1=0.5, space="tiny",
                   arch={"name": "child", "hash": arch.hash(), "ops": list(arch.ops)})
     write_results(d / "results.json", results_record(**fields))

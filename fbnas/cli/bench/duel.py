@@ -96,11 +96,14 @@ def run(a) -> int:
           "R = C / one child training; R=1: the search's pick above the median of the "
           "random side's trained networks)")
     print(f"{'target':>6s} {'pairs':>5s} {'diff':>6s} {'95% interval':>16s} {'wins':>5s} "
-          f"{'med R':>6s} {'R=1 >med':>8s} {'P(>rnd)':>7s}")
+          f"{'med R':>6s} {'own R':>6s} {'R=1 >med':>8s} {'P(>rnd)':>7s}  (own R: what the "
+          "search recorded it spent, at a search.budget)")
     for t, v in summary.items():
         lo, hi = v["ci95_pt"]
+        own = v.get("median_recorded_r")
         print(f"{t:>6s} {v['pairs']:5d} {v['mean_diff_pt']:+6.2f} [{lo:+6.2f}, {hi:+6.2f}] "
               f"{v['wins']:2d}/{v['pairs']:<2d} {v['median_r']:6.2f} "
+              f"{'-' if own is None else f'{own:.2f}':>6s} "
               f"{v['r1_beats_median'] * v['pairs']:4.0f}/{v['pairs']:<3d} "
               f"{v['r1_beats_random']:7.2f}")
     for t, v in summary.items():
