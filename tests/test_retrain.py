@@ -272,3 +272,22 @@ def test_latency_measure_times_the_trained_child_and_its_export(tmp_path, capsys
                  ]) == 2
     assert "onnxruntime's own tools" in capsys.readouterr().err
     assert main(["latency", "measure", "--device", "fake"]) == 2
+
+
+def test_what_the_search_spent_reaches_results_and_fbnas_runs(tmp_path, capsys):
+    """A searched architecture's meta `search_cost` (what `fbnas train` spent) is copied into
+    results.json and shown in `fbnas runs`' search R column; an architecture without one
+    leaves both empty."""
+    cfg = make_cfg(tmp_path, retrain={"epochs": 2})
+    arch = tiny_arch(cfg)
+    spent = {**arch.meta, "search_cost": {"seconds": 42.5, "trainings": 1.75, "budget": 2}}
+    fit(ChildTrainer(cfg, arch.__class__(arch.macro, arch.ops, arch.name, arch.space, spent),
+                     tmp_path / "runs" / "searched"))
+    fit(ChildTrainer(cfg, arch, tmp_path / "runs" / "plain"))
+    got = {p: json.loads((tmp_path / "runs" / p / "results.json").read_text())
+           for p in ("searched", "plain")}
+    assert (got["searched"]["search_seconds"], got["searched"]["search_trainings"]) == (42.5, 1.75)
+    assert got["plain"]["search_seconds"] is None and got["plain"]["search_trainings"] is None
+    assert main(["runs", str(tmp_path / "runs"), "--columns", "run,search_R,search_s"]) == 0
+    out = capsys.readouterr().out
+    assert "search R" in out and "1.75" in out and "42" in out

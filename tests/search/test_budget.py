@@ -184,3 +184,32 @@ def test_a_budget_is_checked_where_the_config_is_read():
     d = digits_run_config(search={"budget": 0})
     with pytest.raises(FbnasError, match="budget"):
         config_from_dict(d, "tiny.yaml")
+
+
+@pytest.mark.slow
+def test_a_real_budgeted_search_on_the_quickstart_records_what_it_spent(tmp_path, capsys):
+    """`fbnas train --config configs/quickstart.yaml --set search.budget=3` on this machine's
+    clock (a short child recipe so that a training takes seconds; the table's fit kept
+    untimed, whose timings would not fit such a budget): the plan printed, the
+    epochs the budget chose run, and the spent R recorded in the arch file near the budget
+    (loosely: the clock of a shared machine is not a test's to judge)."""
+    from pathlib import Path
+
+    from fbnas.cli import main
+
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), "--set", "search.budget=3",
+                 "--set", "search.epochs=null", "--set", "search.warmup_epochs=null",
+                 "--set", "retrain.epochs=6", "--set", "search.fit_measure=off",
+                 "--set", f"run.dir={run}",
+                 "--set", f"latency.cache_dir={tmp_path / 'tables'}",
+                 "--set", "run.progress=false"]) == 0
+    err = capsys.readouterr().err
+    assert "budget: 3 trainings of the retrain recipe" in err and "spent: " in err
+    meta = yaml.safe_load((run / "arch_hard.yaml").read_text())["meta"]
+    cost = meta["search_cost"]
+    assert cost["budget"] == 3 and 1.5 <= cost["trainings"] <= 4.5
+    assert cost["seconds"] == pytest.approx(sum(cost["stages_s"].values()), abs=0.1)
+    saved = yaml.safe_load((run / "config.yaml").read_text())["search"]
+    assert saved["budget"] == 3 and saved["epochs"] >= 2
