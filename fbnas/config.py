@@ -188,6 +188,10 @@ class SearchConfig:
     # `on`: an error where it cannot), timing at most `fit_rounds` networks
     fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"), resumable=True)
     fit_rounds: int = setting(6, "int", min=1, max=20, resumable=True)
+    # each of those timings stops once every figure it reads is known within ±fit_stop_ci
+    # (its 95% interval, after 10 rounds; fbnas.latency.measure), not after its fixed 60
+    # rounds (0: the fixed rounds). The duel's random side times its networks the same way
+    fit_stop_ci: float = setting(0.0, "float", min=0.0, max=0.2, resumable=True, added=0.0)
     # which network of the fitted cost the search returns: `theta`, θ's most probable one;
     # `path`, of the fit and the `final_candidates` most probable predicted from
     # 2·fit_tolerance under the target to fit_tolerance over it, the one whose path on the

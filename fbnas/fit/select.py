@@ -82,7 +82,7 @@ def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
 
     def measure(indices: list[int]) -> tuple[float, float]:
         arch = arch_from_indices(cfg.space, [*indices, *widths], "fit")
-        s = time_archs(timer, {"fit": arch}, table, pan)["fit"]
+        s = time_archs(timer, {"fit": arch}, table, pan, stop_ci=cfg.search.fit_stop_ci)["fit"]
         return s["median_us"], s["rel_iqr"]
 
     return measure

@@ -173,21 +173,26 @@ def anchored_scale(ratios: list[float], anchors_us: list[float]) -> Callable[[fl
 
 
 def time_archs(timer: Timer, archs: dict[str, Architecture], table: LatencyTable | None,
-               pan: Panel, rounds: int = FIT_ROUNDS) -> dict[str, dict[str, Any]]:
+               pan: Panel, rounds: int = FIT_ROUNDS, stop_ci: float = 0.0
+               ) -> dict[str, dict[str, Any]]:
     """`time_networks` for architectures (label -> Architecture) among `pan`: how the measured
-    fit, the sweep and the benchmarks time networks."""
-    return time_networks(timer, _built(archs), table, pan, Protocol(rounds=rounds))
+    fit, the sweep and the benchmarks time networks (`stop_ci`: at most `rounds`, stopping
+    once every figure is known within ±stop_ci; `Protocol.stop_ci`)."""
+    return time_networks(timer, _built(archs), table, pan,
+                         Protocol(rounds=rounds, stop_ci=stop_ci))
 
 
 def timing_seconds(space: SearchSpace, table: LatencyTable | None, latency_us: float,
-                   rounds: int = FIT_ROUNDS) -> float:
+                   rounds: int = FIT_ROUNDS, stop_ci: float = 0.0) -> float:
     """The wall seconds `time_archs` is expected to take for one network of about
     `latency_us` among `panel(space, table)` (what `search.budget` plans for each network the
     measured fit times): per round, every entry sampled for the protocol's sample time (or one
     call where a call is longer) and the reference op bracketing every `ref_every` of them;
     each entry warmed up and built once. Calibrated against measured fits on the 2-core VM
     (`docs/search.md`, "A search at a budget")."""
-    p = Protocol(rounds=rounds)
+    p = Protocol(rounds=rounds, stop_ci=stop_ci)
+    if stop_ci > 0:  # planned at the rounds such a timing took on the 2-core VM
+        rounds = min(rounds, max(p.min_rounds, STOP_CI_ROUNDS))
     pan = panel(space, table)
     entries = 1 + len(pan.archs)
     sample = max(p.sample_s, latency_us / 1e6)
@@ -199,6 +204,8 @@ def timing_seconds(space: SearchSpace, table: LatencyTable | None, latency_us: f
 # round trips) and the seconds to build one network: `timing_seconds`
 TIMING_OVERHEAD = 1.3
 BUILD_S = 0.05
+# the rounds a timing that stops at ±1% (Protocol.stop_ci) took, as planned
+STOP_CI_ROUNDS = 30
 
 
 def _built(archs: dict[str, Architecture]

@@ -10,7 +10,9 @@ entry is timed in one long stretch. Instead:
    sample is divided by the mean of the two reference samples around it. The ratio does not
    move when the whole machine slows down; the median of ratios x the reference's time with
    the machine undisturbed (the 5th percentile of its samples) gives microseconds;
-4. entries whose ratios spread (IQR / median) more than `max_rel_iqr` get extra rounds.
+4. entries whose ratios spread (IQR / median) more than `max_rel_iqr` get extra rounds;
+5. with `stop_ci`, the rounds stop early once every entry's median is known within ±stop_ci
+   (its distribution-free 95% interval), after `min_rounds`.
 
 The same routine times blocks for a table and whole networks end to end, so the two are
 compensated alike.
@@ -45,6 +47,10 @@ class Protocol:
     extra_rounds: int = 15  # ... this many, at most
     reference: bool = True
     seed: int = 0
+    # stop before `rounds` once every entry's median ratio is known within ±stop_ci (its 95%
+    # interval, `EntryStats.median_ci`), after at least `min_rounds` (0: every round)
+    stop_ci: float = 0.0
+    min_rounds: int = 10
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -72,6 +78,19 @@ class EntryStats:
     def rel_iqr(self) -> float:
         q1, med, q3 = self.quantiles()
         return (q3 - q1) / med if med > 0 else 0.0
+
+    def median_ci(self) -> float:
+        """The half-width of the distribution-free 95% interval of the median ratio (the
+        order statistics n/2 ∓ 0.98·√n), relative to the median: how far the figure may be
+        off from what more rounds would read."""
+        xs = sorted(self.ratios)
+        n = len(xs)
+        if n < 4:
+            return float("inf")
+        lo = max(0, int(n / 2 - 0.98 * n ** 0.5))
+        hi = min(n - 1, int(-(-(n / 2 + 0.98 * n ** 0.5) // 1)))
+        med = float(np.median(xs))
+        return (xs[hi] - xs[lo]) / (2 * med) if med > 0 else float("inf")
 
     def summary(self, scale_s: float) -> dict[str, float | int]:
         """Statistics in microseconds: ratios x `scale_s` (the reference's median seconds)."""
@@ -170,10 +189,15 @@ def measure(timer: Timer, runs: dict[str, Runnable], protocol: Protocol | None =
                         progress(done, total, k)
                 before = after
 
-        for _ in range(p.rounds):
+        stopped = False
+        for r in range(p.rounds):
             one_round(keys)
+            if p.stop_ci > 0 and r + 1 >= p.min_rounds and all(
+                    stats[k].median_ci() <= p.stop_ci for k in keys):
+                stopped = True  # every figure known within ±stop_ci: no round would move it
+                break
         remeasured: list[str] = []
-        if p.extra_rounds > 0 and p.rounds >= 4:
+        if p.extra_rounds > 0 and p.rounds >= 4 and not stopped:
             noisy = [k for k in keys if stats[k].rel_iqr > p.max_rel_iqr]
             remeasured = noisy[:]
             for _ in range(p.extra_rounds):

@@ -152,3 +152,29 @@ def test_reference_op_compensates_machine_drift():
     # the value scale follows the reference's median, so compare shapes, not levels
     a = [drifting.entries[k].value / steady.entries[k].value for k in steady.entries]
     assert max(a) / min(a) < 1.15
+
+
+def test_a_measurement_stops_once_every_median_is_known_within_stop_ci():
+    """Protocol.stop_ci: steady entries stop after min_rounds, noisy ones take more rounds
+    (up to `rounds`), and the interval it stops on is the median's distribution-free one."""
+    from fbnas.arch import arch_from_indices
+    from fbnas.latency.measure import EntryStats, measure
+
+    space = tiny_space()
+    nets = {f"n{i}": ChildNet(arch_from_indices(space, [i % len(c) for c in
+                                                      space.decision_candidates()], f"n{i}"))
+            for i in range(3)}
+
+    def rounds(noise: float, stop: float) -> int:
+        t = fake(noise=noise, seed=3)
+        chw = (space.macro.in_channels, *space.macro.input_size)
+        runs = {k: t.prepare(m, chw, k) for k, m in nets.items()}
+        m = measure(t, runs, Protocol(rounds=60, extra_rounds=0, stop_ci=stop, min_rounds=8))
+        return m.entries["n0"].n
+
+    assert rounds(0.0, 0.01) == 8  # no noise: known at once
+    assert 8 < rounds(0.2, 0.01) <= 60  # noisy: more rounds
+    assert rounds(0.2, 0.0) == 60  # stop_ci 0: every round
+    e = EntryStats(ratios=[1.0] * 50 + [1.02] * 50)
+    assert 0 < e.median_ci() <= 0.01
+    assert EntryStats(ratios=[1.0, 2.0]).median_ci() == float("inf")
