@@ -13,7 +13,9 @@ this module under a baseline's fbnas).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -21,16 +23,20 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import fbnas
+from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, apply_overrides, config_from_dict, load_config
 from fbnas.io import load_yaml
+from fbnas.latency.counted import build_cost_table
+from fbnas.retrain import ChildTrainer
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer
@@ -461,3 +467,41 @@ def run_module_with_code(code: Path, module: str, argv: Sequence[str]) -> int:
         return subprocess.run([sys.executable, "-m", f"scripts.{module}", *argv],
                               cwd=tmp, env={**with_code(code), "FBNAS_SCRIPTS_CODE": str(code)}
                               ).returncode
+
+
+# ---- a band of networks trained with the child recipe (pilot_task, recipe_convergence) ----
+def band(cfg: Config, flops: float | None, at: float, width: float, n: int, draw: int
+         ) -> tuple[float, list[tuple[Architecture, float]], int]:
+    """(centre, the drawn networks with their FLOPs, how many the band holds): every network
+    of the space counted by the FLOPs table, those within ±`width` of `centre` (`flops`, or
+    the `at` quantile of the space's networks), `n` of them drawn by `draw`."""
+    space = cfg.space
+    table = build_cost_table(space, "flops")
+    cands = space.decision_candidates()
+    nets = []
+    for idx in np.ndindex(*(len(c) for c in cands)):
+        a = arch_from_indices(space, list(idx), "n" + "".join(map(str, idx)))
+        nets.append((a, table.predict(a, "raw")))
+    centre = flops if flops is not None else float(np.quantile([f for _, f in nets], at))
+    inside = [(a, f) for a, f in nets if abs(f / centre - 1) <= width]
+    return centre, random.Random(draw).sample(inside, min(n, len(inside))), len(inside)
+
+
+def train(job: tuple[Config, dict, int]) -> dict:
+    """One (network, seed): the child recipe in a scratch folder; its test and val top-1."""
+    cfg, arch_d, seed = job
+    torch.set_num_threads(1)
+    arch = Architecture.from_dict(arch_d, "pilot")
+    c = replace(cfg, retrain=replace(cfg.retrain, seed=seed, measure_latency=False),
+                run=replace(cfg.run, progress=False, tensorboard=False))
+    quiet = logging.getLogger("fbnas.pilot.train")
+    quiet.setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        t = ChildTrainer(c, arch, Path(tmp) / "run", log=quiet)
+        try:
+            res = t.fit()
+        finally:
+            close_logger(t.log)
+    return {"name": arch.name, "ops": list(arch.ops), "seed": seed, "test": res["top1"],
+            "val": res["val_top1"], "seconds": round(time.perf_counter() - t0, 1)}

@@ -23,62 +23,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import multiprocessing as mp
-import random
 import statistics
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from fbnas.arch import Architecture, arch_from_indices
-from fbnas.config import Config, load_config
+from fbnas.config import load_config
 from fbnas.io import write_text_atomic
-from fbnas.latency.counted import build_cost_table
-from fbnas.retrain import ChildTrainer
-from fbnas.training import close_logger
-
-
-def band(cfg: Config, flops: float | None, at: float, width: float, n: int, draw: int
-         ) -> tuple[float, list[tuple[Architecture, float]], int]:
-    """(centre, the drawn networks with their FLOPs, how many the band holds): every network
-    of the space counted by the FLOPs table, those within ±`width` of `centre` (`flops`, or
-    the `at` quantile of the space's networks), `n` of them drawn by `draw`."""
-    space = cfg.space
-    table = build_cost_table(space, "flops")
-    cands = space.decision_candidates()
-    nets = []
-    for idx in np.ndindex(*(len(c) for c in cands)):
-        a = arch_from_indices(space, list(idx), "n" + "".join(map(str, idx)))
-        nets.append((a, table.predict(a, "raw")))
-    centre = flops if flops is not None else float(np.quantile([f for _, f in nets], at))
-    inside = [(a, f) for a, f in nets if abs(f / centre - 1) <= width]
-    return centre, random.Random(draw).sample(inside, min(n, len(inside))), len(inside)
-
-
-def train(job: tuple[Config, dict, int]) -> dict:
-    """One (network, seed): the child recipe in a scratch folder; its test and val top-1."""
-    cfg, arch_d, seed = job
-    torch.set_num_threads(1)
-    arch = Architecture.from_dict(arch_d, "pilot")
-    c = replace(cfg, retrain=replace(cfg.retrain, seed=seed, measure_latency=False),
-                run=replace(cfg.run, progress=False, tensorboard=False))
-    quiet = logging.getLogger("fbnas.pilot.train")
-    quiet.setLevel(logging.WARNING)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        t = ChildTrainer(c, arch, Path(tmp) / "run", log=quiet)
-        try:
-            res = t.fit()
-        finally:
-            close_logger(t.log)
-    return {"name": arch.name, "ops": list(arch.ops), "seed": seed, "test": res["top1"],
-            "val": res["val_top1"], "seconds": round(time.perf_counter() - t0, 1)}
+from scripts.common import band, train
 
 
 def summary(rows: list[dict], seeds: list[int]) -> dict:

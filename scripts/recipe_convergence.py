@@ -29,7 +29,7 @@ from pathlib import Path
 
 from fbnas.config import Config, load_config
 from fbnas.io import write_text_atomic
-from scripts.pilot_task import band, train
+from scripts.common import band, train
 
 
 def with_epochs(cfg: Config, epochs: int) -> Config:

@@ -82,7 +82,7 @@ def test_the_measured_fit_of_an_int8_search_times_int8_programs(tmp_path, monkey
     table = resolve_costs(cfg, log=lambda _: None).table
     seen = []
 
-    def time_archs(timer, archs, table_, pan):
+    def time_archs(timer, archs, table_, pan, stop_ci=0.0):
         seen.append((timer.quantization, timer.backend, table_ is table))
         return {name: {"median_us": 7.0, "rel_iqr": 0.01} for name in archs}
 

@@ -443,6 +443,20 @@ def test_pilot_task(tiny, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_recipe_convergence(tiny, tmp_path, capsys):
+    out_file = tmp_path / "convergence.jsonl"
+    argv = ["--config", tiny, "--networks", "2", "--seeds", "0,1", "--band", "0.6",
+            "--epochs", "2", "--set", "data.limit=100", "--out", str(out_file)]
+    out = run_main("recipe_convergence", argv, capsys)
+    assert "2 networks x 2 seeds = 4 pairs" in out and "paired 4-2 epochs:" in out
+    assert "2 epochs converged" in out
+    assert len(out_file.read_text().splitlines()) == 12  # 2 networks x 2 seeds x 3 recipes
+    again = run_main("recipe_convergence", argv, capsys)  # resumes: nothing left to train
+    assert len(out_file.read_text().splitlines()) == 12
+    assert again.splitlines()[-3:-1] == out.splitlines()[-3:-1]
+
+
+@pytest.mark.slow
 def test_bench_reproduce(tiny_bench, capsys):
     import random
 
