@@ -213,3 +213,45 @@ def test_a_real_budgeted_search_on_the_quickstart_records_what_it_spent(tmp_path
     assert cost["seconds"] == pytest.approx(sum(cost["stages_s"].values()), abs=0.1)
     saved = yaml.safe_load((run / "config.yaml").read_text())["search"]
     assert saved["budget"] == 3 and saved["epochs"] >= 2
+
+
+def test_a_budgeted_search_interrupted_resumes_on_its_plan(tmp_path, monkeypatch):
+    """Ctrl-C after the re-planned epochs: `--resume` reads the plan from the run (no new
+    probe), runs the planned epochs and records the seconds of both processes."""
+    from fbnas.training import Interrupted
+
+    clock = FakeClock()
+    fake_costs(monkeypatch, clock)
+    cfg = budget_config(tmp_path, 3.0)
+    t = SearchTrainer(cfg, tmp_path / "run", clock=clock)
+    planned = t.cfg.search.epochs
+    calls = {"n": 0}
+    step = t.weight_step
+
+    def stopping(x, y):
+        calls["n"] += 1
+        if calls["n"] == 6 * 3 + 2:  # in the fourth epoch, after both re-plans
+            t.request_stop()
+        return step(x, y)
+
+    t.weight_step = stopping
+    with pytest.raises(Interrupted):
+        t.fit()
+    close_logger(t.log)
+    replanned, spent_before = t.cfg.search.epochs, t.search_cost()["seconds"]
+    assert replanned == planned  # the fake clock's epochs are what the probe read
+    probes = {"n": 0}
+    probe = SearchTrainer._probe_costs
+    monkeypatch.setattr(SearchTrainer, "_probe_costs",
+                        lambda self, *a: probes.__setitem__("n", 1) or probe(self, *a))
+    resumed = SearchTrainer(config_from_dict(yaml.safe_load(
+        (tmp_path / "run" / "config.yaml").read_text()), "resumed"), tmp_path / "run",
+        resume=True, clock=clock)
+    try:
+        res = resumed.fit()
+    finally:
+        close_logger(resumed.log)
+    assert probes["n"] == 0 and resumed.budget_plan == t.budget_plan
+    assert len(resumed.history) == replanned
+    assert res["search_cost"]["seconds"] > spent_before
+    assert res["search_cost"]["trainings"] == pytest.approx(3.0, rel=0.15)
