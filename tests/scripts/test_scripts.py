@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import math
 import os
 import re
 import shutil
@@ -427,6 +428,25 @@ def test_bench_regret(tiny_bench, tmp_path):
                                        str(tmp_path / "keep" / "sweep")])
     m = re.search(r"^1 runs, 2 draws each \(sigma 1.0%\): median regret ([0-9.]+) pt", sim, re.M)
     assert m and 0 <= float(m[1]) <= 100
+
+
+@pytest.mark.slow
+def test_ranking_epochs(tiny_bench, tmp_path, capsys):
+    tiny, bench = tiny_bench
+    out_file = tmp_path / "ranking.jsonl"
+    argv = ["--config", tiny, "--bench", bench, "--targets", "0.5x", "--epochs", "2,3",
+            "--near", "0.5", "--set", "data.limit=200",
+            "--variant", "one-path:search.uniform_paths=0", "--out", str(out_file)]
+    out = run_main("ranking_epochs", argv, capsys)
+    rows = [json.loads(x) for x in out_file.read_text().splitlines()]
+    assert [(r["variant"], r["epochs"]) for r in rows] == [
+        ("as-is", 2), ("as-is", 3), ("one-path", 2), ("one-path", 3)]
+    # τ is NaN where every path reads the same accuracy (a tiny supernet after 2 epochs)
+    assert all(r["networks"] >= 2 and (math.isnan(r["tau"]) or -1 <= r["tau"] <= 1)
+               and 0 <= r["recall10"] <= 1 for r in rows), rows
+    assert "mean over targets and seeds" in out and "one-path      3 epochs: tau" in out
+    again = run_main("ranking_epochs", argv, capsys)  # resumes: nothing searched again
+    assert again.splitlines()[-4:] == out.splitlines()[-4:]
 
 
 @pytest.mark.slow
