@@ -242,8 +242,9 @@ class SearchConfig:
             # YAML 1.1 reads `fit_measure: off` (and on) as a boolean
             d = {**d, "fit_measure": "on" if d["fit_measure"] else "off"}
         return _trainer_section(cls, d, where, lambda c: [
-            (c.warmup_epochs >= c.epochs, f"warmup_epochs: {c.warmup_epochs} leaves no θ "
-                                          f"epochs (search.epochs is {c.epochs})"),
+            (c.budget is None and c.warmup_epochs >= c.epochs,
+             f"warmup_epochs: {c.warmup_epochs} leaves no θ epochs (search.epochs is "
+             f"{c.epochs})"),
             (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}"),
             (c.uniform_paths > 0 and not get_mode(weight_sampler(c.mode, c.weight_sampling)).single,
              f"uniform_paths: {c.uniform_paths} needs single-path weight steps (set "

@@ -88,6 +88,9 @@ class SearchTrainer(SearchSteps, EpochRunner):
         # run is read (it can still be sampled, scored and retrained from)
         if state is None or state["epoch"] < s.epochs:
             refuse_as_theta_mode(s.mode, resuming=state is not None)
+        if s.budget is not None and self.dist.distributed:
+            raise FbnasError("search.budget is not supported under torchrun yet (its probe "
+                             "trains a child on one process); set the epochs instead")
         self.costs = costs or shared_costs(cfg, self.dist, self.log.info, self.run_dir, resume)
         # the search's cost is counted from here, the latency table loaded (search.budget)
         self._t0 = self._mark = self.clock()
@@ -151,9 +154,6 @@ class SearchTrainer(SearchSteps, EpochRunner):
                     k for sec, k in cfg.given if sec == "search"})) is not None:
                 self.log.info(note)
         if self.dist.distributed:
-            if s.budget is not None:
-                raise FbnasError("search.budget is not supported under torchrun yet (its probe "
-                                 "trains a child on one process); set the epochs instead")
             if s.warmup_sampling != "mode":
                 raise FbnasError(f"search.warmup_sampling: {s.warmup_sampling} is not supported "
                                  "under torchrun yet; use mode (the default)")
@@ -227,9 +227,13 @@ class SearchTrainer(SearchSteps, EpochRunner):
         measuring protocol). The supernet, its optimizers and every RNG are put back."""
         saved = (rng_state(), copy.deepcopy(self.model.state_dict()),
                  copy.deepcopy(self.w_opt.state_dict()),
-                 copy.deepcopy(self.theta_opt.state_dict()))
+                 copy.deepcopy(self.theta_opt.state_dict()),
+                 copy.deepcopy(self.prec.state_dict()))
         epoch, phase, skipped = self.epoch, self.phase, self.skipped_steps
-        clock = self.clock
+        def clock() -> float:  # the device's queued work done before each reading
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return self.clock()
 
         def timed(fn, loader) -> float:
             batches = itertools.cycle(list(itertools.islice(self.data.iterate(loader),
@@ -243,6 +247,13 @@ class SearchTrainer(SearchSteps, EpochRunner):
                 times.append(clock() - t)
             return sorted(times[1:])[len(times[1:]) // 2]
 
+        def refuse(terms: list[str], step: int, count: int = 1) -> None:
+            raise FbnasError(f"search.budget: a step of the probe was non-finite "
+                             f"({non_finite_what(terms)}); check the learning rates, or set "
+                             "the epochs instead of a budget")
+
+        self._non_finite = refuse  # a probe step saves nothing and skips nothing
+        self._set_guard(self.guard)
         try:
             warm = timed(self.weight_step, self.data.w_loader)
             self.epoch = 10 ** 6  # past any warm-up: the mode's weight steps, and θ steps
@@ -254,13 +265,16 @@ class SearchTrainer(SearchSteps, EpochRunner):
                 self.score_paths([idx])
             score = clock() - t
         finally:
+            del self._non_finite
             self.epoch, self.phase, self.skipped_steps = epoch, phase, skipped
             self.model.load_state_dict(saved[1])
             self.w_opt.load_state_dict(saved[2])
             self.theta_opt.load_state_dict(saved[3])
+            self.prec.load_state_dict(saved[4])
+            self._init_guard(self.cfg.search.nan_policy)  # its counters as new
         arch = arch_from_indices(self.cfg.space, idx, "budget_probe")
         with tempfile.TemporaryDirectory(prefix="fbnas-probe-") as work:
-            child = probe_training(self.cfg, arch, work, clock=clock)
+            child = probe_training(self.cfg, arch, work, clock=clock)  # synchronised
         set_rng_state(saved[0])
         timing = 0.0
         if self._fit_times():
@@ -329,6 +343,9 @@ class SearchTrainer(SearchSteps, EpochRunner):
         }
 
     def _after_save(self) -> None:
+        if getattr(self, "_config_changed", False):  # a re-plan, now in the checkpoint too
+            self._write_config()
+            self._config_changed = False
         write_json_atomic(self.files.theta, {
             "epoch": self.epoch, "ops": [list(c) for c in self.cfg.space.decision_candidates()],
             "theta": [t.detach().cpu().tolist() for t in self.net.theta]})
@@ -518,7 +535,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
             g["lr"] = s.w_lr_min + (base - s.w_lr_min) * (1 + math.cos(
                 math.pi * self.epoch / n)) / 2
         self.w_sched._last_lr = [g["lr"] for g in self.w_opt.param_groups]
-        self._write_config()
+        self._config_changed = True  # config.yaml follows the checkpoint (_after_save)
 
     def _position(self) -> str:
         return f"epoch {self.epoch} phase {self.phase} step {self.step}"

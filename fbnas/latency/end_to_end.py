@@ -122,7 +122,7 @@ def time_networks(timer: Timer, nets: dict[str, tuple[torch.nn.Module, tuple[int
     network's size); else
     through the reference op (the table's reference scale where there is one). Each summary
     also holds `ref_median_us`, the median through the reference op, for comparison."""
-    m = measure_modules(timer, {**nets, **panel_modules(pan)}, proto)
+    m = measure_modules(timer, {**nets, **panel_modules(pan)}, proto, watch=list(nets))
     scale_us, ref_scale_us = unit_scales(m, table, pan, proto.reference)
     out = {}
     for k in nets:

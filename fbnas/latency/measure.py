@@ -20,6 +20,7 @@ compensated alike.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -87,8 +88,9 @@ class EntryStats:
         n = len(xs)
         if n < 4:
             return float("inf")
-        lo = max(0, int(n / 2 - 0.98 * n ** 0.5))
-        hi = min(n - 1, int(-(-(n / 2 + 0.98 * n ** 0.5) // 1)))
+        # the 1-based ranks floor(n/2 − 0.98√n) and ceil(n/2 + 0.98√n), as 0-based indices
+        lo = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)) - 1)
+        hi = min(n - 1, math.ceil(n / 2 + 0.98 * math.sqrt(n)) - 1)
         med = float(np.median(xs))
         return (xs[hi] - xs[lo]) / (2 * med) if med > 0 else float("inf")
 
@@ -142,11 +144,14 @@ def _calls_for(timer: Timer, run: Runnable, target_s: float, warmup_s: float) ->
 
 
 def measure(timer: Timer, runs: dict[str, Runnable], protocol: Protocol | None = None,
-            reference: Runnable | None = None, progress: Progress | None = None) -> Measurement:
+            reference: Runnable | None = None, progress: Progress | None = None,
+            watch: list[str] | None = None) -> Measurement:
     """Time every runnable in interleaved, reference-normalised rounds (see module docstring).
 
     `reference` is the prepared reference op (built from REFERENCE when None and the protocol
-    asks for one). Without a reference, ratios are raw seconds.
+    asks for one). Without a reference, ratios are raw seconds. `watch`: the entries whose
+    intervals `protocol.stop_ci` waits for (default: every one; the networks a measurement is
+    for, not the panel timed beside them, whose figures are pooled).
     """
     p = protocol or Protocol()
     t_start = time.perf_counter()
@@ -193,7 +198,7 @@ def measure(timer: Timer, runs: dict[str, Runnable], protocol: Protocol | None =
         for r in range(p.rounds):
             one_round(keys)
             if p.stop_ci > 0 and r + 1 >= p.min_rounds and all(
-                    stats[k].median_ci() <= p.stop_ci for k in keys):
+                    stats[k].median_ci() <= p.stop_ci for k in (watch or keys)):
                 stopped = True  # every figure known within ±stop_ci: no round would move it
                 break
         remeasured: list[str] = []

@@ -99,10 +99,12 @@ def measure_specs(timer: Timer, specs: list[ModelSpec], protocol: Protocol | Non
 
 @under_allocator
 def measure_modules(timer: Timer, modules: dict[str, tuple[nn.Module, tuple[int, int, int]]],
-                    protocol: Protocol | None = None) -> Measurement:
-    """Time in-memory modules (label -> (module, C,H,W)) in one interleaved measurement."""
+                    protocol: Protocol | None = None, watch: list[str] | None = None
+                    ) -> Measurement:
+    """Time in-memory modules (label -> (module, C,H,W)) in one interleaved measurement
+    (`watch`: the labels an early stop waits for, `measure`)."""
     runs = {k: timer.prepare(m, chw, k) for k, (m, chw) in modules.items()}
-    return measure(timer, runs, protocol)
+    return measure(timer, runs, protocol, watch=watch)
 
 
 @under_allocator

@@ -41,10 +41,10 @@ WARMUP_SHARE = 0.25  # of the supernet epochs, weights only
 SCORING_SHARE = 0.10  # of the budget, at most, for the final pick's path scores
 BAND_DRAWS = 200  # the most band draws a budget plans (search.final_band_draws' shipped value)
 # the measured fit's networks at a budget (search.fit_rounds), and the end-to-end timings it is
-# planned to take: most fits time one or two networks, one of them twice, and the returned one
-# is timed once more
+# planned to take: most fits time one or two networks, one of them twice or three times, and
+# the returned one is timed once more (docs/search.md, "A search at a budget")
 FIT_ROUNDS = 2
-FIT_TIMINGS = 3.0
+FIT_TIMINGS = 4.0
 STAGES = ("setup", "probe", "supernet", "scoring", "final_train", "measured_fit")
 
 
@@ -155,7 +155,7 @@ def plan(budget: float, costs: StepCosts, given: dict[str, int] | None = None,
         raise FbnasError(f"{where}: one training timed at {unit!r} s; cannot plan")
     total = budget * unit
     rounds = given.get("fit_rounds", FIT_ROUNDS)
-    timing = min(FIT_TIMINGS, 1.5 * rounds) * costs.timing if measured_fit else 0.0
+    timing = min(FIT_TIMINGS, 2.0 * rounds) * costs.timing if measured_fit else 0.0
     k = given.get("final_train", 0)
     train_s = k * unit
     cands = given.get("final_candidates", 8)
@@ -166,14 +166,18 @@ def plan(budget: float, costs: StepCosts, given: dict[str, int] | None = None,
     most_cands, most_draws = pick if pick is not None else (cands, draws)
     scored = min(cands, most_cands) + min(draws, most_draws)
     scoring = scored * costs.path_score
+    if "epochs" in given and "warmup_epochs" in given \
+            and given["warmup_epochs"] >= given["epochs"]:
+        raise FbnasError(f"search.warmup_epochs: {given['warmup_epochs']} leaves no θ epochs "
+                         f"(search.epochs is {given['epochs']})")
     left = total - setup - costs.probe - timing - train_s - scoring
     epochs, warm = _epochs(left, costs, given)
-    least = (setup + costs.probe + timing + train_s + scoring + costs.epoch(False)
-             + costs.epoch(True))
-    if "epochs" not in given and left < costs.epoch(False) + costs.epoch(True):
+    least_epochs = given.get("warmup_epochs", 1) * costs.epoch(False) + costs.epoch(True)
+    least = setup + costs.probe + timing + train_s + scoring + least_epochs
+    if "epochs" not in given and left < least_epochs:
         raise FbnasError(
             f"{where}: {budget:g} trainings ({total:.1f} s here) cannot hold this search: it "
-            f"needs at least {least / unit:.2f} (two supernet epochs, the final pick's "
+            f"needs at least {least / unit:.2f} (the supernet's least epochs, the final pick's "
             f"scores{', the measured fit' if measured_fit else ''}"
             f"{', search.final_train' if k else ''}); raise the budget")
     settings = {"epochs": epochs, "warmup_epochs": warm, "final_candidates": cands,

@@ -34,9 +34,10 @@ def test_each_timed_network_is_interleaved_with_the_table_s_probes(tmp_path, mon
     seen: list[list[str]] = []
     measure = fbnas.latency.end_to_end.measure_modules
 
-    def spy(timer, modules, protocol=None):
+    def spy(timer, modules, protocol=None, watch=None):
         seen.append(sorted(modules))
-        return measure(timer, modules, protocol)
+        assert watch == ["fit"]  # an early stop waits for the network, not the panel
+        return measure(timer, modules, protocol, watch)
 
     monkeypatch.setattr(fbnas.latency.end_to_end, "measure_modules", spy)
     _, saved = run_search(cfg, tmp_path)

@@ -180,6 +180,20 @@ def test_a_budgeted_search_prints_its_plan_and_reports_an_override(tmp_path, mon
     assert len(t.history) == 3  # a given epoch count is kept, not re-planned
 
 
+def test_a_budget_with_a_few_given_epochs_is_a_config_and_a_bad_pair_is_one_line():
+    # the default warm-up (10) is the budget's to plan: 8 given epochs are no error
+    cfg = config_from_dict(digits_run_config(search={"budget": 2, "epochs": 8,
+                                                     "warmup_epochs": None}), "tiny.yaml")
+    assert cfg.search.epochs == 8
+    p = budgets.plan(3, COSTS, {"epochs": 8})
+    assert p.settings["warmup_epochs"] == 2
+    one_line_error(lambda: budgets.plan(3, COSTS, {"epochs": 4, "warmup_epochs": 4}),
+                   "search.warmup_epochs: 4 leaves no θ epochs")
+    # a given warm-up counts in the least the search needs
+    with pytest.raises(FbnasError, match="needs at least"):
+        budgets.plan(2, COSTS, {"warmup_epochs": 12})
+
+
 def test_a_budget_is_checked_where_the_config_is_read():
     d = digits_run_config(search={"budget": 0})
     with pytest.raises(FbnasError, match="budget"):
