@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import math
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -60,6 +61,8 @@ from fbnas.supernet import Supernet
 from fbnas.training.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.training.loop import EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.training.resume import ResumePolicy
+
+PROBE_NETWORKS = 3  # band networks whose child steps search.budget's probe times
 
 
 class SearchTrainer(SearchSteps, EpochRunner):
@@ -209,16 +212,17 @@ class SearchTrainer(SearchSteps, EpochRunner):
     def loss_target(self) -> float | None:
         return getattr(self.loss, "target", None)
 
-    def _band_network(self) -> list[int]:
-        """A network of the target's band (the middle of the space's costs without a target):
-        the closest to it of 2,000 drawn, seeded by search.seed."""
+    def _band_networks(self, n: int = 1) -> list[list[int]]:
+        """`n` networks of the target's band (the middle of the space's costs without a
+        target): the closest to it of 2,000 drawn, distinct, seeded by search.seed."""
         model = self.costs.model(self.cfg.space)
         lo, hi = self.model.cost_bounds()
         target = self.loss_target() or (lo + hi) / 2
         rng = random.Random(f"fbnas-budget:{self.cfg.search.seed}")
         cands = self.cfg.space.decision_candidates()
-        draws = ([rng.randrange(len(c)) for c in cands] for _ in range(2000))
-        return min(draws, key=lambda i: abs(model.of(i) / target - 1))
+        draws = {tuple(rng.randrange(len(c)) for c in cands) for _ in range(2000)}
+        return [list(i) for i in sorted(draws, key=lambda i: abs(model.of(list(i)) / target
+                                                                  - 1))[:n]]
 
     def _probe_costs(self, steps: int = 4) -> budgets.StepCosts:
         """Seconds of one step of each kind here (budgets.StepCosts): the supernet's weight
@@ -259,7 +263,8 @@ class SearchTrainer(SearchSteps, EpochRunner):
             self.epoch = 10 ** 6  # past any warm-up: the mode's weight steps, and θ steps
             w = timed(self.weight_step, self.data.w_loader)
             th = timed(self.theta_step, self.data.theta_loader)
-            idx = self._band_network()  # a path of the band: what the pick scores
+            nets = self._band_networks(PROBE_NETWORKS)
+            idx = nets[0]  # a path of the band: what the pick scores
             t = clock()
             if self.data.val_loader is not None:
                 self.score_paths([idx])
@@ -272,9 +277,12 @@ class SearchTrainer(SearchSteps, EpochRunner):
             self.theta_opt.load_state_dict(saved[3])
             self.prec.load_state_dict(saved[4])
             self._init_guard(self.cfg.search.nan_policy)  # its counters as new
-        arch = arch_from_indices(self.cfg.space, idx, "budget_probe")
+        # networks of one band train at different speeds (wide against deep): the median of a
+        # few of them, as random search's trainings are summarised by their median
         with tempfile.TemporaryDirectory(prefix="fbnas-probe-") as work:
-            child = probe_training(self.cfg, arch, work, clock=clock)  # synchronised
+            got = [probe_training(self.cfg, arch_from_indices(self.cfg.space, i, "probe"), work,
+                                  steps=5, clock=clock) for i in nets]  # clock synchronised
+        child = {k: statistics.median(g[k] for g in got) for k in got[0]}
         set_rng_state(saved[0])
         timing = 0.0
         if self._fit_times():
