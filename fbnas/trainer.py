@@ -422,7 +422,10 @@ class SearchTrainer(SearchSteps, EpochRunner):
         """Run (or finish) the current epoch; returns its metrics."""
         e = self.epoch
         self.data.set_epoch(e)
-        t0 = self.clock()
+        # the epoch's seconds survive an interruption (a checkpoint's partial state keeps
+        # them): search.budget re-plans on whole epochs, however often they were resumed
+        t0 = self._epoch_t0 = self.clock()
+        self._epoch_prior = float(self.partial.get("seconds", 0.0))
         rec: dict[str, Any] = self.partial.setdefault("rec", {})
         if self.phase == "w":
             w = self._phase("w", self.data.w_loader, self.weight_step)
@@ -444,7 +447,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         rec.update(self.validate())
         rec.update({"epoch": e + 1, "tau": self.tau, "theta_lr": self.theta_opt.param_groups[0]
                     ["lr"], "theta_active": self.theta_active(e),
-                    "seconds": self.clock() - t0,
+                    "seconds": self._epoch_prior + self.clock() - t0,
                     "probs": [p.cpu().tolist() for p in self.model.probabilities()],
                     "entropy": self.model.entropy().cpu().tolist()})
         return rec
@@ -509,7 +512,15 @@ class SearchTrainer(SearchSteps, EpochRunner):
     def _next_epoch(self) -> None:
         super()._next_epoch()
         self.phase = "w"
+        self._epoch_t0 = None
         self._replan()
+
+    def _partial_state(self) -> dict[str, Any]:
+        """The epoch in progress, with the seconds it has run so far (over every process)."""
+        out = super()._partial_state()
+        if getattr(self, "_epoch_t0", None) is not None:
+            out["seconds"] = self._epoch_prior + self.clock() - self._epoch_t0
+        return out
 
     def _replan(self) -> None:
         """search.budget: after the first epoch and the first θ epoch, the epochs planned

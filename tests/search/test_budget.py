@@ -267,5 +267,7 @@ def test_a_budgeted_search_interrupted_resumes_on_its_plan(tmp_path, monkeypatch
         close_logger(resumed.log)
     assert probes["n"] == 0 and resumed.budget_plan == t.budget_plan
     assert len(resumed.history) == replanned
+    # the interrupted epoch's seconds count both processes: a whole θ epoch's, as the others
+    assert resumed.history[3]["seconds"] == pytest.approx(resumed.history[2]["seconds"])
     assert res["search_cost"]["seconds"] > spent_before
     assert res["search_cost"]["trainings"] == pytest.approx(3.0, rel=0.15)
