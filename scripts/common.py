@@ -505,3 +505,28 @@ def train(job: tuple[Config, dict, int]) -> dict:
             close_logger(t.log)
     return {"name": arch.name, "ops": list(arch.ops), "seed": seed, "test": res["top1"],
             "val": res["val_top1"], "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def band_arguments(ap, networks: int, seeds: str) -> None:
+    """The flags pilot_task and recipe_convergence share: the config and its overrides, the
+    band's networks, seeds, width, centre and draw, the worker processes, the resumable --out
+    file and --report."""
+    ap.add_argument("--config", default="configs/cluttered_digits.yaml")
+    ap.add_argument("--set", action="append", default=[], dest="sets",
+                    help="a config override, as fbnas's --set (repeatable)")
+    ap.add_argument("--networks", type=int, default=networks)
+    ap.add_argument("--seeds", default=seeds, help="retrain.seed values, comma-separated")
+    ap.add_argument("--band", type=float, default=0.03, help="relative half-width of the band")
+    ap.add_argument("--at", type=float, default=0.5,
+                    help="the band's centre as a quantile of the space's networks' FLOPs")
+    ap.add_argument("--draw", type=int, default=0, help="seed of the draw of networks")
+    ap.add_argument("--workers", type=int, default=1, help="processes, one thread each")
+    ap.add_argument("--out", default=None, help="JSON lines of the trainings (resumes)")
+    ap.add_argument("--report", action="store_true",
+                    help="train nothing: the figures of what --out holds")
+
+
+def band_config(a) -> Config:
+    """The config of `band_arguments`' --config and --set, its trainings on the CPU."""
+    cfg = load_config(a.config, a.sets)
+    return replace(cfg, retrain=replace(cfg.retrain, device="cpu"))

@@ -27,14 +27,12 @@ import math
 import multiprocessing as mp
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from fbnas.config import load_config
 from fbnas.io import write_text_atomic
-from scripts.common import band, train
+from scripts.common import band, band_arguments, band_config, train
 
 
 def summary(rows: list[dict], seeds: list[int]) -> dict:
@@ -56,26 +54,13 @@ def summary(rows: list[dict], seeds: list[int]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/cluttered_digits.yaml")
-    ap.add_argument("--set", action="append", default=[], dest="sets",
-                    help="a config override, as fbnas's --set (repeatable)")
-    ap.add_argument("--networks", type=int, default=20)
-    ap.add_argument("--seeds", default="0,1,2", help="retrain.seed values, comma-separated")
-    ap.add_argument("--band", type=float, default=0.03, help="relative half-width of the band")
+    band_arguments(ap, networks=20, seeds="0,1,2")
     ap.add_argument("--flops", type=float, default=None,
                     help="the band's centre in FLOPs (default: the --at quantile of the space)")
-    ap.add_argument("--at", type=float, default=0.5,
-                    help="the band's centre as a quantile of the space's networks' FLOPs")
-    ap.add_argument("--draw", type=int, default=0, help="seed of the draw of networks")
-    ap.add_argument("--workers", type=int, default=1, help="processes, one thread each")
-    ap.add_argument("--out", default=None, help="JSON lines of the trainings (resumes)")
     ap.add_argument("--log", default=None, help="a progress log (one line per training)")
-    ap.add_argument("--report", action="store_true",
-                    help="train nothing: the figures of the networks --out holds for --seeds")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
-    cfg = load_config(a.config, a.sets)
-    cfg = replace(cfg, retrain=replace(cfg.retrain, device="cpu"))
+    cfg = band_config(a)
     seeds = [int(s) for s in a.seeds.split(",")]
     centre, nets, held = band(cfg, a.flops, a.at, a.band, a.networks, a.draw)
     print(f"{a.config}: {cfg.data.dataset}, input {cfg.space.macro.input_size}, "

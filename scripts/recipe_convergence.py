@@ -27,9 +27,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from fbnas.config import Config, load_config
+from fbnas.config import Config
 from fbnas.io import write_text_atomic
-from scripts.common import band, train
+from scripts.common import band, band_arguments, band_config, train
 
 
 def with_epochs(cfg: Config, epochs: int) -> Config:
@@ -77,27 +77,14 @@ def figures(rows: list[dict], recipes: list[int], seeds: list[int], within: floa
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/cluttered_digits.yaml")
-    ap.add_argument("--set", action="append", default=[], dest="sets",
-                    help="a config override, as fbnas's --set (repeatable)")
+    band_arguments(ap, networks=8, seeds="0,1")
     ap.add_argument("--epochs", type=int, default=None,
                     help="the recipe's epochs E to check (default: the config's retrain.epochs)")
-    ap.add_argument("--networks", type=int, default=8)
-    ap.add_argument("--seeds", default="0,1", help="retrain.seed values, comma-separated")
-    ap.add_argument("--band", type=float, default=0.03, help="relative half-width of the band")
-    ap.add_argument("--at", type=float, default=0.5,
-                    help="the band's centre as a quantile of the space's networks' FLOPs")
-    ap.add_argument("--draw", type=int, default=0, help="seed of the draw of networks")
     ap.add_argument("--within", type=float, default=0.5,
                     help="points: doubling must move the mean by less, halving by more")
-    ap.add_argument("--workers", type=int, default=1, help="processes, one thread each")
-    ap.add_argument("--out", default=None, help="JSON lines of the trainings (resumes)")
-    ap.add_argument("--report", action="store_true",
-                    help="train nothing: the figures of what --out holds")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
-    cfg = load_config(a.config, a.sets)
-    cfg = replace(cfg, retrain=replace(cfg.retrain, device="cpu"))
+    cfg = band_config(a)
     e = a.epochs or cfg.retrain.epochs
     recipes = sorted({max(1, e // 2), e, 2 * e})
     seeds = [int(s) for s in a.seeds.split(",")]
