@@ -44,6 +44,7 @@ def run_search(code: Path, config: str, sets: list[str], run_dir: Path) -> dict:
         rec.pop("seconds", None)
     arch = yaml.safe_load((run_dir / "arch_hard.yaml").read_text())
     arch.get("meta", {}).pop("run", None)  # the run directory differs by construction
+    arch.get("meta", {}).pop("search_cost", None)  # wall-clock seconds and trainings
     return {"theta": theta, "history": history, "arch": arch}
 
 
