@@ -29,7 +29,7 @@ from fbnas.blocks.shared import SHARED_UPDATES, WEIGHT_SHARING
 from fbnas.cost_kinds import is_measured
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
-from fbnas.io import load_yaml
+from fbnas.io import config_file, load_yaml
 from fbnas.latency.config import LatencyConfig
 from fbnas.loss import LossConfig
 from fbnas.precision import PRECISIONS, layout_setting
@@ -484,5 +484,8 @@ def config_from_dict(data: dict, source: str = "<dict>", finished: bool = False)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """A config file, or the shipped config of that name (`quickstart`), with `overrides`
+    (`--set KEY=VALUE` strings) applied."""
+    path = config_file(path)
     data = apply_overrides(load_yaml(path), overrides or [])
     return config_from_dict(data, str(path))

@@ -231,3 +231,38 @@ def clock(seconds: float) -> str:
     if s >= 3600:
         return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
     return f"{s // 60}:{s % 60:02d}"
+
+
+# ---- the configs that ship with the package ------------------------------------------------------
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The configs installed with fbnas, by name (the file name without .yaml)."""
+    if not SHIPPED_CONFIGS.is_dir():
+        return {}
+    return {p.stem: p for p in sorted(SHIPPED_CONFIGS.glob("*.yaml"))}
+
+
+def config_summary(path: Path) -> str:
+    """A config's first comment line: what it is, in one line."""
+    for line in read_text(path).splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").rstrip()
+        if line.strip():
+            break
+    return ""
+
+
+def config_file(value: str | os.PathLike) -> str:
+    """A `--config` value as a file: the file itself when it exists, else the shipped config of
+    that name (`quickstart` or `quickstart.yaml`). FbnasError naming both when neither is."""
+    value = os.fspath(value)
+    if Path(value).exists():
+        return value
+    shipped = shipped_configs()
+    name = value[:-5] if value.endswith(".yaml") else value
+    if "/" not in value and name in shipped:
+        return str(shipped[name])
+    raise FbnasError(f"{value}: no such file, and no shipped config of that name (shipped: "
+                     f"{', '.join(shipped) or 'none'}; `fbnas configs` lists them)")

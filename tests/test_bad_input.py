@@ -1093,7 +1093,9 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(bad: Case, world, tmp_pa
     lines = err.splitlines()
     assert len(lines) == 1 and err.endswith("\n"), f"not one line: {err!r}"
     line = lines[0]
-    assert line.startswith(f"fbnas {argv[0]}: error: "), line
+    # "fbnas COMMAND: error: " or "fbnas COMMAND ACTION: error: "
+    assert line.startswith(f"fbnas {argv[0]}") and ": error: " in line, line
+    assert line.split(": error: ")[0].count(" ") <= 2, line
     for s in says:
         assert s in line, f"{s!r} not in {line!r}"
     assert snapshot(world.dir) == world_before, "the shared fixture changed"

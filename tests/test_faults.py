@@ -250,6 +250,7 @@ def _fill_disk_for(monkeypatch, target_name: str, budget: int = 100) -> None:
 
 
 def _one_error_line(err: str, command: str) -> str:
+    """The one error line of `fbnas COMMAND` (`command` as "latency build", with its action)."""
     lines = [line for line in err.splitlines() if line.startswith(f"fbnas {command}: error:")]
     assert len(lines) == 1, err
     return lines[0]
@@ -311,7 +312,7 @@ def test_disk_full_while_writing_a_latency_table(finished_run, tmp_path, monkeyp
     rc = main(["latency", "build", "--config", str(cfg), "--cost", "flops", "--out", str(table)])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
-    line = _one_error_line(err, "latency")
+    line = _one_error_line(err, "latency build")
     assert str(table) in line and "no space left on device" in line
     assert table.read_bytes() == prev
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -15,7 +15,7 @@ from fbnas import __version__
 from fbnas.errors import FbnasError
 
 COMMANDS = ["space", "arch", "latency", "train", "sample", "plot", "retrain", "eval", "export",
-            "sweep", "runs", "fidelity", "bench"]
+            "sweep", "runs", "fidelity", "bench", "configs"]
 
 
 def add_actions(sub, name: str, help: str, actions: Sequence) -> None:
@@ -37,13 +37,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_prefix(args: argparse.Namespace) -> str:
+    """`fbnas COMMAND` or `fbnas COMMAND ACTION`: what an error line starts with."""
+    action = getattr(args, f"{args.command}_command", None)
+    return f"fbnas {args.command}{f' {action}' if action else ''}"
+
+
+def unprefixed(message: str, args: argparse.Namespace) -> str:
+    """An error message without the command name it may start with (the library names the
+    command it was called for; the error line names it once)."""
+    action = getattr(args, f"{args.command}_command", None)
+    for head in ([f"{args.command} {action}", action] if action else []) + [args.command]:
+        for sep in (": ", ", "):
+            if message.startswith(f"{head}{sep}"):
+                return message[len(head) + len(sep):]
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except FbnasError as e:
-        print(f"fbnas {args.command}: error: {e}", file=sys.stderr)
+        print(f"{error_prefix(args)}: error: {unprefixed(str(e), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fbnas {args.command}: interrupted", file=sys.stderr)

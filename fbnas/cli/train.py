@@ -17,7 +17,8 @@ from fbnas.training import run_trainer
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="run the architecture search (the supernet training)")
-    p.add_argument("--config", help="config YAML (space, data, latency, loss, search, run)")
+    p.add_argument("--config", help="config YAML (space, data, latency, loss, search, run), "
+                   "or a shipped config's name (fbnas configs lists them)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set search.epochs=3 (repeatable)")
     p.add_argument("--resume", metavar="RUN_DIR",
@@ -35,7 +36,8 @@ def run(args) -> int:
         cfg = load_config(cfg_path, args.set)
     else:
         if not args.config:
-            raise FbnasError("train: give --config CONFIG.yaml (or --resume RUN_DIR)")
+            raise FbnasError("give --config CONFIG (a file, or a shipped config: --config "
+                             "quickstart; fbnas configs lists them), or --resume RUN_DIR")
         cfg = load_config(args.config, args.set)
         run_dir = Path(cfg.run.dir)
     # under torchrun (WORLD_SIZE > 1) every process runs this; rank 0 writes

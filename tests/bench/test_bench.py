@@ -452,7 +452,7 @@ def test_a_ray_worker_on_other_sources_stops_the_build_in_one_line(tmp_path, mon
     assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--workers", "2",
                  "--rounds", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("fbnas bench: error: bench build, network ")
+    assert err.startswith("fbnas bench build: error: network ")
     assert f"imports fbnas from {PACKAGE}" in err and "/elsewhere/fbnas" in err
     assert not out.exists()
 

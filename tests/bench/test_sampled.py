@@ -148,7 +148,7 @@ def test_bad_sample_flags_are_one_line(tmp_path, capsys, flags, needles):
     assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--limit", "0",
                  *flags]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and err.startswith("fbnas bench: error: ")
+    assert "\n" not in err and err.startswith("fbnas bench build: error: ")
     for n in needles:
         assert n in err, (n, err)
     assert not out.exists()
