@@ -192,6 +192,10 @@ class SearchConfig:
     # (its 95% interval, after 10 rounds; fbnas.latency.measure), not after its fixed 60
     # rounds (0: the fixed rounds). The duel's random side times its networks the same way
     fit_stop_ci: float = setting(0.0, "float", min=0.0, max=0.2, resumable=True, added=0.0)
+    # the table's probe networks timed beside each of them: the N whose build-time times are
+    # nearest the target's (at least 4: the drift is fitted over them), or 0 for all of them.
+    # A timing's cost grows with the networks it interleaves (docs/search.md)
+    fit_panel: int = setting(0, "int", min=0, max=64, resumable=True, added=0)
     # which network of the fitted cost the search returns: `theta`, θ's most probable one;
     # `path`, of the fit and the `final_candidates` most probable predicted from
     # 2·fit_tolerance under the target to fit_tolerance over it, the one whose path on the
@@ -246,6 +250,8 @@ class SearchConfig:
              f"warmup_epochs: {c.warmup_epochs} leaves no θ epochs (search.epochs is "
              f"{c.epochs})"),
             (c.tau_min > c.tau0, f"tau_min: {c.tau_min} is above tau0 {c.tau0}"),
+            (0 < c.fit_panel < 4, f"fit_panel: {c.fit_panel} is under 4 (the drift is fitted "
+             "over at least 4 probe networks; 0 times all of them)"),
             (c.uniform_paths > 0 and not get_mode(weight_sampler(c.mode, c.weight_sampling)).single,
              f"uniform_paths: {c.uniform_paths} needs single-path weight steps (set "
              "weight_sampling to single_path, or mode to reinforce)"),

@@ -288,7 +288,8 @@ class SearchTrainer(SearchSteps, EpochRunner):
         if self._fit_times():
             timing = timing_seconds(self.cfg.space, self.costs.table,
                                     float(self.costs.model(self.cfg.space).of(idx)),
-                                    stop_ci=self.cfg.search.fit_stop_ci)
+                                    stop_ci=self.cfg.search.fit_stop_ci,
+                                    panel_size=self.cfg.search.fit_panel)
         return budgets.StepCosts(
             child_setup=child["setup"], child_step=child["step"], child_eval=child["eval"],
             child_steps=int(child["steps"]), child_evals=int(child["evals"]), w_step=w,

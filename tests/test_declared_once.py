@@ -50,7 +50,7 @@ OLD_SEARCH_RESUMABLE = {
     ("search", "final_train"), ("search", "final_band_draws"),
     ("search", "final_train_distinct"),
     # declared since: how the measured fit's timings stop, applied after the last epoch
-    ("search", "fit_stop_ci")}
+    ("search", "fit_stop_ci"), ("search", "fit_panel")}
 OLD_SEARCH_ADDED = {
     ("run", "ddp_sync_every"): 1, ("search", "mode"): "full",
     ("search", "warmup_sampling"): "mode", ("search", "checkpoint_activations"): False,
@@ -68,7 +68,8 @@ OLD_SEARCH_ADDED = {
                                    ("clutter_fragment_size", 4), ("clutter_per_source", 3),
                                    ("clutter_test_per_source", 4), ("clutter_seed", 0))},
     # declared since: a search planned to a budget, which runs before it did not have
-    ("search", "budget"): None, ("search", "fit_stop_ci"): 0.0}
+    ("search", "budget"): None, ("search", "fit_stop_ci"): 0.0,
+    ("search", "fit_panel"): 0}
 CLUTTER_ADDED = {k: v for k, v in OLD_SEARCH_ADDED.items() if k[1].startswith("clutter_")}
 OLD_RETRAIN_RESUMABLE = {
     ("run", "dir"), ("run", "progress"), ("run", "tensorboard"),

@@ -215,7 +215,7 @@ def equal_cost_random(run: SearchRun, budget: float, seed: int, work: str | Path
     else:
         why = cannot_time_here(cfg, costs.table) or ""
         if not why:
-            measure = fit_measurer(cfg, costs.table)
+            measure = fit_measurer(cfg, costs.table, near_us=run.target)
     if why:
         log(f"duel: random side's networks not timed end to end: {why}")
 

@@ -41,7 +41,7 @@ from fbnas.fit.onto_target import (
     measured_fit,
 )
 from fbnas.latency import LatencyTable
-from fbnas.latency.end_to_end import panel, time_archs
+from fbnas.latency.end_to_end import fit_panel, panel, time_archs
 from fbnas.runs.search_run import SearchRun
 from fbnas.search.cost_model import cost_lists, predicted_cost
 
@@ -71,14 +71,16 @@ def cannot_time_here(cfg: Config, table: LatencyTable | None) -> str | None:
     return None
 
 
-def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = ()
-                 ) -> Callable[[list[int]], tuple[float, float]]:
+def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = (),
+                 near_us: float | None = None) -> Callable[[list[int]], tuple[float, float]]:
     """`measure(indices) -> (median, rel_iqr)`: the architecture with these op indices (at
     the choice of `widths` of a width-searched space) built and timed end to end under the
     table's timer settings (threads, batch, dtype, allocator) and drift compensation, in the
-    table's units, interleaved with its `panel`."""
+    table's units, interleaved with its `panel` (`search.fit_panel` of its probe networks
+    nearest `near_us`, the target, where both are given)."""
     timer = cfg.latency.for_timing(table.meta).make_timer()
-    pan = panel(cfg.space, table)
+    pan = (fit_panel(cfg.space, table, cfg.search.fit_panel, near_us) if near_us
+           else panel(cfg.space, table))
 
     def measure(indices: list[int]) -> tuple[float, float]:
         arch = arch_from_indices(cfg.space, [*indices, *widths], "fit")
@@ -172,7 +174,7 @@ def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target:
                             "cost_unit": costs.unit, "fitted_layers": fit.changes}
     if _measured_fit_mode(cfg, costs, fit_measure, log, run):
         t0 = time.perf_counter()
-        measure = measure or fit_measurer(cfg, costs.table, widths)
+        measure = measure or fit_measurer(cfg, costs.table, widths, near_us=target)
         with reused_workers():  # one timing process for all of the fit's measurements
             mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance,
                               s.fit_rounds, first=fit.indices,

@@ -56,6 +56,17 @@ class Panel:
         return (f"anchored to the table's {len(self.archs)} probe networks" if self.anchors
                 else "through the reference op")
 
+    def nearest(self, n: int, anchor: float) -> Panel:
+        """The `n` anchored networks whose anchors are nearest `anchor` (in log: a network of
+        that many reference-op units), in their order; the panel itself when it holds no more
+        than `n` or has no anchors (0: all)."""
+        if n <= 0 or not self.anchors or len(self.archs) <= n:
+            return self
+        order = sorted(range(len(self.archs)),
+                       key=lambda i: abs(math.log(self.anchors[i] / anchor)))
+        keep = sorted(order[:n])
+        return Panel([self.archs[i] for i in keep], [self.anchors[i] for i in keep])
+
 
 def panel(space: SearchSpace, table: LatencyTable | None) -> Panel:
     """The table's probe networks with their build-time times, where its context model was
@@ -67,6 +78,15 @@ def panel(space: SearchSpace, table: LatencyTable | None) -> Panel:
             and (table.reference or {}).get("scale_us"):
         return Panel(probe_archs(space, len(nets)), [float(x) for x in nets])
     return Panel(companions(space, table))
+
+
+def fit_panel(space: SearchSpace, table: LatencyTable | None, size: int, near_us: float
+              ) -> Panel:
+    """The panel the measured fit times a network of about `near_us` among: `panel`, or its
+    `size` probe networks nearest that time (`search.fit_panel`; 0: all)."""
+    pan = panel(space, table)
+    ref_us = (table.reference or {}).get("scale_us") if table is not None else None
+    return pan.nearest(size, near_us / ref_us) if ref_us else pan
 
 
 def companions(space: SearchSpace, table: LatencyTable | None, n: int = COMPANIONS
@@ -183,7 +203,8 @@ def time_archs(timer: Timer, archs: dict[str, Architecture], table: LatencyTable
 
 
 def timing_seconds(space: SearchSpace, table: LatencyTable | None, latency_us: float,
-                   rounds: int = FIT_ROUNDS, stop_ci: float = 0.0) -> float:
+                   rounds: int = FIT_ROUNDS, stop_ci: float = 0.0, panel_size: int = 0
+                   ) -> float:
     """The wall seconds `time_archs` is expected to take for one network of about
     `latency_us` among `panel(space, table)` (what `search.budget` plans for each network the
     measured fit times): per round, every entry sampled for the protocol's sample time (or one
@@ -193,7 +214,7 @@ def timing_seconds(space: SearchSpace, table: LatencyTable | None, latency_us: f
     p = Protocol(rounds=rounds, stop_ci=stop_ci)
     if stop_ci > 0:  # planned at the rounds such a timing took on the 2-core VM
         rounds = min(rounds, max(p.min_rounds, STOP_CI_ROUNDS))
-    pan = panel(space, table)
+    pan = fit_panel(space, table, panel_size, latency_us)
     entries = 1 + len(pan.archs)
     sample = max(p.sample_s, latency_us / 1e6)
     per_round = entries * sample + (entries / p.ref_every + 1) * p.ref_sample_s

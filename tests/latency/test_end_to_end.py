@@ -121,3 +121,50 @@ def test_a_small_network_keeps_its_figure_when_small_networks_drift_more(tmp_pat
     monkeypatch.setattr(FakeTimer, "prepare", size_drift)
     after = measure_child_ms(model, small, cfg.latency, table, space=cfg.space)
     assert after["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
+
+
+def test_a_fit_panel_keeps_the_probes_nearest_the_target_in_their_order():
+    """`search.fit_panel: N`: the N probe networks whose build-time times are nearest the
+    target's (in log), the rest left out of every timing; 0, a panel no larger, or one without
+    anchors: the panel itself."""
+    from fbnas.latency.end_to_end import Panel
+    space = SearchSpace.from_dict(FIT_SPACE)
+    archs = [arch_from_indices(space, [0] * len(space.layer_candidates()), f"p{i}")
+             for i in range(6)]
+    pan = Panel(archs, [1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    near = pan.nearest(3, 5.0)
+    assert [a.name for a in near.archs] == ["p1", "p2", "p3"] and near.anchors == [2.0, 4.0, 8.0]
+    assert [a.name for a in pan.nearest(2, 100.0).archs] == ["p4", "p5"]
+    assert pan.nearest(0, 5.0) is pan and pan.nearest(6, 5.0) is pan
+    assert Panel(archs).nearest(3, 5.0).archs == archs  # no anchors: companions, all kept
+
+
+def test_the_measured_fit_times_among_the_fit_panel_nearest_its_target(tmp_path, monkeypatch):
+    """With `search.fit_panel: 4` every timing of the fit holds the network and the same 4
+    probes, those nearest the target; the fit still lands within its tolerance (the figures
+    anchored to those 4), and a panel of 1-3 is refused by name."""
+    cfg = fake_run(tmp_path, fit_panel=4)
+    t = SearchTrainer(cfg, tmp_path / "run")
+    close_logger(t.log)
+    seen: list[list[str]] = []
+    measure = fbnas.latency.end_to_end.measure_modules
+
+    def spy(timer, modules, protocol=None, watch=None):
+        seen.append(sorted(modules))
+        return measure(timer, modules, protocol, watch)
+
+    monkeypatch.setattr(fbnas.latency.end_to_end, "measure_modules", spy)
+    _, saved = run_search(cfg, tmp_path)
+    table = LatencyTable.load(tmp_path / "run" / "cost_table.json")
+    assert table.context["probes"] > 4
+    target = saved["meta"]["target"]
+    want = panel(cfg.space, table).nearest(4, target / table.reference["scale_us"])
+    assert seen and all(s == seen[0] for s in seen)
+    assert sorted(k for k in seen[0] if k != "fit") == sorted(f"panel {a.name}"
+                                                              for a in want.archs)
+    assert abs(saved["meta"]["measured"] / target - 1) <= cfg.search.fit_tolerance
+    from fbnas.config import config_from_dict
+    from fbnas.errors import FbnasError
+    d = {"space": FIT_SPACE, "search": {"fit_panel": 2}}
+    with pytest.raises(FbnasError, match="search.fit_panel: 2 is under 4"):
+        config_from_dict(d, "c.yaml")
