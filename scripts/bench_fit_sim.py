@@ -1,4 +1,4 @@
-"""What does a measuring run return on the benchmark? (issue 39)
+"""What does a measuring run return on the benchmark?
 
 `bench_regret` fits by the table alone (concurrent searches cannot time networks). This
 re-runs each kept run's final pick and measured fit (`search.fit_measure: on`) with the timing

@@ -1,4 +1,4 @@
-"""Search throughput per mode and precision, against a memory-bandwidth bound (issue 14).
+"""Search throughput per mode and precision, against a memory-bandwidth bound.
 
 Runs what `fbnas train` runs: SearchTrainer.weight_step + theta_step (one "step" = both, as in
 the issue's table) on one synthetic batch held on the device, for every variant of
@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="default: configs/fbnet_imagenet.yaml of the --code checkout")
     ap.add_argument("--code", default=str(ROOT), metavar="DIR",
                     help="the fbnas checkout to time (default: this one); e.g. a baseline made "
-                         "with `git worktree add /tmp/base e4987fe` (before issue 14's changes)")
+                         "with `git worktree add /tmp/base e4987fe` (before the supernet's "
+                         "speed-ups)")
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--device", default="auto", help="auto (cuda if present), cuda or cpu")
     ap.add_argument("--modes", default="full,two_path,single_path")

@@ -1,5 +1,5 @@
 """The found network deployed int8: accuracy and latency of a retrained child exported as int8
-programs, beside its fp32 programs (issue 53, item 5).
+programs, beside its fp32 programs.
 
     fbnas train --config configs/quickstart.yaml --set run.dir=runs/qs
     fbnas retrain --arch runs/qs/arch_hard.yaml --config configs/quickstart.yaml \\

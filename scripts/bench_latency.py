@@ -1,5 +1,5 @@
 """Benchmark of fbnas latency tables against end-to-end latency, with the reference protocol
-run side by side in the same process. Prints every figure issue 3 asks for; writes JSON
+run side by side in the same process. Prints every figure of the table's checks; writes JSON
 (--out-dir, default runs/bench_latency: bench.json and the two tables).
 
     python -m scripts.bench_latency                         # CIFAR space, CPU, batch 1, 50 archs

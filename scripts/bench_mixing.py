@@ -1,23 +1,22 @@
 """What a full-mode supernet step launches and keeps: the mixing of candidates with m_i folded
-into each candidate's last BatchNorm (issue 52 item 2) and the candidates computed together
-where they read the same input (item 3, fbnas.blocks.batched) against multiplying the outputs
+into each candidate's last BatchNorm ("folded") and the candidates computed together
+where they read the same input ("together", fbnas.blocks.batched) against multiplying the outputs
 one candidate at a time.
 
-Counted, not timed (deterministic, device-independent): per forward + backward of one
-full-mode step (m with a gradient, as in a θ step, and without, as in a weight step) the
-aten calls of BatchNorm, convolution and multiply over activations (4-d results), by a
-dispatch-mode counter; and the bytes autograd saves for backward (scripts.common.SavedBytes:
-distinct storages, parameters and buffers excluded). "unfolded" is the same supernet with
-every MixedOp's `folds` off and nothing computed together: each candidate's output
-multiplied by m_i, as before item 2; "folded" folds m_i, one candidate at a time (item 2
-alone); "together" is the supernet as it is (items 2 and 3); "cheap" is it under
-`search.checkpoint_activations: cheap` (the convolutions' outputs kept, BatchNorm, ReLU and
-the mixing recomputed in backward) and "recompute" under `true` (everything recomputed). The
-ratios: together / unfolded, cheap / together. Besides SavedBytes (which cannot see what
-checkpointing keeps), the resident memory the forward leaves held and the peak over forward
-and backward (scripts.common.HeldBytes; run as a script, it re-executes itself with glibc's
-mmap threshold fixed so that resident memory follows tensors: held matched SavedBytes within
-2% at batch 8, within 8% at batch 4, where both apply).
+Counted, not timed (deterministic, device-independent): per forward + backward of one full-mode step
+(m with a gradient, as in a θ step, and without, as in a weight step) the aten calls of BatchNorm,
+convolution and multiply over activations (4-d results), by a dispatch-mode counter; and the bytes
+autograd saves for backward (scripts.common.SavedBytes: distinct storages, parameters and buffers
+excluded). "unfolded" is the same supernet with every MixedOp's `folds` off and nothing computed
+together: each candidate's output multiplied by m_i, as before the folding; "folded" folds m_i, one
+candidate at a time (folding alone); "together" is the supernet as it is (folded and computed
+together); "cheap" is it under `search.checkpoint_activations: cheap` (the convolutions' outputs
+kept, BatchNorm, ReLU and the mixing recomputed in backward) and "recompute" under `true`
+(everything recomputed). The ratios: together / unfolded, cheap / together. Besides SavedBytes
+(which cannot see what checkpointing keeps), the resident memory the forward leaves held and the
+peak over forward and backward (scripts.common.HeldBytes; run as a script, it re-executes itself
+with glibc's mmap threshold fixed so that resident memory follows tensors: held matched SavedBytes
+within 2% at batch 8, within 8% at batch 4, where both apply).
 
     python -m scripts.bench_mixing                                   # fbnet_imagenet at 56x56
     python -m scripts.bench_mixing --config configs/quickstart.yaml --input-size 16
@@ -26,7 +25,7 @@ mmap threshold fixed so that resident memory follows tensors: held matched Saved
 interleaved rounds and prints each one's median wall time, its spread and its ratio to
 "unfolded" per round (median and range): at batch 2 and 16x16 (`--config
 configs/fbnet_imagenet.yaml --input-size 16 --batch 2 --time 30`), where the arithmetic is
-negligible, it is the CPU dispatch overhead issue 52 asks about. Nothing else may run while
+negligible, it is the CPU dispatch overhead that folding saves. Nothing else may run while
 it times.
 """
 

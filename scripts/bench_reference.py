@@ -1,4 +1,4 @@
-"""Which reference op compensates drift for which entries (issue 17, item 2).
+"""Which reference op compensates drift for which entries.
 
 Times FBNet-space blocks from 7x7 to 112x112 beside several candidate reference ops in
 shuffled rounds (fbnas.latency.measure without its own reference: each item sampled once per

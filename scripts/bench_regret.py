@@ -1,4 +1,4 @@
-"""Does the search return a better network than others of the same latency? (issue 39)
+"""Does the search return a better network than others of the same latency?
 
 Searches on the benchmark's space for every --modes x --weights x --seeds x --targets, each
 scored against the ground truth (`fbnas bench score`): the returned network's regret (the best

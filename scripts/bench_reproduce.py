@@ -1,4 +1,4 @@
-"""Does a fresh `fbnas retrain` land where the benchmark says? (issue 39)
+"""Does a fresh `fbnas retrain` land where the benchmark says?
 
 Draws --n networks of the benchmark at random, retrains each with `fbnas retrain --config
 BENCH.yaml --arch A.yaml` under a seed the benchmark did not use (--seed), and prints its test

@@ -1,4 +1,4 @@
-"""Latency tables per runtime: PyTorch eager, ExecuTorch (XNNPACK) and ONNX Runtime (issue 18).
+"""Latency tables per runtime: PyTorch eager, ExecuTorch (XNNPACK) and ONNX Runtime.
 
 For a space: build one table per runtime (batch 1, 1 thread, fp32; exported programs cached
 under a temporary directory, so lowering is part of the build time), then measure the same

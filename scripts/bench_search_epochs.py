@@ -1,6 +1,6 @@
 """Search epochs end to end (data path, steps, validation) per fbnas checkout, side by side.
 
-Issue 14's small-supernet figure: a quickstart-size supernet (6 layers x 7 ops) on 28x28 grey
+The small-supernet figure: a quickstart-size supernet (6 layers x 7 ops) on 28x28 grey
 images, images/s over whole search epochs, where per-kernel launches, host reads and the data
 loader (not arithmetic) set the pace. Each --code checkout runs `SearchTrainer.fit` in its own
 process, whose PYTHONPATH names that checkout (alternating, --repeats times, so drift hits all
@@ -16,7 +16,7 @@ section (search.mode: reinforce, weights: shared, ...) is refused by a checkout 
 those keys. `--config FILE` gives every checkout FILE instead (the sizes still applied), and
 `--set` adds overrides: a checkout that cannot read them fails with its own error.
 
-    git worktree add /tmp/base e4987fe         # fbnas before issue 14's changes
+    git worktree add /tmp/base e4987fe         # fbnas before the supernet's speed-ups
     python -m scripts.bench_search_epochs --code /tmp/base --code .     # on a GPU
     python -m scripts.bench_search_epochs --code . --device cpu --size 2000 --epochs 2
 

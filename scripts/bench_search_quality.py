@@ -1,4 +1,4 @@
-"""Does the supernet learn which operations are better? (issue 25)
+"""Does the supernet learn which operations are better?
 
 Two parts, each printing a table:
 

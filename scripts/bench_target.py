@@ -14,7 +14,7 @@ stay in DIR, and a run with the same DIR re-fits their θ instead of searching a
 cut short resumes).
 
 Prints per search the target, the table's prediction of the found architecture, the measured
-fit's own measurement of it (`search.fit_measure`, issue 26; "-" when off) and the networks it
+fit's own measurement of it (`search.fit_measure`; "-" when off) and the networks it
 timed, its latency re-measured right after its search (a separate interleaved run with the
 random ones) and again at the end in one interleaved run of every network, each with its miss
 (re-measured / target - 1), whether the end run's is within 3% and 10%, both counts, and the

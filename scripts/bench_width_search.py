@@ -1,5 +1,4 @@
 """Does searching widths return better networks at the same latency than searching ops alone?
-(issue 40)
 
 For every --seeds x --targets: the op-only search on the benchmark's space (its run from
 `bench_regret --keep DIR`, or run here) and the op+width search on --config

@@ -1,4 +1,4 @@
-"""What does searching widths cost per step, and how large is its latency table? (issue 40)
+"""What does searching widths cost per step, and how large is its latency table?
 
 Step time: one weight step + one θ step of a SearchTrainer (the library's own steps; synthetic
 data, the FLOPs cost, θ active) on the width-searched space of --config and on the same space

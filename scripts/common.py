@@ -45,7 +45,7 @@ from fbnas.training import close_logger
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = {n: ROOT / "configs" / f"{n}.yaml"
           for n in ("quickstart", "fbnet_cifar10", "fbnet_imagenet")}
-# the shipped ground-truth benchmark (issue 39): its config and its file
+# the shipped ground-truth benchmark: its config and its file
 BENCH_CONFIG = ROOT / "configs" / "bench_digits.yaml"
 BENCH_FILE = ROOT / "configs" / "bench_digits.json.gz"
 

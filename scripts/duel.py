@@ -1,6 +1,6 @@
 """For the compute a search costs, is its network better than random search's at that cost?
 
-The duel (issue 51 item 3; `fbnas bench duel`, fbnas.bench.duel, docs/bench.md "The duel"):
+The duel (`fbnas bench duel`, fbnas.bench.duel, docs/bench.md "The duel"):
 per target × seed, interleaved, the shipped search as a user runs it (`fbnas train`, its own
 process, --threads threads; cost C = its wall time) against random search that trains networks
 of the target's band for C seconds on the same threads (drawn uniformly, kept where the table

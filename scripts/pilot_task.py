@@ -1,4 +1,4 @@
-"""Is a task hard enough for a benchmark of its space? (issue 51, item 1)
+"""Is a task hard enough for a benchmark of its space?
 
 Takes --networks networks of one cost band (FLOPs within ±--band of one value: the --at
 quantile of the space's networks, its median by default, or --flops; counted, so no latency
@@ -8,7 +8,7 @@ worker process) and prints, per
 network, the mean test top-1 over the seeds and its sd; then the RMS seed sd, the standard
 error of a network's truth (RMS sd / sqrt(seeds)), the 95th and 80th percentiles of the
 networks' means and their gap, the gap in units of that standard error, and the best
-network's mean. Issue 51 accepts a task when the gap is at least 3 standard errors and the
+network's mean. A task is accepted when the gap is at least 3 standard errors and the
 best network is not saturated (about 95% or less).
 
     python -m scripts.pilot_task --config configs/cluttered_digits.yaml --workers 2 --at 0.3 \\

@@ -141,15 +141,14 @@ class RandomSearch:
 def random_search(space, model, target: float, tolerance: float, budget: float, seed: int,
                   train: Train, measure: Measure | None = None, skipped_measure: str = "",
                   clock: Callable[[], float] = time.perf_counter) -> RandomSearch:
-    """Random search for `budget` seconds of `clock` (module docstring, item 2): uniform draws
-    of `space`'s decision indices from `random.Random(seed)`; kept where `model.of(indices)`
-    lies within ±`tolerance` of `target`; `measure(indices) -> (median, rel_iqr)` in the
-    model's unit (None: not timed, `skipped_measure` says why), dropped when measured outside
-    it; `train(indices)` -> {val_acc, val_ce, test_acc, seconds}. A training that starts
-    before the budget is spent finishes and counts; at least one network is trained; where
-    `MAX_DRAWS` draws in a row find no new network of the band, it stops (`exhausted`). Every
-    second of `clock` between the start and the end is charged to drawing, measuring or
-    training."""
+    """Random search for `budget` seconds of `clock` (module docstring, the random side):
+    uniform draws of `space`'s decision indices from `random.Random(seed)`; kept where
+    `model.of(indices)` lies within ±`tolerance` of `target`; `measure(indices) -> (median,
+    rel_iqr)` in the model's unit (None: not timed, `skipped_measure` says why), dropped when
+    measured outside it; `train(indices)` -> {val_acc, val_ce, test_acc, seconds}. A training that
+    starts before the budget is spent finishes and counts; at least one network is trained; where
+    `MAX_DRAWS` draws in a row find no new network of the band, it stops (`exhausted`). Every second
+    of `clock` between the start and the end is charged to drawing, measuring or training."""
     if not budget > 0 or not math.isfinite(budget):
         raise FbnasError(f"random search: a budget of {budget!r} seconds (give > 0)")
     rng = random.Random(seed)

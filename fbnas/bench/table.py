@@ -15,12 +15,12 @@ The file is gzip'd JSON (`BENCH_SCHEMA`), written atomically; `networks` maps an
 hash to {"ops", "params", "flops", "predicted", "measured", "runs": {seed: {budget: record}}}
 (and "channels", the stages' widths, in a width-searched space). The meta holds the space, the
 training (`training_record`), budgets, seeds, latency source, versions, the machine and, since
-issue 51, "code": the code and machine each sitting of the build trained on
+2026-11-27, "code": the code and machine each sitting of the build trained on
 (`fbnas.provenance.code_record`: commit, local changes, the sources' hash; plus "machine"), the
 first being the commit it was built at; a file from before has none (`Bench.code` is then
 empty) and loads as it did.
 
-A sampled benchmark (issue 51; `fbnas bench build --sample N`, fbnas.bench.sample) holds,
+A sampled benchmark (`fbnas bench build --sample N`, fbnas.bench.sample) holds,
 instead of every network, a reference sample of N networks per target band drawn uniformly
 from those predicted in it, plus networks added later (a search's picks); its meta's "sample"
 says so: {"n", "bands", "band_width", "seed", "unit", "space_networks", "band_list": [{"target",
@@ -284,7 +284,7 @@ def check_space(b: Bench, cfg: Any, run: str | Path) -> None:
 
 def same_training(recorded: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether a file's training record is `now`'s; a file from before a retrain key existed
-    (`retrain.threads`, issue 51) lacks it and is compared on the keys it has."""
+    (`retrain.threads`) lacks it and is compared on the keys it has."""
     if recorded.get("retrain", {}).keys() - now.get("retrain", {}).keys():
         return False
     kept = {**now, "retrain": {k: v for k, v in now.get("retrain", {}).items()

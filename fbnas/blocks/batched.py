@@ -1,4 +1,4 @@
-"""A layer's candidates computed together where they read the same input (issue 52, item 3).
+"""A layer's candidates computed together where they read the same input.
 
 In a mode that computes every candidate (`full`), the IRF candidates of one layer all read the
 layer's input x: their 1x1 expansions are one convolution over the concatenated weights, one

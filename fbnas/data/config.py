@@ -63,7 +63,7 @@ class DataConfig:
     # clutter_fragment_size px crops of other digits of its own split; clutter_per_source
     # canvases per training and validation digit (clutter_test_per_source per test digit);
     # clutter_seed fixes the canvases and the sources' train / val split (whatever the run's
-    # seed). The defaults are configs/cluttered_digits.yaml's, issue 51's pilot (docs/bench.md)
+    # seed). The defaults are configs/cluttered_digits.yaml's, its pilot's (docs/bench.md)
     clutter_digit_size: int = setting(8, "int", min=1, added=8)
     clutter_fragments: int = setting(2, "int", min=0, added=2)
     clutter_fragment_size: int = setting(4, "int", min=1, added=4)

@@ -16,7 +16,7 @@ Re-running resumes: every task works in its point's run directory as the serial 
 (finished: re-read and checked, interrupted: resumed from its checkpoint), also after its
 worker was killed. A point's work depends only on its config, so its results are the serial
 sweep's, bit for bit, at the same torch thread count (`fbnas sweep --threads T` for both).
-A search's measured fit to a latency target (`search.fit_measure`, issue 26) times networks end
+A search's measured fit to a latency target (`search.fit_measure`) times networks end
 to end, which must not happen while other tasks train on the machine: the search tasks fit by
 the table alone, and once every search has finished, before any retrain starts, the driver
 times and re-fits each searched point's network (`fit.select.refit`) with the workers idle, and
