@@ -35,10 +35,16 @@ from fbnas.loss import LossConfig
 from fbnas.precision import PRECISIONS, layout_setting
 from fbnas.search.modes import MODES, get_mode, refuse_as_theta_mode, weight_sampler
 from fbnas.search_space import SearchSpace
-from fbnas.settings import read_fields, setting, settings_of
+from fbnas.settings import (
+    SECTIONS,
+    check_sections,
+    read_fields,
+    setting,
+    settings_of,
+    suggest,
+)
 from fbnas.supernet import check_checkpoint_setting
 
-SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 TAU_SCHEDULES = ("exp", "linear")
 DEVICES = ("auto", "cpu", "cuda")
 # Training on XLA is refused, not half supported: the sampled search modes (two_path,
@@ -407,7 +413,7 @@ def apply_overrides(data: dict, overrides: list[str], where: str = "--set") -> d
             parts = ["search", groups[parts[1]][parts[2]]]  # a group's key: its flat setting
         if parts[0] not in SECTIONS:
             raise FbnasError(f"{where} {key}: unknown section '{parts[0]}' "
-                             f"(sections: {', '.join(SECTIONS)})")
+                             f"({suggest(parts[0], SECTIONS, 'sections')})")
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
@@ -446,10 +452,7 @@ def config_from_dict(data: dict, source: str = "<dict>", finished: bool = False)
     """The config in `data` validated (errors name `source`). A θ mode refused as one
     (`search.mode: single_path`) is an error here, where a config is read, unless `finished`:
     a finished run's config, which is only read (sampled, scored, retrained from)."""
-    unknown = [k for k in data if k not in SECTIONS]
-    if unknown:
-        raise FbnasError(f"{source}: unknown section '{unknown[0]}' "
-                         f"(sections: {', '.join(SECTIONS)})")
+    check_sections(data, source)
     if "space" not in data:
         raise FbnasError(f"{source}: missing key 'space' (the search space section)")
     loss = {} if data.get("loss") is None else data["loss"]
@@ -493,5 +496,26 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """A config file, or the shipped config of that name (`quickstart`), with `overrides`
     (`--set KEY=VALUE` strings) applied."""
     path = config_file(path)
-    data = apply_overrides(load_yaml(path), overrides or [])
-    return config_from_dict(data, str(path))
+    raw = load_yaml(path)
+    data = apply_overrides(raw, overrides or [])
+    try:
+        return config_from_dict(data, str(path))
+    except FbnasError as e:
+        if not overrides:
+            raise
+        try:
+            config_from_dict(raw, str(path))
+        except FbnasError:
+            raise e from None  # the file is at fault (too)
+        raise blame_overrides(e, str(path), overrides) from None
+
+
+def blame_overrides(e: FbnasError, path: str, overrides: list[str]) -> FbnasError:
+    """An error of a config that its file alone does not raise, said of the `--set` at fault:
+    the one whose key the message names (`search.epochz=3`), else all of them."""
+    msg = str(e).removeprefix(f"{path}: ")
+    keys = [(o, o.partition("=")[0].strip()) for o in overrides]
+    named = [o for o, k in keys
+             if k in msg or (k.count(".") and f"'{k.rsplit('.', 1)[1]}'" in msg
+                             and msg.startswith(k.split(".")[0]))]
+    return FbnasError(f"--set {' '.join(named if len(named) == 1 else overrides)}: {msg}")

@@ -43,7 +43,7 @@ from fbnas.blocks.masked import maskable
 from fbnas.errors import FbnasError
 from fbnas.io import config_file, load_yaml, show
 from fbnas.macro import MAX_CHANNELS, LayerShape, MacroSpec, first_difference, parse_macro
-from fbnas.settings import Fields
+from fbnas.settings import Fields, check_sections
 
 # A space's name becomes part of file names (the latency table cache): no path separators.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
@@ -249,6 +249,7 @@ def load_space(path: str | Path) -> SearchSpace:
     """Load the `space:` section of a config file (or of the shipped config of that name)."""
     path = config_file(path)
     data = load_yaml(path)
+    check_sections(data, str(path))
     if "space" not in data:
         raise FbnasError(f"{path}: missing key 'space' (the search space section)")
     return SearchSpace.from_dict(data["space"], f"{path}: space")

@@ -5,7 +5,8 @@ dataclass fields declared once (`setting`) and read with their getter, default a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import difflib
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fbnas.errors import FbnasError
@@ -122,10 +123,33 @@ class Fields:
         # `key: null` means "unset" (so `--set loss.alpha=null` can clear a key)
         unknown = [k for k in self.data if k not in self.used and self.data[k] is not None]
         if unknown:
-            known = ", ".join(sorted(self.used)) or "none"
             bad = unknown[0]
             name = bad if isinstance(bad, str) and len(bad) <= 60 else show(bad)
-            raise FbnasError(f"{self.where}: unknown key '{name}' (known keys: {known})")
+            raise FbnasError(f"{self.where}: unknown key '{name}' ({suggest(bad, self.used)})")
+
+
+def suggest(name: Any, known: Iterable[str], what: str = "known keys") -> str:
+    """'did you mean 'epochs'?' when `name` is close to one of `known`, else the list of them:
+    what an unknown key or column's error adds."""
+    close = (difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
+             if isinstance(name, str) else [])
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return f"{what}: {', '.join(sorted(known)) or 'none'}"
+
+
+# a config file's sections, in the order a resolved config writes them
+SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
+
+
+def check_sections(data: Mapping[str, Any], source: str) -> None:
+    """A config's top-level keys are its sections: an unknown one is an error naming it, the
+    same for every command that reads a config (`fbnas train`, `fbnas space`, ...)."""
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        bad = unknown[0]
+        raise FbnasError(f"{source}: unknown section '{bad if isinstance(bad, str) else show(bad)}'"
+                         f" ({suggest(bad, SECTIONS, 'sections')})")
 
 
 NOT_ADDED = object()  # `setting(added=...)` not given: old checkpoints have the key

@@ -110,11 +110,13 @@ def test_data_classes_sets_the_heads_class_count_and_resolves_to_a_fixed_point()
     ("ten", ["data.classes: expected an integer, got 'ten'"]),
     ("4.5", ["data.classes: expected an integer, got 4.5"]),
 ])
-def test_bad_data_classes_are_one_line_errors_naming_the_file_and_key(value, needles):
+def test_bad_data_classes_are_one_line_errors_naming_the_set_and_key(value, needles):
+    """A value given with --set is blamed on that --set, not on the file it overrides."""
     with pytest.raises(FbnasError) as ei:
-        load_config(ROOT / "configs/quickstart.yaml", [f"data.classes={value}"])
+        load_config(ROOT / "configs/quickstart.yaml", ["search.seed=1", f"data.classes={value}"])
     msg = str(ei.value)
-    assert "\n" not in msg and "quickstart.yaml: data.classes" in msg
+    assert "\n" not in msg and msg.startswith(f"--set data.classes={value}: data.classes")
+    assert "quickstart.yaml" not in msg
     for n in needles:
         assert n in msg
 
@@ -158,3 +160,25 @@ def test_search_settings_read_as_groups_or_flat():
     from fbnas.config import apply_overrides
     d = apply_overrides({"search": {"fit": {"rounds": 3}}}, ["search.fit.rounds=5"])
     assert SearchConfig.from_dict(d["search"]).fit_rounds == 5
+
+
+def test_an_unknown_key_or_section_suggests_the_near_one_and_is_said_the_same_everywhere(
+        tmp_path):
+    with pytest.raises(FbnasError, match=r"^--set search\.epochz=3: search: unknown key "
+                                         r"'epochz' \(did you mean 'epochs'\?\)$"):
+        load_config(ROOT / "configs/quickstart.yaml", ["search.epochz=3"])
+    with pytest.raises(FbnasError, match=r"unknown key 'zzz' \(known keys: .*epochs"):
+        load_config(ROOT / "configs/quickstart.yaml", ["search.zzz=3"])
+    with pytest.raises(FbnasError, match=r"unknown section 'serch' \(did you mean 'search'\?\)"):
+        load_config(ROOT / "configs/quickstart.yaml", ["serch.epochs=3"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spaec: {name: x}\n")
+    from fbnas.search_space import load_space
+    for load in (load_config, load_space):
+        with pytest.raises(FbnasError) as ei:
+            load(bad)
+        assert str(ei.value) == f"{bad}: unknown section 'spaec' (did you mean 'space'?)"
+    # a file at fault is blamed on the file, --set or not
+    bad.write_text("space: {name: x}\nsearch: {epochz: 3}\n")
+    with pytest.raises(FbnasError, match=rf"^{bad}: "):
+        load_config(bad, ["search.seed=2"])
