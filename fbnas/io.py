@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import reprlib
 import tempfile
 from collections.abc import Callable, Mapping
@@ -114,6 +115,9 @@ def _refuse_duplicate_keys(text: str, path: str | os.PathLike) -> None:
             stack.extend(node.value)
 
 
+YAML_START = re.compile(r"\A\s*(?:#[^\n]*\n\s*)*[A-Za-z_][\w-]*\s*:(?:\s|$)")
+
+
 def load_json(path: str | os.PathLike, expect: type = dict) -> Any:
     """Load JSON whose top level is `expect` (an object by default); errors name the file."""
     text = read_text(path)
@@ -122,7 +126,10 @@ def load_json(path: str | os.PathLike, expect: type = dict) -> Any:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise FbnasError(f"{path}: malformed JSON at line {e.lineno} ({e.msg})") from None
+        # a YAML file given where JSON is read: its first line (after comments) is `key:`
+        yaml_file = YAML_START.match(text) is not None
+        hint = "; it is YAML (a config or an architecture file?), not JSON" if yaml_file else ""
+        raise FbnasError(f"{path}: malformed JSON at line {e.lineno} ({e.msg}){hint}") from None
     except RecursionError:
         raise FbnasError(f"{path}: malformed JSON (nested too deeply)") from None
     except ValueError as e:  # an integer of more than 4300 digits

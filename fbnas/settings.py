@@ -114,6 +114,8 @@ class Fields:
     def schema(self, key: str, supported: int, remedy: str, older: str | None = None) -> int:
         """Read a file's schema version; another one raises with an upgrade message: `remedy`
         for a file newer than this fbnas reads, `older` (default `remedy`) for an older one."""
+        if key not in self.data and (kind := file_kind(self.data)):
+            raise FbnasError(f"{self.where}: missing key '{key}': it is {kind}")
         version = self.int(key, required=True)
         check_schema(self.at(key), version, supported, remedy, older)
         return version
@@ -142,10 +144,33 @@ def suggest(name: Any, known: Iterable[str], what: str = "known keys") -> str:
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 
 
+# the key each kind of fbnas file holds, what it is and the command that reads it
+FILE_KINDS = {"fbnas_arch": ("an architecture file", "fbnas arch"),
+              "fbnas_cost_table": ("a latency table", "fbnas latency show"),
+              "fbnas_results": ("a results file", "fbnas runs"),
+              "fbnas_bench": ("a benchmark file", "fbnas bench show")}
+
+
+def file_kind(data: Any) -> str | None:
+    """What kind of fbnas file a mapping read from disk is, with the command that reads it
+    ("an architecture file (fbnas arch reads it)"); None where it is none of them."""
+    if not isinstance(data, Mapping):
+        return None
+    for key, (what, reader) in FILE_KINDS.items():
+        if key in data:
+            return f"{what} ({reader} reads it)"
+    if any(k in data for k in SECTIONS):
+        return "a config (fbnas train --config reads it)"
+    return None
+
+
 def check_sections(data: Mapping[str, Any], source: str) -> None:
     """A config's top-level keys are its sections: an unknown one is an error naming it, the
     same for every command that reads a config (`fbnas train`, `fbnas space`, ...)."""
     unknown = [k for k in data if k not in SECTIONS]
+    kind = file_kind(data)
+    if unknown and kind and not kind.startswith("a config"):
+        raise FbnasError(f"{source}: {kind}, not a config")
     if unknown:
         bad = unknown[0]
         raise FbnasError(f"{source}: unknown section '{bad if isinstance(bad, str) else show(bad)}'"

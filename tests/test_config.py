@@ -182,3 +182,24 @@ def test_an_unknown_key_or_section_suggests_the_near_one_and_is_said_the_same_ev
     bad.write_text("space: {name: x}\nsearch: {epochz: 3}\n")
     with pytest.raises(FbnasError, match=rf"^{bad}: "):
         load_config(bad, ["search.seed=2"])
+
+
+def test_the_wrong_kind_of_file_is_named_with_the_command_that_reads_it(tmp_path):
+    from fbnas.arch import Architecture
+    from fbnas.io import load_json
+    from fbnas.search_space import load_space
+    arch = ROOT / "configs/archs/fbnet_a.yaml"
+    for load in (load_config, load_space):
+        with pytest.raises(FbnasError) as ei:
+            load(arch)
+        assert str(ei.value) == f"{arch}: an architecture file (fbnas arch reads it), not a config"
+    with pytest.raises(FbnasError, match="missing key 'fbnas_arch': it is a config "
+                                         r"\(fbnas train --config reads it\)"):
+        Architecture.load(ROOT / "configs/quickstart.yaml")
+    with pytest.raises(FbnasError, match=r"malformed JSON at line 1 .*; it is YAML"):
+        load_json(ROOT / "configs/quickstart.yaml")
+    broken = tmp_path / "t.json"
+    broken.write_text('{"fbnas_cost_table": 1,}')  # a damaged JSON object is not called YAML
+    with pytest.raises(FbnasError) as ei:
+        load_json(broken)
+    assert "malformed JSON" in str(ei.value) and "YAML" not in str(ei.value)
