@@ -251,6 +251,13 @@ def shipped_configs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(SHIPPED_CONFIGS.glob("*.yaml"))}
 
 
+def shipped_config(name: str) -> Path | None:
+    """The shipped config called `name` (`quickstart` or `quickstart.yaml`), or None."""
+    if "/" in name:
+        return None
+    return shipped_configs().get(name.removesuffix(".yaml"))
+
+
 def config_summary(path: Path) -> str:
     """A config's first comment line: what it is, in one line."""
     for line in read_text(path).splitlines():
@@ -267,9 +274,8 @@ def config_file(value: str | os.PathLike) -> str:
     value = os.fspath(value)
     if Path(value).exists():
         return value
-    shipped = shipped_configs()
-    name = value[:-5] if value.endswith(".yaml") else value
-    if "/" not in value and name in shipped:
-        return str(shipped[name])
+    shipped = shipped_config(value)
+    if shipped is not None:
+        return str(shipped)
     raise FbnasError(f"{value}: no such file, and no shipped config of that name (shipped: "
-                     f"{', '.join(shipped) or 'none'}; `fbnas configs` lists them)")
+                     f"{', '.join(shipped_configs()) or 'none'}; `fbnas configs` lists them)")

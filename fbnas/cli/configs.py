@@ -6,7 +6,13 @@ import os
 from pathlib import Path
 
 from fbnas.errors import FbnasError
-from fbnas.io import config_summary, read_text, shipped_configs, write_text_atomic
+from fbnas.io import (
+    config_summary,
+    read_text,
+    shipped_config,
+    shipped_configs,
+    write_text_atomic,
+)
 
 
 def add_parser(sub) -> None:
@@ -25,16 +31,16 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     shipped = shipped_configs()
     if args.configs_command == "copy":
-        name = args.name[:-5] if args.name.endswith(".yaml") else args.name
-        if name not in shipped:
+        source = shipped_config(args.name)
+        if source is None:
             raise FbnasError(f"no shipped config {args.name!r} (shipped: "
                              f"{', '.join(shipped)})")
         dest = Path(args.file)
         if dest.is_dir():
-            dest = dest / f"{name}.yaml"
+            dest = dest / source.name
         if dest.exists() and not args.force:
             raise FbnasError(f"{dest} exists (--force overwrites it)")
-        write_text_atomic(dest, read_text(shipped[name]))
+        write_text_atomic(dest, read_text(source))
         print(f"written: {dest}  (fbnas train --config {os.fspath(dest)})")
         return 0
     width = max(map(len, shipped), default=0)
