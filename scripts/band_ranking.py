@@ -11,7 +11,7 @@ networks, of the one the supernet ranks first and the mean of its first three; t
 accuracy of the band's best, 90th percentile and median, and of the final pick's candidates.
 
     python -m scripts.band_ranking runs/duel/runs/0.5x-seed0 runs/duel/runs/0.8x-seed0 \\
-        --pairs docs/duel/cluttered_digits-2026-11-27.json [--sample 100]
+        --pairs results/duel/cluttered_digits-2026-11-27.json [--sample 100]
 
 Counted on the validation split with one thread; nothing is timed.
 """

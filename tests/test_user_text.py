@@ -1,6 +1,6 @@
 """What a user reads speaks a user's language: no issue numbers, "item N" or "change N" of the
-project's own bookkeeping, and no acceptance wording, in the README, the docs, the shipped
-configs, the scripts (their docstrings are their --help) and the command line's help."""
+project's own bookkeeping, and no acceptance wording, in the README, the docs, the results, the
+shipped configs, the scripts (their docstrings are their --help) and the command line's help."""
 
 import re
 import subprocess
@@ -17,7 +17,8 @@ BOOKKEEPING = re.compile(r"(?i)\b(issues?|items?|change) #?\d+\b|\(#\d+\)|"
 
 def user_files() -> list[Path]:
     files = [ROOT / "README.md", ROOT / "scripts" / "README.md",
-             *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "configs").rglob("*.yaml")),
+             *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("*.md")),
+             *sorted((ROOT / "configs").rglob("*.yaml")),
              *sorted((ROOT / "scripts").glob("*.py")), *sorted((ROOT / "fbnas/cli").rglob("*.py"))]
     return [f for f in files if f.is_file()]
 
