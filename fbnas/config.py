@@ -36,6 +36,8 @@ from fbnas.precision import PRECISIONS, layout_setting
 from fbnas.search.modes import MODES, get_mode, refuse_as_theta_mode, weight_sampler
 from fbnas.search_space import SearchSpace
 from fbnas.settings import (
+    DEVICES,
+    FIT_MEASURES,
     SECTIONS,
     check_sections,
     read_fields,
@@ -46,7 +48,6 @@ from fbnas.settings import (
 from fbnas.supernet import check_checkpoint_setting
 
 TAU_SCHEDULES = ("exp", "linear")
-DEVICES = ("auto", "cpu", "cuda")
 # Training on XLA is refused, not half supported: the sampled search modes (two_path,
 # reinforce, single_path weight steps) change the graph every step, and XLA recompiles each
 # (measured on PJRT CPU, quickstart: 14 compilations in 8 single_path steps), and the trainer
@@ -192,7 +193,7 @@ class SearchConfig:
     # then time the fitted network end to end on the table's device and re-fit until it
     # measures within ±fit_tolerance (`auto`: where this machine can time the table's device;
     # `on`: an error where it cannot), timing at most `fit_rounds` networks
-    fit_measure: str = setting("auto", "str", choices=("auto", "on", "off"), resumable=True)
+    fit_measure: str = setting("auto", "str", choices=FIT_MEASURES, resumable=True)
     fit_rounds: int = setting(6, "int", min=1, max=20, resumable=True)
     # each of those timings stops once every figure it reads is known within ±fit_stop_ci
     # (its 95% interval, after 10 rounds; fbnas.latency.measure), not after its fixed 60

@@ -8,19 +8,21 @@ its units, and the one way fbnas counts FLOPs.
 A kind with a `count` is tabulated by counting each block (`fbnas latency build --cost`);
 one registered `measured=True` (latency) is measured on a device, and every place that treats
 measured and counted costs apart asks `is_measured`. `latency.cost` and `--cost` take their
-choices from COST_KINDS, so a new kind is one registration here.
+choices from COST_KINDS, so a new kind is one registration here. Importing this module imports
+no torch (the command line reads the kinds for its help); counting does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from typing import TYPE_CHECKING, Any
 
 from fbnas.registry import Registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from torch import nn
 
 
 def count_flops(module: nn.Module, input_chw: Sequence[int], device: str | torch.device = "cpu"
@@ -28,6 +30,9 @@ def count_flops(module: nn.Module, input_chw: Sequence[int], device: str | torch
     """FLOPs of one forward of `module` (as it is: put it in eval mode first) on a zero input
     of batch 1, counted by torch's FlopCounterMode: 2 per multiply-add of the convolutions and
     matrix products, as is usual for FLOP counts. On the meta device nothing is computed."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     x = torch.zeros(1, *input_chw, device=device)
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
         module(x)
@@ -45,7 +50,7 @@ class CostKind:
     unit: str  # in logs, reports and plots
     table_unit: str  # the table file's `unit` field (as written since schema 1)
     # counted kinds: the cost of one block at batch 1, no device needed
-    count: Callable[[nn.Module, tuple[int, int, int]], float] | None = None
+    count: Callable[[Any, tuple[int, int, int]], float] | None = None
     measured: bool = False  # timed on a device (latency): tables with statistics, a timer
 
     def __post_init__(self) -> None:

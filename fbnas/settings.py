@@ -141,6 +141,12 @@ def suggest(name: Any, known: Iterable[str], what: str = "known keys") -> str:
 
 
 # a config file's sections, in the order a resolved config writes them
+# the devices a network trains on (retrain.device, search.device, `fbnas eval --device`)
+DEVICES = ("auto", "cpu", "cuda")
+# whether a search's fit to its target times networks (search.fit_measure, `fbnas sample
+# --fit-measure`): auto does where this machine can time the table's device
+FIT_MEASURES = ("auto", "on", "off")
+
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 
 

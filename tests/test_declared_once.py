@@ -16,11 +16,11 @@ import torch
 from conftest import digits_run_config
 
 import fbnas.training.resume as resume_mod
-from fbnas.backends import TIMERS, clock_choices
+from fbnas.backends import FORMATS, TIMERS, clock_choices
 from fbnas.backends.cpu import CpuTimer
 from fbnas.cli import eval as cli_eval
 from fbnas.cli.latency.common import timer_args
-from fbnas.config import DEVICES, RetrainConfig, SearchConfig, config_from_dict, load_config
+from fbnas.config import RetrainConfig, SearchConfig, config_from_dict, load_config
 from fbnas.cost_kinds import COST_KINDS, CostKind, is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here
@@ -29,7 +29,7 @@ from fbnas.latency.table import _check_meta
 from fbnas.loss import LOSSES, CostLoss, LossConfig
 from fbnas.retrain import ChildTrainer
 from fbnas.search.modes import MODES, TAU, get_mode, ignored_note, ignored_settings
-from fbnas.settings import setting, setting_choices, settings_of
+from fbnas.settings import DEVICES, setting, setting_choices, settings_of
 from fbnas.trainer import SearchTrainer
 from fbnas.training import close_logger
 from fbnas.training.resume import ResumePolicy
@@ -148,10 +148,15 @@ def test_cli_choices_come_from_the_declarations(monkeypatch):
     assert setting_choices(SearchConfig, "fit_measure") == ("auto", "on", "off")
     assert _choices(timer_args, "--clock") == clock_choices() == CpuTimer.clocks
 
+    for name in TIMERS:  # what a registration declares is what its class reads
+        assert TIMERS.attr(name, "clocks", ()) == TIMERS.get(name).clocks, name
+    for name in FORMATS:
+        assert FORMATS.attr(name, "quantizations") == FORMATS.get(name).quantizations, name
+
     class CycleTimer(CpuTimer):  # a backend that reads one more clock
         clocks = (*CpuTimer.clocks, "cycles")
 
-    TIMERS.register("cycles_test", CycleTimer)
+    TIMERS.register("cycles_test", CycleTimer, clocks=CycleTimer.clocks)
     try:
         assert _choices(timer_args, "--clock") == ("thread", "wall", "cycles")
     finally:

@@ -11,13 +11,12 @@ An export format writes a child network to a file (with what fbnas knows of it, 
 format has room), loads the file back as a callable for the export check, reads the
 architecture it carries, and hands `fbnas latency measure --model` a module to time.
 
-    @TIMERS.register("cpu")
     class CpuTimer(Timer): ...          # fbnas/backends/cpu.py
+    FORMAT = OnnxFormat()               # fbnas/backends/onnx.py
 
-    FORMATS.register("onnx", OnnxFormat())    # fbnas/backends/onnx.py
-
-`latency.device`, `--device` and `fbnas export --format` take their choices from these
-registries; importing `fbnas.backends` registers every backend module of the package.
+each declared in TIMERS / FORMATS (fbnas/backends/__init__.py) by name and place.
+`latency.device`, `--device` and `fbnas export --format` take their choices from those
+registries.
 """
 
 from __future__ import annotations
@@ -36,18 +35,11 @@ import yaml
 from torch import nn
 
 from fbnas.arch import Architecture
+from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS
 from fbnas.backends.allocator import SYSTEM
 from fbnas.backends.allocator import describe as describe_allocator
 from fbnas.backends.allocator import resolve as resolve_allocator
 from fbnas.errors import FbnasError, first_line
-from fbnas.registry import Registry
-
-# the dtypes a table is timed in (latency.dtype, --dtype): name -> torch dtype
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# how the timed programs are quantized (latency.quantization, --quantization): `none`, or
-# `int8` post-training static quantization as the deployed runtime runs it (each timer lists
-# the ones it can lower in `quantizations`; the exported runtimes: int8)
-QUANTIZATIONS = ("none", "int8")
 
 
 @dataclass
@@ -162,7 +154,7 @@ class Timer:
     # ---- preparing and timing ----------------------------------------------------------------
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return getattr(torch, self.dtype)
 
     def _device(self) -> torch.device:
         return torch.device("cpu")
@@ -209,9 +201,6 @@ class Timer:
         """Raise if something invalidated the timings taken so far (xla: recompilation)."""
 
 
-TIMERS: Registry[type[Timer]] = Registry("timer backend", "latency.device")
-
-
 def make_timer(device: str = "cpu", threads: int | None = None, batch: int = 1,
                dtype: str = "float32", channels_last: bool = False,
                allocator: str | None = None, quantization: str = "none", **kw) -> Timer:
@@ -223,11 +212,6 @@ def make_timer(device: str = "cpu", threads: int | None = None, batch: int = 1,
     return cls(threads=1 if threads is None else threads, batch=batch, dtype=dtype,
                channels_last=channels_last, allocator=allocator, quantization=quantization,
                **kw)
-
-
-def clock_choices() -> tuple[str, ...]:
-    """Every clock a registered timer reads (`--clock`), in registration order."""
-    return tuple(dict.fromkeys(c for _, t in TIMERS.items() for c in t.clocks))
 
 
 # ---- export formats ----------------------------------------------------------------------------
@@ -310,9 +294,6 @@ class Format:
         """(the architecture the file carries or None, a module the timers can prepare, its
         C,H,W) for timing the file end to end (`fbnas latency measure --model`)."""
         raise FbnasError(f"{path}: {self.name} files are not timed by fbnas")
-
-
-FORMATS: Registry[Format] = Registry("export format", "--format")
 
 
 # ---- what formats share ----------------------------------------------------------------------

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
+from fbnas.backends import CLOCKS
 from fbnas.backends.allocator import DEFAULT
-from fbnas.backends.base import TIMERS, Runnable, Timer
+from fbnas.backends.base import Runnable, Timer
 from fbnas.errors import FbnasError
 
 
-@TIMERS.register("cpu")
 class CpuTimer(Timer):
     """CPU: a fixed thread count, inference mode, and one of two clocks.
 
@@ -31,7 +31,7 @@ class CpuTimer(Timer):
     backend = "cpu"
     host = True
     allocator_default = DEFAULT
-    clocks = ("thread", "wall")
+    clocks = CLOCKS
 
     def __init__(self, *args, clock: str | None = None, **kw):
         super().__init__(*args, **kw)

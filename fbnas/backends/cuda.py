@@ -7,11 +7,10 @@ from typing import Any
 
 import torch
 
-from fbnas.backends.base import TIMERS, Runnable, Timer
+from fbnas.backends.base import Runnable, Timer
 from fbnas.errors import FbnasError
 
 
-@TIMERS.register("cuda")
 class CudaTimer(Timer):
     """CUDA: events around the loop, read after the end event has completed."""
 

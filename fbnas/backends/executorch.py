@@ -21,14 +21,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from fbnas.backends.base import FORMATS, TIMERS, Format, static_input_shape
+from fbnas.backends import FORMATS
+from fbnas.backends.base import Format, static_input_shape
 from fbnas.backends.exported import ExportedTimer, calibration_inputs
 from fbnas.errors import FbnasError, first_line
 
 INSTALL = "pip install 'fbnas[executorch]'"
 
 
-@TIMERS.register("executorch")
 class ExecuTorchTimer(ExportedTimer):
     """ExecuTorch with the XNNPACK delegate (see module docstring)."""
 
@@ -230,4 +230,4 @@ class PteFormat(Format):
         return None, net, static_input_shape(net.input_shape, input_shape, batch, path)
 
 
-FORMATS.register("pte", PteFormat())
+FORMAT = PteFormat()  # registered as "pte" in fbnas/backends/__init__.py

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fbnas.backends.base import TIMERS, Runnable, Timer
+from fbnas.backends.base import Runnable, Timer
 from fbnas.cost_kinds import count_flops
 
 _PLAIN = (int, float, str, bool, tuple, type(None))
@@ -30,7 +30,6 @@ def _signature(module: nn.Module) -> tuple:
         for name, m in module.named_modules())
 
 
-@TIMERS.register("fake")
 class FakeTimer(Timer):
     """Deterministic stand-in for a device: time per call = overhead per leaf module + FLOPs /
     throughput, times seeded noise and a slow 'machine speed' drift. For tests only."""

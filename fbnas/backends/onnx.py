@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from fbnas import __version__
-from fbnas.backends.base import FORMATS, TIMERS, Format, missing_modules, quiet
+from fbnas.backends.base import Format, missing_modules, quiet
 from fbnas.backends.exported import ExportedTimer, calibration_inputs
 from fbnas.errors import FbnasError, first_line
 
@@ -115,7 +115,7 @@ class OnnxFormat(Format):
                          "TorchScript or .pt2 export, or the retrain checkpoint")
 
 
-FORMATS.register("onnx", OnnxFormat())
+FORMAT = OnnxFormat()  # registered as "onnx" in fbnas/backends/__init__.py
 
 
 def onnx_proto(model: nn.Module, example: torch.Tensor, record: dict[str, Any],
@@ -197,7 +197,6 @@ class OnnxModule:
         return self
 
 
-@TIMERS.register("ort")
 class OrtTimer(ExportedTimer):
     """ONNX Runtime, CPU execution provider (see module docstring)."""
 

@@ -13,7 +13,6 @@ import io
 import torch
 
 from fbnas.backends.base import (
-    FORMATS,
     ArchiveFormat,
     embedded_arch,
     extra_files,
@@ -90,4 +89,4 @@ def _input_shape(program, path) -> tuple[int, ...]:
     raise FbnasError(f"{path}: the program has no tensor input to time")
 
 
-FORMATS.register("pt2", Pt2Format())
+FORMAT = Pt2Format()  # registered as "pt2" in fbnas/backends/__init__.py

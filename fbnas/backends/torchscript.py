@@ -13,7 +13,7 @@ import io
 
 import torch
 
-from fbnas.backends.base import FORMATS, ArchiveFormat, embedded_arch, extra_files, input_chw, quiet
+from fbnas.backends.base import ArchiveFormat, embedded_arch, extra_files, input_chw, quiet
 from fbnas.errors import FbnasError
 
 
@@ -69,4 +69,4 @@ class TorchScriptFormat(ArchiveFormat):
         return a, net, input_chw(a)
 
 
-FORMATS.register("torchscript", TorchScriptFormat())
+FORMAT = TorchScriptFormat()  # registered as "torchscript" in fbnas/backends/__init__.py

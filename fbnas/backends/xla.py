@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fbnas.backends.base import TIMERS, Runnable, Timer
+from fbnas.backends.base import Runnable, Timer
 from fbnas.errors import FbnasError, first_line
 
 XLA_INSTALL = "pip install 'fbnas[tpu]'"
@@ -43,7 +43,6 @@ def _major_minor(version: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
 
 
-@TIMERS.register("xla")
 class XlaTimer(Timer):
     """XLA through PJRT (TPU, or the CPU client with PJRT_DEVICE=CPU): each call is traced and
     its graph executed by `torch_xla.sync()` with the output kept alive (a dropped output

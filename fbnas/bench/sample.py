@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fbnas.arch import arch_from_indices
+from fbnas.bench import DEFAULT_BANDS
 from fbnas.errors import FbnasError
 from fbnas.fit.band import band_members, draw_rejecting
 from fbnas.loss import parse_target, resolve_target
 
-DEFAULT_BANDS = ("0.5x", "0.8x")
 ENUMERATE = 1 << 21  # spaces up to this many networks are enumerated: a band's size is exact
 MAX_DRAWS = 1_000_000  # rejection sampling of a larger space gives up after this many draws
 

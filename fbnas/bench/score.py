@@ -246,6 +246,9 @@ def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int
     run = SearchRun.open(run_dir)
     arch = run.arch
     if arch is None:
+        if not run.checkpoint.is_file():
+            raise FbnasError(f"{run_dir}: not a search run (it holds no {run.checkpoint.name}; "
+                             "give a folder `fbnas train` wrote)")
         raise FbnasError(f"{run.files.arch}: no such file (the search has not finished)")
     k = bench.key(arch, str(run.files.arch))
     t = truth(bench)

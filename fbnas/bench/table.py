@@ -44,6 +44,7 @@ from typing import Any
 from scipy.stats import kendalltau
 
 from fbnas.arch import Architecture, arch_from_indices
+from fbnas.bench import METRICS
 from fbnas.bench.sample import SampleSpec
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, check_schema
@@ -51,7 +52,6 @@ from fbnas.search_space import SearchSpace
 
 BENCH_SCHEMA = 1  # an exhaustive benchmark (every network of its space)
 SAMPLED_SCHEMA = 2  # a sampled one: a reader that does not know the "sample" key refuses it
-METRICS = ("train_acc", "train_loss", "val_acc", "val_ce", "test_acc", "test_ce", "seconds")
 
 
 def training_record(cfg: Any) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 Each module in COMMANDS exposes `add_parser(subparsers)`, which registers its parser and sets
 `func(args) -> int`. Errors of the project's own type are printed as one line, exit status 2.
+A command module imports its work (torch, the trainers) inside the function that runs it, so
+parsing, `--help`, `--version` and argparse's errors import none of it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ def add_actions(sub, name: str, help: str, actions: Sequence) -> None:
         action.add_parser(sp)
 
 
+def command_parser(parser: argparse.ArgumentParser,
+                   args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command (and action) `args` was parsed for, whose usage an error
+    about its flags is reported against."""
+    names = [args.command, getattr(args, f"{args.command}_command", None)]
+    for name in names:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)),
+                   None)
+        if name is None or sub is None:
+            break
+        parser = sub.choices[name]
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fbnas", description="Hardware-aware differentiable architecture search (FBNet).")
@@ -47,6 +63,9 @@ def unprefixed(message: str, args: argparse.Namespace) -> str:
     """An error message without the command name it may start with (the library names the
     command it was called for; the error line names it once)."""
     action = getattr(args, f"{args.command}_command", None)
+    full = f"fbnas {args.command}{f' {action}' if action else ''} "
+    if message.startswith(full):  # "fbnas sweep --workers 2 needs Ray": the flag is the subject
+        return message[len(full):]
     for head in ([f"{args.command} {action}", action] if action else []) + [args.command]:
         for sep in (": ", ", "):
             if message.startswith(f"{head}{sep}"):
@@ -56,7 +75,9 @@ def unprefixed(message: str, args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # against the usage of the command that was given them, not fbnas's
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except FbnasError as e:

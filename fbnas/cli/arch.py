@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from fbnas.arch import Architecture, child_stats
-from fbnas.search_space import load_space
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("arch", help="show an architecture's ops, hash, params and FLOPs")
@@ -15,6 +12,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from fbnas.arch import Architecture, child_stats
+    from fbnas.search_space import load_space
+
     space = load_space(args.space) if args.space else None
     for path in args.arch:
         arch = Architecture.load(path)

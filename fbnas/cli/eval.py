@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from fbnas.arch import load_child
-from fbnas.config import RetrainConfig, apply_overrides, config_from_dict, load_config
-from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
-from fbnas.evaluate import evaluate
-from fbnas.export import ExportedModel
 from fbnas.io import write_json_atomic
 from fbnas.runs.results import record_program, run_results
-from fbnas.settings import setting_choices
-from fbnas.training import resolve_device
+from fbnas.settings import DEVICES
 
 
 def add_parser(sub) -> None:
@@ -35,13 +27,22 @@ def add_parser(sub) -> None:
                         "an int8 program) instead of its eager model, on the CPU; on the test "
                         "split of the checkpoint's own data, a program `fbnas export` wrote "
                         "into the run gets its figures in the run's results.json")
-    p.add_argument("--device", default=RetrainConfig.device,
-                   choices=setting_choices(RetrainConfig, "device"))
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="where to evaluate (default %(default)s: a GPU where there is one)")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+
+    import torch
+
+    from fbnas.arch import load_child
+    from fbnas.config import apply_overrides, config_from_dict, load_config
+    from fbnas.data import build_eval_data
+    from fbnas.evaluate import evaluate
+    from fbnas.export import ExportedModel
+    from fbnas.training import resolve_device
 
     device = resolve_device(args.device, "--device")
     arch, model, state = load_child(args.checkpoint, device)

@@ -6,19 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbnas.arch import load_child
 from fbnas.backends import FORMATS
 from fbnas.errors import FbnasError
-from fbnas.export import (
-    check_format,
-    default_out,
-    export_child,
-    opset_formats,
-    program_name,
-    require_extras,
-    require_quantization,
-)
-from fbnas.retrain import checkpoint_calibration
 from fbnas.runs.results import record_program, run_results
 
 
@@ -55,6 +44,16 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+
+    from fbnas.arch import load_child
+    from fbnas.export import (
+        check_format,
+        export_child,
+        opset_formats,
+        require_extras,
+        require_quantization,
+    )
+    from fbnas.retrain import checkpoint_calibration
 
     formats: list[str] = []
     for item in args.formats:
@@ -107,6 +106,8 @@ def run(args) -> int:
 
 def _outputs(out: str | None, checkpoint: str, formats: list[str], quantize: str
              ) -> dict[str, Path]:
+    from fbnas.export import default_out, program_name
+
     if out is None:
         return {fmt: default_out(checkpoint, fmt, quantize) for fmt in formats}
     o = Path(out)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from fbnas.sweep.fidelity import Fidelity
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -30,6 +28,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from fbnas.sweep.fidelity import Fidelity
+
     n = args.n if args.n is not None or args.bench else 10
     Fidelity(args.run_dir, n=n, seed=args.seed, retrain_epochs=args.retrain_epochs,
              out=args.out, overrides=args.set, retrain_seeds=args.retrain_seeds,

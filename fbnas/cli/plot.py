@@ -6,9 +6,7 @@ from pathlib import Path
 
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, load_yaml, show
-from fbnas.plots import plot_run
 from fbnas.runs.files import RunFiles
-from fbnas.search_space import SearchSpace
 
 SERIES = ("w_ce", "w_acc", "theta_loss", "theta_cost", "argmax_path_ce", "argmax_path_acc",
           "relaxed_acc", "argmax_cost", "tau")
@@ -24,6 +22,7 @@ def add_parser(sub) -> None:
 def check_run(run_dir: Path) -> None:
     """Check what the plots read (config.yaml's space, every history.json record) before any
     plot is drawn or folder made, so that a damaged file is one line naming it."""
+    from fbnas.search_space import SearchSpace
 
     files = RunFiles(run_dir)
     cfg_path, hist_path = files.config, files.history
@@ -59,6 +58,8 @@ def check_run(run_dir: Path) -> None:
 
 
 def run(args) -> int:
+
+    from fbnas.plots import plot_run
 
     check_run(Path(args.run_dir))
     for path in plot_run(args.run_dir, args.out):

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbnas.arch import Architecture
-from fbnas.config import apply_overrides, config_from_dict, load_config
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml
-from fbnas.retrain import ChildTrainer
 from fbnas.runs.files import RunFiles
-from fbnas.training import run_trainer
 
 RUN_KEYS = ("arch", "init_from", "extra")  # what a retrain run adds to config.yaml
 
@@ -41,6 +37,7 @@ def add_parser(sub) -> None:
 
 def load_run_config(run_dir: Path, overrides: list[str]):
     """The Config saved in a retrain run directory (without the run's own keys)."""
+    from fbnas.config import apply_overrides, config_from_dict
 
     path = RunFiles(run_dir).config
     if not path.is_file():
@@ -52,6 +49,11 @@ def load_run_config(run_dir: Path, overrides: list[str]):
 
 
 def run(args) -> int:
+
+    from fbnas.arch import Architecture
+    from fbnas.config import load_config
+    from fbnas.retrain import ChildTrainer
+    from fbnas.training import run_trainer
 
     arch = Architecture.load(args.arch) if args.arch else None
     if args.resume:

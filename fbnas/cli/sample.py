@@ -13,11 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbnas.config import SearchConfig
 from fbnas.errors import FbnasError
-from fbnas.fit.sample import described, hard_arch, near_target_bundle, pick_measured, soft_archs
-from fbnas.runs.search_run import SearchRun
-from fbnas.settings import setting_choices
+from fbnas.settings import FIT_MEASURES
 
 
 def add_parser(sub) -> None:
@@ -33,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--refit", action="store_true",
                    help="--hard: fit θ's argmax onto the target again (timing it where the "
                         "run's fit measured) and say what changed against the run's")
-    p.add_argument("--fit-measure", choices=setting_choices(SearchConfig, "fit_measure"),
+    p.add_argument("--fit-measure", choices=FIT_MEASURES,
                    help="--refit: time the fitted network here and re-fit (default: the run's "
                         "search.fit_measure)")
     mode.add_argument("--near-target", type=int, metavar="K",
@@ -49,6 +46,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from fbnas.fit.sample import described, hard_arch, near_target_bundle, pick_measured, soft_archs
+    from fbnas.runs.search_run import SearchRun
+
     run_dir = Path(args.run_dir)
     run = SearchRun.open(run_dir)
     cfg, theta, table = run.config, run.theta, run.table

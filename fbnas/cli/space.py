@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-from fbnas.search_space import load_space
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("space", help="show a search space's layers and candidates")
@@ -14,6 +12,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from fbnas.search_space import load_space
+
     space = load_space(args.config)
     m = space.macro
     _, c, s, h, w = m.stem_shape()

@@ -5,10 +5,7 @@ from __future__ import annotations
 import sys
 
 from fbnas.errors import FbnasError
-from fbnas.sweep.driver import Sweep
-from fbnas.sweep.grid import PARAMS, parse_axis, parse_values
-from fbnas.sweep.ray_tasks import RaySweep, import_ray
-from fbnas.training import Interrupted
+from fbnas.sweep import PARAMS
 
 
 def add_parser(sub) -> None:
@@ -72,6 +69,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+
+    from fbnas.sweep.driver import Sweep
+    from fbnas.sweep.grid import parse_axis, parse_values
+    from fbnas.sweep.ray_tasks import RaySweep, import_ray
+    from fbnas.training import Interrupted
 
     grid = [parse_axis(g) for g in args.grid]
     param = next((n for n in PARAMS if getattr(args, n) is not None), None)

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbnas.config import load_config
 from fbnas.errors import FbnasError
 from fbnas.runs.files import RunFiles
-from fbnas.trainer import SearchTrainer
-from fbnas.training import run_trainer
 
 
 def add_parser(sub) -> None:
@@ -27,6 +24,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+
+    from fbnas.config import load_config
+    from fbnas.trainer import SearchTrainer
+    from fbnas.training import run_trainer
 
     if args.resume:
         run_dir = Path(args.resume)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fbnas.arch import Architecture, build_child
+from fbnas.backends import TIMERS
 from fbnas.backends.executorch import ExecuTorchTimer, lower_executorch
 from fbnas.backends.exported import calibration_inputs
 from fbnas.errors import FbnasError
@@ -40,7 +41,7 @@ from fbnas.latency.signature import Signature, space_signatures
 from fbnas.latency.table import LatencyTable
 from fbnas.search_space import SearchSpace
 
-RUNTIMES = ("executorch",)
+RUNTIMES = TIMERS.choices(bundle=True)
 RUNNER = Path(__file__).with_name("bundle_runner.py")
 
 

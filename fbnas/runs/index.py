@@ -167,8 +167,8 @@ def _program(fmt: str, quantization: str, key: str) -> Callable[[Mapping[str, An
 # Per exported program kind (every registered format, each quantization it writes): the
 # program's test top-1 (`fbnas eval --model`) and latency (`fbnas latency measure --model`).
 PROGRAM_COLUMNS: list[str] = []
-for _fmt, _form in FORMATS.items():
-    for _q in _form.quantizations:
+for _fmt in FORMATS:
+    for _q in FORMATS.attr(_fmt, "quantizations"):
         _label = "fp32" if _q == "none" else _q
         COLUMNS[f"{_fmt}_{_label}_top1"] = Column(f"{_fmt} {_label} top1 %",
                                                   _program(_fmt, _q, "top1"), _fixed(2, 100.0))

@@ -11,9 +11,8 @@ from fbnas.config import Config, apply_overrides, config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.loss import parse_target
 from fbnas.runs.files import RunFiles
+from fbnas.sweep import PARAMS, WEIGHTS
 
-WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
-PARAMS = WEIGHTS + ("target",)
 
 @dataclass(frozen=True)
 class Axis:

@@ -526,3 +526,19 @@ def test_figures_as_a_user_reads_them():
     assert tau_within([list("abcde"), list("fgh")], x, mixed, smallest=3) == pytest.approx(
         (5 * 1.0 + 3 * -1.0) / 8)
     assert math.isnan(tau_within([list("ab")], x, same))  # no band of 5
+
+
+def test_score_names_a_folder_that_is_no_run_and_a_run_that_has_not_finished(built, searched,
+                                                                               tmp_path):
+    import shutil
+
+    from fbnas.bench.score import score_run
+
+    bench = Bench.load(built[2])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    one_line_error(lambda: score_run(bench, empty), str(empty), "not a search run")
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(searched, unfinished)
+    (unfinished / "arch_hard.yaml").unlink()
+    one_line_error(lambda: score_run(bench, unfinished), "has not finished")

@@ -49,3 +49,42 @@ def test_python_m_fbnas_runs_the_cli(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         runpy.run_module("fbnas", run_name="__main__")
     assert e.value.code == 0 and "22 searchable layers" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["space", "c.yaml", "--nosuch"], "usage: fbnas space"),
+    (["latency", "build", "--config", "c.yaml", "--out", "t.json", "--zz"],
+     "usage: fbnas latency build"),
+    (["bench", "show", "b.json.gz", "--nosuch", "1"], "usage: fbnas bench show"),
+])
+def test_an_unknown_flag_is_reported_against_its_commands_usage(argv, usage, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(usage), err
+    assert f"{usage.removeprefix('usage: ')}: error: unrecognized arguments: " in err, err
+
+
+def test_a_bad_choice_fails_before_anything_is_printed(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "show", str(ROOT / "configs/bench_digits.json.gz"), "--metric", "nosuch"])
+    out, err = capsys.readouterr()
+    assert out == "" and "--metric: invalid choice: 'nosuch'" in err
+
+
+@pytest.mark.parametrize("message, said", [
+    ("fbnas sweep --workers 2 needs Ray: pip install 'fbnas[ray]'",
+     "fbnas sweep: error: --workers 2 needs Ray: pip install 'fbnas[ray]'"),
+    ("sweep: parameter must be one of alpha", "fbnas sweep: error: parameter must be one of alpha"),
+    ("runs/x: no such file", "fbnas sweep: error: runs/x: no such file"),
+])
+def test_the_command_is_named_once(message, said, monkeypatch, capsys):
+    from fbnas.cli import sweep
+    from fbnas.errors import FbnasError
+
+    def fail(args):
+        raise FbnasError(message)
+
+    monkeypatch.setattr(sweep, "run", fail)
+    assert main(["sweep", "--config", "c.yaml", "--beta", "0,1"]) == 2
+    assert capsys.readouterr().err.strip() == said

@@ -4,12 +4,6 @@ recipe, so that `fbnas bench score` can judge them (resumable as the build is)."
 
 from __future__ import annotations
 
-from fbnas.arch import Architecture
-from fbnas.bench.build import add_to_bench
-from fbnas.bench.duel import pair_picks
-from fbnas.cli.bench.build import summary
-from fbnas.config import load_config
-
 
 def add_parser(actions) -> None:
     p = actions.add_parser("add", help="train networks into a sampled benchmark (a search's "
@@ -28,6 +22,12 @@ def add_parser(actions) -> None:
 
 
 def run(args) -> int:
+    from fbnas.arch import Architecture
+    from fbnas.bench.build import add_to_bench
+    from fbnas.bench.duel import pair_picks
+    from fbnas.cli.bench.build import summary
+    from fbnas.config import load_config
+
     cfg = load_config(args.config, args.set)
     add = [(Architecture.load(a), a) for a in args.archs]
     for f in args.pairs:

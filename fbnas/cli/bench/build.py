@@ -4,11 +4,13 @@ N networks per target band instead (a space too large to train whole), plus `--a
 
 from __future__ import annotations
 
-from fbnas.arch import Architecture
-from fbnas.bench.build import build_bench
-from fbnas.bench.sample import DEFAULT_BANDS, SampleSpec
-from fbnas.config import load_config
+from typing import TYPE_CHECKING
+
+from fbnas.bench import DEFAULT_BANDS
 from fbnas.errors import FbnasError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fbnas.bench.sample import SampleSpec
 
 
 def add_parser(actions) -> None:
@@ -53,6 +55,8 @@ def _ints(raw: str, flag: str) -> list[int]:
 
 def sample_spec(args) -> SampleSpec | None:
     """The `--sample` flags as a spec; a band flag without `--sample` is a one-line error."""
+    from fbnas.bench.sample import SampleSpec
+
     if args.sample is None:
         given = [f for f, v in (("--bands", args.bands), ("--band-width", args.band_width),
                                 ("--sample-seed", args.sample_seed), ("--add", args.add))
@@ -65,6 +69,10 @@ def sample_spec(args) -> SampleSpec | None:
 
 
 def run(args) -> int:
+    from fbnas.arch import Architecture
+    from fbnas.bench.build import build_bench
+    from fbnas.config import load_config
+
     spec = sample_spec(args)
     cfg = load_config(args.config, args.set)
     add = [(Architecture.load(a), a) for a in args.add]

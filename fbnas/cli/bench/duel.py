@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fbnas.bench.duel import PairStore, run_pair, summarize
-from fbnas.bench.table import Bench
 from fbnas.errors import FbnasError
 
 # the searches print no progress bars and write no TensorBoard files
@@ -60,6 +58,9 @@ def add_parser(actions) -> None:
 
 
 def run(a) -> int:
+    from fbnas.bench.duel import PairStore, run_pair, summarize
+    from fbnas.bench.table import Bench
+
     seeds = _ints(a.seeds, "--seeds")
     fresh = _ints(a.retrain_seeds, "--retrain-seeds")
     if not fresh or set(fresh) & set(seeds):

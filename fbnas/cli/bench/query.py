@@ -3,9 +3,6 @@ latency) and its rank among all networks and among those of similar latency."""
 
 from __future__ import annotations
 
-from fbnas.arch import Architecture
-from fbnas.bench.table import Bench
-
 
 def add_parser(actions) -> None:
     p = actions.add_parser("query", help="a network's entry and rank in a benchmark")
@@ -18,6 +15,9 @@ def add_parser(actions) -> None:
 
 
 def run(args) -> int:
+    from fbnas.arch import Architecture
+    from fbnas.bench.table import Bench
+
     bench = Bench.load(args.bench)
     k = bench.key(Architecture.load(args.arch), args.arch)
     for r in bench.records(k):

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
 
-from fbnas.bench.score import score_run
-from fbnas.bench.table import Bench
 from fbnas.io import write_json_atomic
-from fbnas.sweep.grid import searched_runs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fbnas.bench.table import Bench
 
 
 def add_parser(actions) -> None:
@@ -46,6 +47,10 @@ def sampled_note(bench: Bench) -> str:
 
 
 def run(args) -> int:
+    from fbnas.bench.score import score_run
+    from fbnas.bench.table import Bench
+    from fbnas.sweep.grid import searched_runs
+
     bench = Bench.load(args.bench)
     if bench.sampled:
         print(sampled_note(bench))

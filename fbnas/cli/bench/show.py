@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
 
-from fbnas.bench.table import Bench
+from fbnas.bench import METRICS
 from fbnas.provenance import describe_code
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fbnas.bench.table import Bench
 
 
 def add_parser(actions) -> None:
     p = actions.add_parser("show", help="a benchmark's contents, spread and front")
     p.add_argument("bench", help="the benchmark file")
-    p.add_argument("--metric", default="val_acc", help="default val_acc")
+    p.add_argument("--metric", default="val_acc", choices=METRICS,
+                   help="the figure shown (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -41,6 +46,8 @@ def sampled_lines(b: Bench) -> str:
 
 
 def run(args) -> int:
+    from fbnas.bench.table import Bench
+
     b = Bench.load(args.bench)
     m = b.meta
     done = [k for k in b.reference() if b.complete(k)]  # a sampled one: its reference sample

@@ -9,12 +9,13 @@ from pathlib import Path
 from fbnas.cli.latency.common import log, protocol, timer, timer_args
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable, build_cost_table, build_table
-from fbnas.latency.build import check_extend, context_text
-from fbnas.search_space import load_space
 
 
 def run(args) -> int:
+    from fbnas.latency import LatencyTable, build_cost_table, build_table
+    from fbnas.latency.build import check_extend, context_text
+    from fbnas.search_space import load_space
+
     space = load_space(args.config)
     out = Path(args.out)
     table = None

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbnas.backends.base import QUANTIZATIONS
+from fbnas.backends import QUANTIZATIONS, TIMERS
 from fbnas.cli.latency.common import log
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable
-from fbnas.latency.bundle import RUNTIMES, write_bundle
-from fbnas.latency.measure import Protocol
-from fbnas.search_space import load_space
 
 
 def run(args) -> int:
+    from fbnas.latency import LatencyTable
+    from fbnas.latency.bundle import write_bundle
+    from fbnas.latency.measure import Protocol
+    from fbnas.search_space import load_space
+
     space = load_space(args.config)
     table = LatencyTable.load(args.table) if args.table else None
     if args.threads < 1:
@@ -36,7 +37,7 @@ def add_parser(actions) -> None:
                                            "fbnas")
     bd.add_argument("--config", required=True, help="config file with a 'space:' section")
     bd.add_argument("--out", required=True, help="new folder for the bundle")
-    bd.add_argument("--runtime", default="executorch", choices=RUNTIMES)
+    bd.add_argument("--runtime", default="executorch", choices=TIMERS.choices(bundle=True))
     bd.add_argument("--table", help="leave out the entries this table has")
     bd.add_argument("--threads", type=int, default=1, help="threads on the device (default 1)")
     bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")

@@ -5,26 +5,30 @@ them, and the one way a timer is built from a table, a config and the flags
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, Timer, clock_choices
+from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, clock_choices, offered
 from fbnas.backends.allocator import ALLOCATORS
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable
-from fbnas.latency.config import LatencyConfig
-from fbnas.latency.measure import Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fbnas.backends.base import Timer
+    from fbnas.latency import LatencyTable
+    from fbnas.latency.measure import Protocol
 
 
 def timer_args(p) -> None:
     """The flags of the actions that time (build, measure, validate)."""
     g = p.add_argument_group("timing")
     g.add_argument("--device", default=None, choices=TIMERS.choices(),
+                   metavar="{" + ",".join(offered(TIMERS)) + "}",
                    help="backend to time on (default: the table's, else cpu; executorch, ort: "
-                        "the exported runtimes; fake: deterministic, for tests)")
+                        "the exported runtimes)")
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads while timing (default 1; recorded in the table)")
     g.add_argument("--batch", type=int, default=None, help="batch size (default 1)")
-    g.add_argument("--dtype", default=None, choices=tuple(DTYPES),
+    g.add_argument("--dtype", default=None, choices=DTYPES,
                    help="dtype (default float32)")
     g.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     g.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
@@ -48,6 +52,8 @@ def timer_args(p) -> None:
 def protocol(args, base: dict | None = None) -> Protocol:
     """The measurement protocol: `base` (a table's), then --rounds, --sample-ms,
     --no-reference."""
+    from fbnas.latency.measure import Protocol
+
     p = Protocol(**(base or {}))
     if args.rounds is not None:
         if args.rounds < 1:
@@ -67,6 +73,8 @@ def timer(args, table: LatencyTable | None = None, config: str | None = None) ->
     """A timer from the flags; unset flags take the table's setting (a measured table's), then
     the config's `latency:` section, then the defaults (1 thread, batch 1, float32,
     contiguous)."""
+    from fbnas.latency.config import LatencyConfig
+
     measured = table is not None and not counted(table)
     lat = LatencyConfig.from_file(config).for_timing(
         table.meta if measured else None, device=args.device, threads=args.threads,

@@ -3,12 +3,12 @@ runner) as a latency table."""
 
 from __future__ import annotations
 
-from fbnas.latency.build import context_text
-from fbnas.latency.bundle import import_results
-from fbnas.search_space import load_space
-
 
 def run(args) -> int:
+    from fbnas.latency.build import context_text
+    from fbnas.latency.bundle import import_results
+    from fbnas.search_space import load_space
+
     space = load_space(args.config) if args.config else None
     table = import_results(args.results, space)
     table.save(args.out)

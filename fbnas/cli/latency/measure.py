@@ -5,21 +5,24 @@ among the table's probe networks and anchored to them, as the measured fit times
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fbnas.arch import Architecture
 from fbnas.cli.latency.common import log, protocol, timer, timer_args
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
-from fbnas.latency import LatencyTable
-from fbnas.latency.end_to_end import Panel, panel, panel_modules, unit_scales
-from fbnas.latency.timed_models import ModelSpec, measure_specs, parse_input_shape
 from fbnas.runs.results import record_program_anywhere
-from fbnas.search_space import load_space
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fbnas.latency import LatencyTable
+    from fbnas.latency.end_to_end import Panel
+    from fbnas.latency.timed_models import ModelSpec
 
 
 def _specs(args) -> list[ModelSpec]:
     """One spec per --arch file (a fresh child) and --model file (a retrain checkpoint or run
     directory, an fbnas export, any TorchScript file or .pt2 program)."""
+    from fbnas.latency.timed_models import ModelSpec, parse_input_shape
+
     shape = parse_input_shape(args.input_shape)
     specs = [ModelSpec(f"{i}:{Path(path).stem}", "arch", path)
              for i, path in enumerate(args.arch or [])]
@@ -33,6 +36,9 @@ def _specs(args) -> list[ModelSpec]:
 def _panel(args, table: LatencyTable | None) -> Panel:
     """With --config, the table's probe networks of the config's space (the figures are then
     anchored to them, as the measured fit's are); else none (through the reference op)."""
+    from fbnas.latency.end_to_end import Panel, panel
+    from fbnas.search_space import load_space
+
     if not args.config:
         return Panel([])
     if table is None:
@@ -48,6 +54,11 @@ def _panel(args, table: LatencyTable | None) -> Panel:
 
 
 def run(args) -> int:
+    from fbnas.arch import Architecture
+    from fbnas.latency import LatencyTable
+    from fbnas.latency.end_to_end import panel_modules, unit_scales
+    from fbnas.latency.timed_models import measure_specs
+
     table = LatencyTable.load(args.table) if args.table else None
     t = timer(args, table)
     if table is not None:

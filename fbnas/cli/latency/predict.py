@@ -3,13 +3,14 @@ fitted where the table stores those)."""
 
 from __future__ import annotations
 
-from fbnas.arch import Architecture
 from fbnas.cli.latency.common import fmt
-from fbnas.latency import LatencyTable, arch_signatures
-from fbnas.search_space import load_space
 
 
 def run(args) -> int:
+    from fbnas.arch import Architecture
+    from fbnas.latency import LatencyTable, arch_signatures
+    from fbnas.search_space import load_space
+
     table = LatencyTable.load(args.table)
     space = load_space(args.config) if args.config else None
     for path in args.arch:

@@ -3,13 +3,17 @@ records of how it was measured."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fbnas.cli.latency.common import counted, fmt
-from fbnas.latency import LatencyTable, head_signature, layer_signatures, stem_signature
-from fbnas.latency.build import context_text
-from fbnas.search_space import load_space
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fbnas.latency import LatencyTable
 
 
 def _header(path: str, table: LatencyTable) -> None:
+    from fbnas.latency.build import context_text
+
     m = table.meta
     print(f"{path}: {table.cost} ({table.unit}), {len(table)} entries, schema 1, "
           f"fingerprint {table.fingerprint()[:12]}")
@@ -34,6 +38,9 @@ def _header(path: str, table: LatencyTable) -> None:
 def _groups(table: LatencyTable, config: str | None) -> tuple[list[tuple[str, dict]], list]:
     """(row name, {op: signature}) per row, and the fixed (stem, head) signatures: by the
     config's layers, else by the shapes the table holds."""
+    from fbnas.latency import head_signature, layer_signatures, stem_signature
+    from fbnas.search_space import load_space
+
     if config:
         space = load_space(config)
         groups = [(f"layer {i:2d}", row) for i, row in enumerate(layer_signatures(space))]
@@ -52,6 +59,8 @@ def _groups(table: LatencyTable, config: str | None) -> tuple[list[tuple[str, di
 
 
 def run(args) -> int:
+    from fbnas.latency import LatencyTable
+
     table = LatencyTable.load(args.table)
     _header(args.table, table)
     unit = table.unit

@@ -7,9 +7,6 @@ from pathlib import Path
 
 from fbnas.cli.latency.common import log, protocol, timer, timer_args
 from fbnas.io import write_json_atomic
-from fbnas.latency import LatencyTable, apply_report, validate
-from fbnas.latency.validate import plot_report, public_report, summary_lines
-from fbnas.search_space import load_space
 
 # the protocol settings a validation takes over from the table it checks
 TABLE_PROTOCOL = ("rounds", "sample_s", "ref_sample_s", "ref_every", "warmup_s", "max_rel_iqr",
@@ -17,6 +14,10 @@ TABLE_PROTOCOL = ("rounds", "sample_s", "ref_sample_s", "ref_every", "warmup_s",
 
 
 def run(args) -> int:
+    from fbnas.latency import LatencyTable, apply_report, validate
+    from fbnas.latency.validate import plot_report, public_report, summary_lines
+    from fbnas.search_space import load_space
+
     space = load_space(args.config)
     table = LatencyTable.load(args.table)
     table.require(space, args.config)
