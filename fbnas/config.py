@@ -29,7 +29,7 @@ from fbnas.blocks.shared import SHARED_UPDATES, WEIGHT_SHARING
 from fbnas.cost_kinds import is_measured
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
-from fbnas.io import config_file, load_yaml
+from fbnas.io import load_config_data
 from fbnas.latency.config import LatencyConfig
 from fbnas.loss import LossConfig
 from fbnas.precision import PRECISIONS, layout_setting
@@ -496,8 +496,7 @@ def config_from_dict(data: dict, source: str = "<dict>", finished: bool = False)
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """A config file, or the shipped config of that name (`quickstart`), with `overrides`
     (`--set KEY=VALUE` strings) applied."""
-    path = config_file(path)
-    raw = load_yaml(path)
+    path, raw = load_config_data(path)
     data = apply_overrides(raw, overrides or [])
     try:
         return config_from_dict(data, str(path))

@@ -279,3 +279,43 @@ def config_file(value: str | os.PathLike) -> str:
         return str(shipped)
     raise FbnasError(f"{value}: no such file, and no shipped config of that name (shipped: "
                      f"{', '.join(shipped_configs()) or 'none'}; `fbnas configs` lists them)")
+
+
+BASE_KEY = "base"  # a config's `base: NAME`: the config it takes every setting from first
+
+
+def load_config_data(value: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """A `--config` value (a file, or a shipped config's name) read as a mapping, with its
+    `base:` config (a file beside it, or a shipped config's name: `base: quickstart`) under it:
+    the file's mappings merged into the base's key by key, any other value (a list, a number)
+    replacing the base's. A base may have a base; a chain that comes back is an error."""
+    path = config_file(value)
+    return path, _with_base(load_yaml(path), path, [path])
+
+
+def _with_base(data: dict[str, Any], path: str, chain: list[str]) -> dict[str, Any]:
+    if not isinstance(data, dict) or BASE_KEY not in data:
+        return data
+    data = dict(data)
+    ref = data.pop(BASE_KEY)
+    if not isinstance(ref, str) or not ref.strip():
+        raise FbnasError(f"{path}: {BASE_KEY}: give a config file or a shipped config's name, "
+                         f"got {show(ref)}")
+    beside = Path(path).parent / ref
+    try:
+        base_path = str(beside) if beside.is_file() else config_file(ref)
+    except FbnasError as e:
+        raise FbnasError(f"{path}: {BASE_KEY}: {e}") from None
+    if any(os.path.samefile(base_path, p) for p in chain):
+        raise FbnasError(f"{path}: {BASE_KEY}: {ref} comes back to a config of its own chain "
+                         f"({' -> '.join([*chain, base_path])})")
+    base = _with_base(load_yaml(base_path), base_path, [*chain, base_path])
+    return merged(base, data)
+
+
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` merged into `base`: mappings key by key, any other value replacing the base's."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -41,7 +41,7 @@ from typing import Any
 from fbnas.blocks import canonical_op, make_divisible
 from fbnas.blocks.masked import maskable
 from fbnas.errors import FbnasError
-from fbnas.io import config_file, load_yaml, show
+from fbnas.io import load_config_data, show
 from fbnas.macro import MAX_CHANNELS, LayerShape, MacroSpec, first_difference, parse_macro
 from fbnas.settings import Fields, check_sections
 
@@ -247,8 +247,7 @@ def _canonical_list(ops: list[Any], where: str) -> tuple[str, ...]:
 
 def load_space(path: str | Path) -> SearchSpace:
     """Load the `space:` section of a config file (or of the shipped config of that name)."""
-    path = config_file(path)
-    data = load_yaml(path)
+    path, data = load_config_data(path)
     check_sections(data, str(path))
     if "space" not in data:
         raise FbnasError(f"{path}: missing key 'space' (the search space section)")

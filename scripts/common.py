@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import fbnas
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.config import Config, apply_overrides, config_from_dict, load_config
-from fbnas.io import load_yaml
+from fbnas.io import load_config_data
 from fbnas.latency.counted import build_cost_table
 from fbnas.retrain import ChildTrainer
 from fbnas.search_space import SearchSpace
@@ -160,7 +160,7 @@ def run_config(config: str | Path, sets: Sequence[str] = (),
     `truncated` one)."""
     if space is None:
         return load_config(config, list(sets))
-    raw = {**load_yaml(config), "space": space.to_dict()}
+    raw = {**load_config_data(config)[1], "space": space.to_dict()}
     return config_from_dict(apply_overrides(raw, list(sets)), str(config))
 
 

@@ -203,3 +203,64 @@ def test_the_wrong_kind_of_file_is_named_with_the_command_that_reads_it(tmp_path
     with pytest.raises(FbnasError) as ei:
         load_json(broken)
     assert "malformed JSON" in str(ei.value) and "YAML" not in str(ei.value)
+
+
+# ---- `base:` ----------------------------------------------------------------------------------
+def test_a_config_takes_what_it_does_not_set_from_its_base(tmp_path):
+    from fbnas.config import load_config
+    from fbnas.latency.config import LatencyConfig
+    from fbnas.search_space import load_space
+
+    p = tmp_path / "c.yaml"
+    p.write_text("base: quickstart\nspace:\n  name: mine\n  stages:\n"
+                 "    - {channels: 8, repeats: 1, stride: 1}\nsearch:\n  epochs: 30\n"
+                 "latency:\n  threads: 2\n")
+    cfg, qs = load_config(p), load_config("quickstart")
+    assert cfg.space.name == "mine" and cfg.search.epochs == 30
+    assert len(cfg.space.macro.stages) == 1  # a list replaces the base's
+    assert cfg.space.to_dict()["candidates"] == qs.space.to_dict()["candidates"]  # merged
+    assert cfg.search.mode == qs.search.mode and cfg.search.warmup_epochs == qs.search.warmup_epochs
+    assert cfg.retrain == qs.retrain and cfg.data == qs.data
+    assert load_space(p).name == "mine"
+    assert LatencyConfig.from_file(p).threads == 2
+    assert LatencyConfig.from_file(p).device == qs.latency.device
+
+
+def test_a_base_beside_the_file_and_a_chain_of_bases(tmp_path):
+    from fbnas.config import load_config
+
+    (tmp_path / "a.yaml").write_text("base: quickstart\nsearch: {epochs: 50}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nretrain: {epochs: 2}\n")
+    cfg = load_config(tmp_path / "b.yaml")
+    assert (cfg.search.epochs, cfg.retrain.epochs) == (50, 2)
+    assert cfg.space == load_config("quickstart").space
+
+
+@pytest.mark.parametrize("text, says", [
+    ("base: nosuch\n", ["c.yaml: base: nosuch: no such file", "shipped"]),
+    ("base: 3\n", ["c.yaml: base: give a config file or a shipped config's name"]),
+    ("base: c.yaml\n", ["c.yaml: base: c.yaml comes back"]),
+])
+def test_a_bad_base_is_one_line_naming_the_file_and_key(tmp_path, text, says):
+    from conftest import one_line_error
+
+    from fbnas.config import load_config
+
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    one_line_error(lambda: load_config(p), *says)
+
+
+def test_the_shipped_variants_take_the_quickstarts_settings():
+    """The width and deep configs say they are the quickstart's but for their space: so they
+    repeat none of its settings and read as it does."""
+    from fbnas.config import load_config
+    from fbnas.io import load_yaml
+
+    qs = load_config("quickstart")
+    for name in ("quickstart_widths", "digits_deep"):
+        raw = load_yaml(ROOT / "configs" / f"{name}.yaml")
+        assert raw["base"] == "quickstart" and set(raw) == {"base", "space", "run"}, name
+        cfg = load_config(name)
+        assert (cfg.search, cfg.retrain, cfg.loss, cfg.data) == \
+            (qs.search, qs.retrain, qs.loss, qs.data), name

@@ -12,7 +12,7 @@ from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, Timer, make_timer
 from fbnas.backends.allocator import resolve as resolve_allocator
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
-from fbnas.io import load_yaml
+from fbnas.io import load_config_data
 from fbnas.settings import read_fields, setting
 
 
@@ -56,7 +56,8 @@ class LatencyConfig:
         or a section)."""
         if not path:
             return cls()
-        return cls.from_dict(load_yaml(path).get("latency"), f"{path}: latency")
+        path, data = load_config_data(path)
+        return cls.from_dict(data.get("latency"), f"{path}: latency")
 
     def for_timing(self, meta: dict[str, Any] | None = None, **flags: Any) -> LatencyConfig:
         """The one merge of timer settings (`fbnas latency build / measure / validate`): these

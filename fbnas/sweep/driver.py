@@ -53,7 +53,14 @@ from fbnas.cost_kinds import is_measured
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import find_latency_table
-from fbnas.io import atomic_write, ensure_dir, load_yaml, write_json_atomic, write_text_atomic
+from fbnas.io import (
+    atomic_write,
+    ensure_dir,
+    load_config_data,
+    load_yaml,
+    write_json_atomic,
+    write_text_atomic,
+)
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table, timer_label
 from fbnas.latency.measure import Protocol
 from fbnas.plots import _plt
@@ -178,7 +185,7 @@ class Sweep:
         if threads is not None and threads < 1:
             raise FbnasError(f"--threads: must be >= 1, got {threads}")
         self.config_path = Path(config_path)
-        self.base = apply_overrides(load_yaml(config_path), overrides or [])
+        self.base = apply_overrides(load_config_data(config_path)[1], overrides or [])
         if retrain_epochs is not None:
             self.base = with_retrain_epochs(self.base, retrain_epochs)
         self.cfg = config_from_dict(self.base, str(config_path))

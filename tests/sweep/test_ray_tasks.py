@@ -142,8 +142,7 @@ def test_without_ray_one_line_says_how_to_install(config, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     assert main(["sweep", "--config", str(config), "--beta", "1", "--workers", "2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("fbnas sweep: error: fbnas sweep --workers 2 needs Ray: "
-                   "pip install 'fbnas[ray]'")
+    assert err == "fbnas sweep: error: --workers 2 needs Ray: pip install 'fbnas[ray]'"
 
 
 @pytest.mark.slow
