@@ -87,8 +87,9 @@ def summarize(out: Path, wall: float | None = None) -> None:
 # ---- sweeps on Ray: against the serial sweep, and after kills -----------------------------------
 def sweep_cmd(args, out: Path, cache: Path, workers: int | None, extra=()) -> list[str]:
     """The `fbnas sweep` command of one sweep of these settings in `out`."""
+    flag = "--targets" if args.param == "target" else f"--{args.param}"
     cmd = [sys.executable, "-m", "fbnas", "sweep", "--config", str(Path(args.config).resolve()),
-           f"--{args.param}", args.values, "--random", str(args.random), "--retrain-epochs",
+           flag, args.values, "--random", str(args.random), "--retrain-epochs",
            str(args.retrain_epochs), "--out", str(out), "--set", f"latency.cache_dir={cache}",
            "--set", "run.progress=false", *[a for kv in args.set for a in ("--set", kv)]]
     if args.sweep_seeds:

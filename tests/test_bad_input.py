@@ -197,14 +197,14 @@ CONFIG_CONSUMERS = {
     "space": lambda w, d, p: _s("space", p),
     "train": lambda w, d, p: _s("train", "--config", p),
     "latency_build": lambda w, d, p: _s("latency", "build", "--config", p, "--cost", "flops",
-                                         "--out", d / "t.json"),
+                                         "--table", d / "t.json"),
     "latency_show": lambda w, d, p: _s("latency", "show", w.lat, "--config", p),
     "latency_predict": lambda w, d, p: _s("latency", "predict", "--arch", w.arch, "--table",
                                            w.lat, "--config", p),
     "latency_validate": lambda w, d, p: _s("latency", "validate", "--config", p, "--table",
-                                            w.lat, "--device", "fake", "--report",
+                                            w.lat, "--device", "fake", "--json",
                                             d / "r.json"),
-    "arch_space": lambda w, d, p: _s("arch", w.arch, "--space", p),
+    "arch_space": lambda w, d, p: _s("arch", w.arch, "--config", p),
     "retrain": lambda w, d, p: _s("retrain", "--arch", w.arch, "--config", p, "--out",
                                    d / "rt"),
     "eval": lambda w, d, p: _s("eval", "--checkpoint", w.retrain, "--config", p, "--json",
@@ -216,7 +216,7 @@ _file_cases("config", "yaml", lambda w: w.config.read_bytes(), CONFIG_CONSUMERS,
 
 ARCH_CONSUMERS = {
     "arch": lambda w, d, p: _s("arch", p),
-    "arch_space": lambda w, d, p: _s("arch", p, "--space", w.config),
+    "arch_space": lambda w, d, p: _s("arch", p, "--config", w.config),
     "latency_predict": lambda w, d, p: _s("latency", "predict", "--arch", p, "--table", w.lat),
     "latency_measure": lambda w, d, p: _s("latency", "measure", "--arch", p, "--device", "fake",
                                            "--json", d / "m.json"),
@@ -239,11 +239,11 @@ TABLE_CONSUMERS = {
     "latency_show": lambda w, d, p: _s("latency", "show", p),
     "latency_predict": lambda w, d, p: _s("latency", "predict", "--arch", w.arch, "--table", p),
     "latency_build": lambda w, d, p: _s("latency", "build", "--config", w.config, "--cost",
-                                         "flops", "--out", p),
+                                         "flops", "--table", p),
     "latency_measure": lambda w, d, p: _s("latency", "measure", "--arch", w.arch, "--table", p,
                                            "--device", "fake", "--json", d / "m.json"),
     "latency_validate": lambda w, d, p: _s("latency", "validate", "--config", w.config,
-                                            "--table", p, "--device", "fake", "--report",
+                                            "--table", p, "--device", "fake", "--json",
                                             d / "r.json"),
     "train": _train_with_table,
 }
@@ -368,7 +368,7 @@ SEARCH_CKPT_CONSUMERS = {
 CHILD_CKPT_CONSUMERS = {
     "eval": lambda w, d: _s("eval", "--checkpoint", d / "rt", "--json", d / "e.json"),
     "export": lambda w, d: _s("export", "--checkpoint", d / "rt", "--format", "torchscript",
-                               "--out", d / "m.ts"),
+                               "--out", d / "exp"),
     "retrain_resume": lambda w, d: _s("retrain", "--resume", d / "rt"),
     "latency_measure": lambda w, d: _s("latency", "measure", "--model", d / "rt" /
                                         "checkpoint.pt", "--device", "fake"),
@@ -703,7 +703,7 @@ for _id, _change, _says in RESULTS_CHANGES:
 # ---- 7. files that are fine alone but wrong together -------------------------------------------
 @case("arch-from-another-space-via-arch-space")
 def _(w, d):
-    return _s("arch", w.other_arch, "--space", w.config), [str(w.other_arch),
+    return _s("arch", w.other_arch, "--config", w.config), [str(w.other_arch),
                                                            "macro.stages", "search space 'tiny'"]
 
 
@@ -712,7 +712,7 @@ def _(w, d):
     a = _arch_dict(w)
     a["ops"][0] = ["ir_k7_e6"]
     p = _write_yaml(d / "a.yaml", a)
-    return _s("arch", p, "--space", w.config), [str(p), "layer 0 op 'ir_k7_e6' is not a "
+    return _s("arch", p, "--config", w.config), [str(p), "layer 0 op 'ir_k7_e6' is not a "
                                                        "candidate of search space 'tiny'"]
 
 
@@ -755,7 +755,7 @@ def _(w, d):
 def _(w, d):
     rt = copy_run(w.retrain, d / "rt")
     _resave(rt / "checkpoint.pt", lambda s: s["arch"].update(fbnas_arch=7))
-    return (_s("export", "--checkpoint", rt, "--format", "torchscript", "--out", d / "m.ts"),
+    return (_s("export", "--checkpoint", rt, "--format", "torchscript", "--out", d / "exp"),
             [str(rt / "checkpoint.pt"), "arch.fbnas_arch", "newer fbnas"])
 
 
@@ -835,21 +835,21 @@ def _(w, d):
 @case("table-of-another-batch-via-latency-build-extend")
 def _(w, d):
     t = _lat_meta(w, d)
-    return (_s("latency", "build", "--config", w.config, "--out", t, "--device", "fake",
+    return (_s("latency", "build", "--config", w.config, "--table", t, "--device", "fake",
                "--batch", "4", "--probes", "0"), [str(t), "meta.batch is 1", "4"])
 
 
 @case("table-of-another-device-via-latency-build-extend")
 def _(w, d):
     t = _lat_meta(w, d, device_name="another machine")
-    return (_s("latency", "build", "--config", w.config, "--out", t, "--device", "fake",
+    return (_s("latency", "build", "--config", w.config, "--table", t, "--device", "fake",
                "--probes", "0"), [str(t), "meta.device_name is 'another machine'"])
 
 
 @case("table-of-another-cost-via-latency-build")
 def _(w, d):
     t = _lat_meta(w, d)
-    return (_s("latency", "build", "--config", w.config, "--cost", "flops", "--out", t),
+    return (_s("latency", "build", "--config", w.config, "--cost", "flops", "--table", t),
             [str(t), "holds a latency table, but --cost is flops"])
 
 
@@ -877,7 +877,7 @@ def _(w, d):
 @case("table-of-another-space-via-latency-validate")
 def _(w, d):
     return (_s("latency", "validate", "--config", w.other_config, "--table", w.lat, "--device",
-               "fake", "--report", d / "r.json"), [str(w.lat), "signature(s) of search space",
+               "fake", "--json", d / "r.json"), [str(w.lat), "signature(s) of search space",
                                                     "missing"])
 
 

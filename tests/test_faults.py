@@ -309,7 +309,7 @@ def test_disk_full_while_writing_a_latency_table(finished_run, tmp_path, monkeyp
     prev = table.read_bytes()
     _fill_disk_for(monkeypatch, "flops.json")
     capsys.readouterr()
-    rc = main(["latency", "build", "--config", str(cfg), "--cost", "flops", "--out", str(table)])
+    rc = main(["latency", "build", "--config", str(cfg), "--cost", "flops", "--table", str(table)])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
     line = _one_error_line(err, "latency build")

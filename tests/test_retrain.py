@@ -260,12 +260,13 @@ def test_latency_measure_times_the_trained_child_and_its_export(tmp_path, capsys
     arch = tiny_arch(cfg)
     fit(ChildTrainer(cfg, arch, tmp_path / "r"))
     assert main(["export", "--checkpoint", str(tmp_path / "r"), "--format", "torchscript",
-                 "--out", str(tmp_path / "m.ts")]) == 0
+                 "--out", str(tmp_path / "exp")]) == 0
     js = tmp_path / "lat.json"
     assert main(["latency", "measure", "--device", "fake", "--rounds", "3", "--json", str(js),
-                 "--model", str(tmp_path / "r"), str(tmp_path / "m.ts")]) == 0
+                 "--model", str(tmp_path / "r"), str(tmp_path / "exp" / "model.ts")]) == 0
     res = json.loads(js.read_text())["results"]
-    assert [r["model"] for r in res] == [str(tmp_path / "r"), str(tmp_path / "m.ts")]
+    assert [r["model"] for r in res] == [str(tmp_path / "r"),
+                                         str(tmp_path / "exp" / "model.ts")]
     assert all(r["hash"] == arch.hash() and r["median_us"] > 0 for r in res)
     capsys.readouterr()
     assert main(["latency", "measure", "--device", "fake", "--model", str(tmp_path / "x.onnx")

@@ -46,11 +46,11 @@ class SampleSpec:
             raise FbnasError(f"--sample {self.n!r}: the networks per band must be an integer "
                              ">= 1")
         if not self.bands:
-            raise FbnasError("--bands: give at least one target, such as 0.5x,0.8x")
+            raise FbnasError("--targets: give at least one target, such as 0.5x,0.8x")
         for b in self.bands:
-            parse_target(b, f"--bands {b!r}")
+            parse_target(b, f"--targets {b!r}")
         if len(set(self.bands)) != len(self.bands):
-            raise FbnasError(f"--bands {','.join(self.bands)}: a band is named twice")
+            raise FbnasError(f"--targets {','.join(self.bands)}: a band is named twice")
         w = self.band_width
         if not isinstance(w, (int, float)) or not math.isfinite(w) or not 0 < w < 1:
             raise FbnasError(f"--band-width {w!r}: a relative half-width, > 0 and < 1 (0.03: "
@@ -59,8 +59,8 @@ class SampleSpec:
     @classmethod
     def parse(cls, n: int, bands: str | None, band_width: float | None,
               seed: int | None) -> SampleSpec:
-        """From the command line's `--sample N [--bands 0.5x,0.8x] [--band-width W]
-        [--sample-seed S]`."""
+        """From the command line's `--sample N [--targets 0.5x,0.8x] [--band-width W]
+        [--seed S]`."""
         raw = DEFAULT_BANDS if bands is None else tuple(
             b.strip() for b in bands.split(",") if b.strip())
         return cls(n, raw, 0.03 if band_width is None else float(band_width),
@@ -77,8 +77,8 @@ class SampleSpec:
 
     def flags(self) -> str:
         """The command-line flags that draw this sample."""
-        return (f"--sample {self.n} --bands {','.join(self.bands)} --band-width "
-                f"{self.band_width:g} --sample-seed {self.seed}")
+        return (f"--sample {self.n} --targets {','.join(self.bands)} --band-width "
+                f"{self.band_width:g} --seed {self.seed}")
 
 
 def _band_rng(seed: int, band: str) -> random.Random:
@@ -101,7 +101,7 @@ def draw_band(space, model, spec: SampleSpec, band: str) -> dict[str, Any]:
     """One band's draw: its target and bounds in the cost model's unit, how many networks of
     the space it holds (exact, or estimated from the rejection draws), and the drawn networks
     (hash and decision indices, in drawing order)."""
-    target = resolve_target(band, model.bounds(), f"--bands {band!r}")
+    target = resolve_target(band, model.bounds(), f"--targets {band!r}")
     lo, hi = target * (1 - spec.band_width), target * (1 + spec.band_width)
     cands = space.decision_candidates()
     total = math.prod(len(c) for c in cands)

@@ -20,6 +20,62 @@ COMMANDS = ["space", "arch", "latency", "train", "sample", "plot", "retrain", "e
             "sweep", "runs", "fidelity", "bench", "configs"]
 
 
+# The flags that name one kind of thing in every command, and how their value is written:
+# an object is passed by the same flag wherever a command reads (or writes) it, `--out` is
+# always a folder, `--targets` / `--seeds` / `--retrain-seeds` always lists, `--seed` the seed
+# of a random draw (docs/concepts.md, "The command line").
+VOCABULARY = {
+    "--config": "CONFIG",        # a config file, or a shipped config's name
+    "--arch": "ARCH.yaml",       # architecture file(s)
+    "--table": "FILE",           # a latency (cost) table file
+    "--bench": "FILE",           # a benchmark file (`fbnas bench build`)
+    "--model": "FILE",           # an exported program or a retrain checkpoint
+    "--json": "FILE",            # the figures written as JSON
+    "--out": "DIR",              # the folder written into
+    "--targets": "T1,T2,...",    # latency targets, as loss.target reads them
+    "--seeds": "S1,S2,...",      # search seeds (search.seed)
+    "--retrain-seeds": "S1,S2,...",  # the seeds networks are trained under (retrain.seed)
+    "--seed": "N",               # the seed of a random draw
+    "--set": "KEY=VALUE",        # a config override (repeatable)
+}
+
+
+def _normalize(parser: argparse.ArgumentParser, where: str) -> None:
+    """Give every flag of VOCABULARY its one metavar in `parser` and its subparsers; a command
+    that writes another one is a programming error, said at once."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                _normalize(sp, f"{where} {name}")
+        for flag in a.option_strings:
+            want = VOCABULARY.get(flag)
+            if want is None:
+                continue
+            if a.metavar not in (None, want):
+                raise AssertionError(f"{where} {flag}: metavar {a.metavar!r}, the CLI's is "
+                                     f"{want!r}")
+            a.metavar = want
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that shows every flag's default where the flag has one its help does not state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text
+                or action.default in (None, False, [], argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """fbnas's parsers (every command's and action's: subparsers take their parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def add_actions(sub, name: str, help: str, actions: Sequence) -> None:
     """`fbnas NAME ACTION`: a command that is a package of one module per action, each with
     `add_parser(actions)` (fbnas latency, fbnas bench)."""
@@ -44,12 +100,13 @@ def command_parser(parser: argparse.ArgumentParser,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fbnas", description="Hardware-aware differentiable architecture search (FBNet).")
     parser.add_argument("--version", action="version", version=f"fbnas {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"fbnas.cli.{name}").add_parser(sub)
+    _normalize(parser, "fbnas")
     return parser
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 def add_parser(sub) -> None:
     p = sub.add_parser("arch", help="show an architecture's ops, hash, params and FLOPs")
     p.add_argument("arch", nargs="+", help="architecture YAML file(s)")
-    p.add_argument("--space", metavar="CONFIG",
+    p.add_argument("--config",
                    help="also check that each architecture belongs to this config's space")
     p.set_defaults(func=run)
 
@@ -15,7 +15,7 @@ def run(args) -> int:
     from fbnas.arch import Architecture, child_stats
     from fbnas.search_space import load_space
 
-    space = load_space(args.space) if args.space else None
+    space = load_space(args.config) if args.config else None
     for path in args.arch:
         arch = Architecture.load(path)
         if space is not None:

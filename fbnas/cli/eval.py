@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
                     "statistics are used, as a deployed model would.")
     p.add_argument("--checkpoint", required=True,
                    help="a retrain checkpoint, or the retrain run directory holding it")
-    p.add_argument("--split", choices=("val", "test"), default="test")
+    p.add_argument("--split", choices=("val", "test"), default="test",
+                   help="the data split evaluated")
     p.add_argument("--config", help="take the data section from this config instead")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set data.root=/data (repeatable)")

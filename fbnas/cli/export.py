@@ -19,10 +19,10 @@ def add_parser(sub) -> None:
     p.add_argument("--format", required=True, action="append", metavar="FMT", dest="formats",
                    help=f"{', '.join(FORMATS.choices())} (pt2: torch.export, pte: ExecuTorch, "
                         "XNNPACK); a comma list (pt2,pte,onnx) or repeated to export several")
-    p.add_argument("--out", metavar="PATH",
-                   help="output file, or a directory for several formats (default: next to "
-                        "the checkpoint, RUN_DIR/model.ts and RUN_DIR/model.onnx; int8: "
-                        "RUN_DIR/model_int8.pte). A program written into the checkpoint's run "
+    p.add_argument("--out", metavar="DIR",
+                   help="the folder the programs are written into, as model.ts, model.onnx, "
+                        "model.pt2, model.pte (int8: model_int8.pte) (default: the "
+                        "checkpoint's run folder). A program written into the checkpoint's run "
                         "folder is recorded in its results.json (`fbnas runs` shows it)")
     p.add_argument("--batch", type=int, default=1, metavar="N",
                    help="batch size of the example input (default 1); the batch axis stays "
@@ -110,13 +110,10 @@ def _outputs(out: str | None, checkpoint: str, formats: list[str], quantize: str
 
     if out is None:
         return {fmt: default_out(checkpoint, fmt, quantize) for fmt in formats}
-    o = Path(out)
-    if o.is_dir() or out.endswith(("/", "\\")):
-        return {fmt: o / program_name(fmt, quantize) for fmt in formats}
-    if len(formats) > 1:
-        raise FbnasError(f"--out: {out} is a file name but {len(formats)} formats were asked "
-                         f"for; give a directory")
-    return {formats[0]: o}
+    if Path(out).is_file():
+        raise FbnasError(f"--out: {out} is a file; give the folder to write "
+                         f"{', '.join(program_name(f, quantize) for f in formats)} into")
+    return {fmt: Path(out) / program_name(fmt, quantize) for fmt in formats}
 
 
 def _size(n: int) -> str:

@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
     p.add_argument("-n", type=int, help="architectures (default 10; with --bench, all)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random architectures")
     p.add_argument("--retrain-epochs", type=int, help="epochs of each retrain")
-    p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
+    p.add_argument("--retrains", type=int, default=1, metavar="K",
                    help="retrain each architecture K times (seeds retrain.seed, +1, ...) and "
                         "average; K >= 2 also reports the noise ceiling (retrain vs retrain)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -32,6 +32,6 @@ def run(args) -> int:
 
     n = args.n if args.n is not None or args.bench else 10
     Fidelity(args.run_dir, n=n, seed=args.seed, retrain_epochs=args.retrain_epochs,
-             out=args.out, overrides=args.set, retrain_seeds=args.retrain_seeds,
+             out=args.out, overrides=args.set, retrain_seeds=args.retrains,
              bench=args.bench).run()
     return 0

@@ -14,7 +14,7 @@ SERIES = ("w_ce", "w_acc", "theta_loss", "theta_cost", "argmax_path_ce", "argmax
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plot", help="write PNG plots of a search run")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a search run directory")
     p.add_argument("--out", help="output folder (default RUN_DIR/plots)")
     p.set_defaults(func=run)
 

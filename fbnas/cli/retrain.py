@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="config YAML (data, retrain, latency, run sections)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set retrain.epochs=5 (repeatable)")
-    p.add_argument("--out", metavar="RUN_DIR",
+    p.add_argument("--out", metavar="DIR",
                    help="run directory (default: <run.dir>/retrain-<arch hash>)")
     p.add_argument("--init-from-supernet", metavar="SEARCH_RUN",
                    help="start from the supernet weights of the chosen paths in this search run")

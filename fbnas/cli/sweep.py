@@ -20,18 +20,19 @@ def add_parser(sub) -> None:
                     "the FBNet loss, sweep --beta: alpha only scales the loss.")
     p.add_argument("--config", required=True, help="search config YAML")
     vals = p.add_mutually_exclusive_group()
-    for name in PARAMS:
-        vals.add_argument(f"--{name}", metavar="V1,V2,...",
+    for name in PARAMS:  # --targets: the one spelling of targets in every command
+        vals.add_argument(f"--{name}s" if name == "target" else f"--{name}", dest=name,
+                          metavar=None if name == "target" else "V1,V2,...",
                           help=f"comma-separated values of loss.{name} (as --grid "
                                f"loss.{name}=V1,V2,...)")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="an axis of the sweep's grid: a config key and its values, e.g. "
                         "search.mode=full,reinforce or loss.target=0.5x,0.8x (repeatable; "
                         "every combination is searched; the first axis, or --alpha/--beta/"
-                        "--lambda/--target, is the one the front is drawn along)")
+                        "--lambda/--targets, is the one the front is drawn along)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field for every run (repeatable)")
-    p.add_argument("--out", help="sweep directory (default: <run.dir>-sweep)")
+    p.add_argument("--out", metavar="DIR", help="sweep directory (default: <run.dir>-sweep)")
     p.add_argument("--retrain-epochs", type=int,
                    help="epochs of each retrain (default: the config's retrain.epochs)")
     p.add_argument("--no-retrain", action="store_true",
@@ -83,7 +84,7 @@ def run(args) -> int:
         first = grid.pop(0)
         param, values = first.loss_param or first.key, list(first.values)
     else:
-        raise FbnasError("sweep: give the values to sweep: --beta/--lambda/--alpha/--target "
+        raise FbnasError("sweep: give the values to sweep: --beta/--lambda/--alpha/--targets "
                          "V1,V2,... or --grid KEY=V1,V2,...")
     if args.random < 0:
         raise FbnasError(f"--random: must be >= 0, got {args.random}")

@@ -191,7 +191,7 @@ def check_extend(table: LatencyTable, timer: Timer, where: str) -> None:
         if have != want.get(key, META_ABSENT.get(key)):
             raise FbnasError(f"{where}: meta.{key} is {have!r} but this build "
                              f"measures with {want.get(key)!r}; extend a table only with the "
-                             "setting it was made with (or write a new --out)")
+                             "setting it was made with (or write a new --table)")
 
 
 # ---- sampling architectures that span the cost range -----------------------------------------

@@ -140,7 +140,7 @@ class LatencyTable:
         out = shlex.quote(self.path) if self.path else "TABLE.json"
         cfg = shlex.quote(config) if config else "CONFIG.yaml"
         if not is_measured(self.cost):
-            return f"fbnas latency build --config {cfg} --cost {self.cost} --out {out}"
+            return f"fbnas latency build --config {cfg} --cost {self.cost} --table {out}"
         m = self.meta
         cmd = (f"fbnas latency build --config {cfg} --device {m.get('backend', 'cpu')} "
                f"--threads {m.get('threads', 1)} --batch {m.get('batch', 1)} "
@@ -149,7 +149,7 @@ class LatencyTable:
             cmd += " --channels-last"
         if self.setting("quantization") != "none":
             cmd += f" --quantization {m['quantization']}"
-        return cmd + f" --out {out}"
+        return cmd + f" --table {out}"
 
     def require(self, space: SearchSpace, config: str | None = None) -> None:
         """Raise, listing every missing signature and the command that measures them."""

@@ -2,5 +2,5 @@
 estimates ranked against retraining)."""
 
 WEIGHTS = ("alpha", "beta", "lambda")  # cost weights: 0 means a cost-blind search
-PARAMS = WEIGHTS + ("target",)  # what `fbnas sweep --alpha/--beta/--lambda/--target` sweeps
+PARAMS = WEIGHTS + ("target",)  # what `fbnas sweep --alpha/--beta/--lambda/--targets` sweeps
 

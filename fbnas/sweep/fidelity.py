@@ -103,7 +103,7 @@ class Fidelity:
         if n is None or n < 3:
             raise FbnasError(f"fidelity: -n must be >= 3 for a rank correlation, got {n}")
         if retrain_seeds < 1:
-            raise FbnasError(f"fidelity: --retrain-seeds must be >= 1, got {retrain_seeds}")
+            raise FbnasError(f"fidelity: --retrains must be >= 1, got {retrain_seeds}")
         self.n, self.seed, self.log, self.retrain_seeds = n, seed, log, retrain_seeds
         self.out = Path(out) if out else self.run_dir / "fidelity"
 

@@ -271,7 +271,7 @@ def test_cli_refuses_an_unknown_or_absent_allocator_and_writes_nothing(tmp_path,
     cfg = tmp_path / "space.yaml"
     cfg.write_text(yaml.safe_dump({"space": latency_space()}))
     out = tmp_path / "t.json"
-    base = ["latency", "build", "--config", str(cfg), "--out", str(out), "--quiet"]
+    base = ["latency", "build", "--config", str(cfg), "--table", str(out), "--quiet"]
     assert main([*base, "--allocator", "hoard"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown allocator 'hoard'" in err

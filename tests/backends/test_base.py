@@ -56,7 +56,7 @@ def test_unknown_names_are_one_line_errors_naming_the_choices(capsys):
     with pytest.raises(FbnasError, match=r"^latency\.device: must be one of cpu, cuda, "):
         LatencyConfig.from_dict({"device": "tpu"})
     with pytest.raises(SystemExit):
-        main(["latency", "build", "--config", "c.yaml", "--out", "o.json", "--device", "tpu"])
+        main(["latency", "build", "--config", "c.yaml", "--table", "o.json", "--device", "tpu"])
     err = capsys.readouterr().err
     assert "invalid choice: 'tpu'" in err and all(repr(n) in err for n in TIMERS)
 
@@ -90,7 +90,7 @@ def test_a_registered_timer_backend_is_taken_by_config_make_timer_and_cli(toy_ti
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({"space": latency_space()}))
     out = tmp_path / "toy.json"
-    assert main(["latency", "build", "--config", str(config), "--out", str(out), "--device",
+    assert main(["latency", "build", "--config", str(config), "--table", str(out), "--device",
                  "toy", "--rounds", "2", "--probes", "0", "--allocator", "system",
                  "--quiet"]) == 0
     assert LatencyTable.load(out).meta["backend"] == "toy"

@@ -46,7 +46,7 @@ def test_table_built_and_validated_on_xla(tmp_path, capsys, torch_xla):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({"space": TINY}))
     out = tmp_path / "xla.json"
-    assert main(["latency", "build", "--config", str(cfg), "--out", str(out), "--device", "xla",
+    assert main(["latency", "build", "--config", str(cfg), "--table", str(out), "--device", "xla",
                  "--probes", "2", "--quiet", *QUICK]) == 0
     table = LatencyTable.load(out)
     space = SearchSpace.from_dict(TINY)
@@ -65,7 +65,7 @@ def test_table_built_and_validated_on_xla(tmp_path, capsys, torch_xla):
     # `--device` defaults to the table's backend
     rep = tmp_path / "rep.json"
     assert main(["latency", "validate", "--config", str(cfg), "--table", str(out), "-n", "6",
-                 "--report", str(rep), *QUICK]) == 0
+                 "--json", str(rep), *QUICK]) == 0
     r = json.loads(rep.read_text())
     assert r["n"] == 6 and all(a["measured_us"] > 0 for a in r["archs"])
     assert -1.0 <= r["table"]["spearman"] <= 1.0

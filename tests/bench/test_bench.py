@@ -122,7 +122,7 @@ def test_cli_query_and_show(built, tmp_path, capsys):
     assert main(["bench", "query", str(path), "--bench", str(out)]) == 0
     said = capsys.readouterr().out
     assert "seed 1 budget   2" in said and "rank 1 of 4" in said
-    assert main(["bench", "show", str(out)]) == 0
+    assert main(["bench", "show", "--bench", str(out)]) == 0
     said = capsys.readouterr().out
     assert "4 networks, 4 complete" in said and "spread / seed sd" in said
     assert f"seed 0 vs seed 1 {b.seed_tau('val_acc', 2):.3f}" in said
@@ -163,7 +163,7 @@ def test_the_file_records_the_code_it_was_built_at(built, capsys):
     assert isinstance(code["dirty"], bool) or not checkout
     assert b.meta["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert b.meta["training"]["retrain"]["threads"] == 1
-    assert main(["bench", "show", str(out)]) == 0
+    assert main(["bench", "show", "--bench", str(out)]) == 0
     said = capsys.readouterr().out
     assert ("built at commit " + code["commit"][:12] if checkout else "built at fbnas") in said
     assert "retrain.threads 1" in said
@@ -180,7 +180,7 @@ def test_a_file_from_before_loads_and_serves_the_config_that_now_sets_threads(bu
     path = old.save(tmp_path / "old.json.gz")
     b = bench_for(path, cfg)
     assert b.code == [] and len(b) == 4
-    assert main(["bench", "show", str(path)]) == 0
+    assert main(["bench", "show", "--bench", str(path)]) == 0
     assert "built at an unrecorded commit" in capsys.readouterr().out
     with pytest.raises(FbnasError, match="another training than bench.yaml gives"):
         build_bench(cfg, path, seeds=(0, 1), rounds=3, log=lambda s: None)
@@ -421,7 +421,7 @@ def _ray_build_equals_retrain(tmp_path):
     conf = tmp_path / "c.yaml"
     conf.write_text(json.dumps(d))
     out = tmp_path / "ray.json.gz"
-    assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--workers", "2",
+    assert main(["bench", "build", "--config", str(conf), "--bench", str(out), "--workers", "2",
                  "--rounds", "3"]) == 0
     b = Bench.load(out)
     assert len(b) == 4 and all(b.complete(k) for k in b) and b.code[0]["source_hash"]
@@ -449,7 +449,7 @@ def test_a_ray_worker_on_other_sources_stops_the_build_in_one_line(tmp_path, mon
     conf = tmp_path / "c.yaml"
     conf.write_text(json.dumps(_cfg(tmp_path, epochs=1)))
     out = tmp_path / "b.json.gz"
-    assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--workers", "2",
+    assert main(["bench", "build", "--config", str(conf), "--bench", str(out), "--workers", "2",
                  "--rounds", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("fbnas bench build: error: network ")
@@ -467,7 +467,7 @@ def test_sweep_reads_the_benchmark_instead_of_retraining(built, tmp_path, capsys
     conf = tmp_path / "sweep.yaml"
     conf.write_text(json.dumps(d))
     sw = tmp_path / "sw"
-    assert main(["sweep", "--config", str(conf), "--target", "0.3x,0.8x", "--random", "1",
+    assert main(["sweep", "--config", str(conf), "--targets", "0.3x,0.8x", "--random", "1",
                  "--out", str(sw), "--bench", str(out), *workers]) == 0
     rep = json.loads((sw / "sweep.json").read_text())
     assert len(rep["points"]) >= 3
@@ -477,7 +477,7 @@ def test_sweep_reads_the_benchmark_instead_of_retraining(built, tmp_path, capsys
     assert not list(sw.glob("retrain-*/checkpoint.pt"))  # nothing was trained
     # a sweep whose retrain is not the benchmark's would read the wrong records
     conf.write_text(json.dumps({**d, "retrain": {**d["retrain"], "lr": 0.2}}))
-    assert main(["sweep", "--config", str(conf), "--target", "0.5x", "--out",
+    assert main(["sweep", "--config", str(conf), "--targets", "0.5x", "--out",
                  str(tmp_path / "sw2"), "--bench", str(out)]) == 2
     assert "another data or retrain section" in capsys.readouterr().err
 

@@ -132,12 +132,12 @@ def test_an_empty_band_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("flags, needles", [
-    (["--bands", "0.5x"], ["--bands: only for a sampled benchmark", "--sample N"]),
-    (["--sample-seed", "3"], ["--sample-seed: only for a sampled benchmark"]),
+    (["--targets", "0.5x"], ["--targets: only for a sampled benchmark", "--sample N"]),
+    (["--seed", "3"], ["--seed: only for a sampled benchmark"]),
     (["--add", "a.yaml"], ["--add: only for a sampled benchmark"]),
     (["--sample", "0"], ["--sample 0", ">= 1"]),
-    (["--sample", "2", "--bands", "0.5y"], ["--bands '0.5y'", "cannot read"]),
-    (["--sample", "2", "--bands", "0.5x,0.5x"], ["a band is named twice"]),
+    (["--sample", "2", "--targets", "0.5y"], ["--targets '0.5y'", "cannot read"]),
+    (["--sample", "2", "--targets", "0.5x,0.5x"], ["a band is named twice"]),
     (["--sample", "2", "--band-width", "1.5"], ["--band-width 1.5", "> 0 and < 1"]),
     (["--sample", "2", "--band-width", "0"], ["--band-width 0.0"]),
 ])
@@ -145,7 +145,7 @@ def test_bad_sample_flags_are_one_line(tmp_path, capsys, flags, needles):
     conf = tmp_path / "c.yaml"
     conf.write_text(json.dumps(_cfg(tmp_path)))
     out = tmp_path / "b.json.gz"
-    assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--limit", "0",
+    assert main(["bench", "build", "--config", str(conf), "--bench", str(out), "--limit", "0",
                  *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("fbnas bench build: error: ")
@@ -160,8 +160,8 @@ def test_a_file_refuses_another_draw_or_the_other_kind(tmp_path, capsys):
     out = tmp_path / "s.json.gz"
     one_line_error(lambda: build_bench(cfg, out, seeds=(0,), limit=0, log=_quiet,
                                        sample=SampleSpec(2, ("0.5x",), 0.1, 1)),
-                   "drawn with --sample 2 --bands 0.5x --band-width 0.1 --sample-seed 0",
-                   "not --sample 2 --bands 0.5x --band-width 0.1 --sample-seed 1")
+                   "drawn with --sample 2 --targets 0.5x --band-width 0.1 --seed 0",
+                   "not --sample 2 --targets 0.5x --band-width 0.1 --seed 1")
     one_line_error(lambda: build_bench(cfg, out, seeds=(0,), limit=0, log=_quiet),
                    "a sampled benchmark (--sample 2", "fbnas bench add")
     # an exhaustive file (one network trained, no sample) takes neither a draw nor additions
@@ -175,7 +175,7 @@ def test_a_file_refuses_another_draw_or_the_other_kind(tmp_path, capsys):
     arch_from_indices(cfg.space, [0, 0, 0]).save(arch)
     conf = tmp_path / "c.yaml"
     conf.write_text(json.dumps(_cfg(tmp_path)))
-    assert main(["bench", "add", str(ex_path), str(arch), "--config", str(conf)]) == 2
+    assert main(["bench", "add", "--bench", str(ex_path), str(arch), "--config", str(conf)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "an exhaustive benchmark holds every network" in err
     with open(ex_path, "rb") as f:
@@ -190,7 +190,7 @@ def test_an_added_architecture_outside_the_space_is_one_line(tmp_path, capsys):
     Architecture(a.macro, [a.ops[0], "ir_k5_e6", a.ops[2]], "bad", a.space).save(bad)
     conf = tmp_path / "c.yaml"
     conf.write_text(json.dumps(_cfg(tmp_path)))
-    assert main(["bench", "add", str(tmp_path / "s.json.gz"), str(bad), "--config",
+    assert main(["bench", "add", "--bench", str(tmp_path / "s.json.gz"), str(bad), "--config",
                  str(conf)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "layer 1 op 'ir_k5_e6'" in err and str(bad) in err
@@ -222,7 +222,7 @@ def test_a_duels_picks_are_added_from_its_pair_file(tmp_path, capsys):
         (a.hash(), f"{f}:0.5x/seed3:search"), (b.hash(), f"{f}:0.5x/seed3:random")]
     conf = tmp_path / "c.yaml"
     conf.write_text(json.dumps(_cfg(tmp_path)))
-    assert main(["bench", "add", str(tmp_path / "s.json.gz"), "--pairs", str(f),
+    assert main(["bench", "add", "--bench", str(tmp_path / "s.json.gz"), "--pairs", str(f),
                  "--config", str(conf)]) == 0
     got = Bench.load(tmp_path / "s.json.gz")
     assert got.added() == [a.hash(), b.hash()] and all(got.complete(h) for h in got.added())
@@ -281,8 +281,8 @@ def sampled(tmp_path_factory):
     conf = tmp / "bench.yaml"
     conf.write_text(json.dumps(d))
     out = tmp / "s.json.gz"
-    assert main(["bench", "build", "--config", str(conf), "--out", str(out), "--rounds", "3",
-                 "--sample", "3", "--bands", ",".join(BANDS), "--band-width", "0.05"]) == 0
+    assert main(["bench", "build", "--config", str(conf), "--bench", str(out), "--rounds", "3",
+                 "--sample", "3", "--targets", ",".join(BANDS), "--band-width", "0.05"]) == 0
     s = dict(d)
     s["search"] = {**d["search"], "epochs": 2, "warmup_epochs": 1}
     s["loss"] = {"kind": "target", "target": "0.5x", "lambda": 1.0}
@@ -331,7 +331,7 @@ def test_a_sampled_build_trains_and_times_the_reference_sample(sampled):
 def test_show_and_query_say_sampled(sampled, capsys):
     _, _, out, _ = sampled
     b = Bench.load(out)
-    assert main(["bench", "show", str(out)]) == 0
+    assert main(["bench", "show", "--bench", str(out)]) == 0
     said = capsys.readouterr().out
     assert "a SAMPLED benchmark" in said and "sample seed 0" in said
     for band, keys in b.band_keys().items():
@@ -350,7 +350,7 @@ def test_show_and_query_say_sampled(sampled, capsys):
 def added(sampled):
     """The sampled benchmark with the search's pick added by `fbnas bench add`."""
     tmp, conf, out, search = sampled
-    assert main(["bench", "add", str(out), str(search / "arch_hard.yaml"), "--config",
+    assert main(["bench", "add", "--bench", str(out), str(search / "arch_hard.yaml"), "--config",
                  str(conf), "--rounds", "3"]) == 0
     return sampled
 
@@ -380,7 +380,7 @@ def test_a_pick_not_in_the_file_is_one_line_naming_the_add_command(sampled, tmp_
     assert main(["bench", "score", str(run), "--bench", str(copy), "--no-rank"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "fbnas bench add" in err
-    assert main(["bench", "add", str(copy), str(run / "arch_hard.yaml"), "--config",
+    assert main(["bench", "add", "--bench", str(copy), str(run / "arch_hard.yaml"), "--config",
                  str(conf), "--rounds", "3"]) == 0
     b = Bench.load(copy)
     h = other.hash()
@@ -391,7 +391,7 @@ def test_a_pick_not_in_the_file_is_one_line_naming_the_add_command(sampled, tmp_
     # again, and a reference network: nothing is trained; both are recorded as added
     ref0 = b.reference()[0]
     b.arch(ref0).save(tmp_path / "ref0.yaml")
-    assert main(["bench", "add", str(copy), str(run / "arch_hard.yaml"),
+    assert main(["bench", "add", "--bench", str(copy), str(run / "arch_hard.yaml"),
                  str(tmp_path / "ref0.yaml"), "--config", str(conf), "--rounds", "3"]) == 0
     again = Bench.load(copy)
     assert again.added() == [h, ref0]

@@ -30,11 +30,11 @@ def files(tmp_path):
 def test_build_show_predict_measure_validate(files, capsys):
     d, cfg, arch = files
     out = str(d / "lat.json")
-    assert main(["latency", "build", "--config", cfg, "--out", out, "--probes", "2",
+    assert main(["latency", "build", "--config", cfg, "--table", out, "--probes", "2",
                  "--quiet", *FAST]) == 0
     table = LatencyTable.load(out)
     assert len(table) == 11 and table.meta["threads"] == 1
-    assert main(["latency", "build", "--config", cfg, "--out", out, "--quiet", *FAST]) == 0
+    assert main(["latency", "build", "--config", cfg, "--table", out, "--quiet", *FAST]) == 0
     assert LatencyTable.load(out).fingerprint() == table.fingerprint()  # nothing was missing
     capsys.readouterr()
     assert main(["latency", "show", out, "--config", cfg]) == 0
@@ -51,7 +51,7 @@ def test_build_show_predict_measure_validate(files, capsys):
     assert json.loads(open(js).read())["results"][0]["predicted_us"] > 0
     rep, png = str(d / "rep.json"), str(d / "rep.png")
     assert main(["latency", "validate", "--config", cfg, "--table", out, "-n", "8",
-                 "--fit-model", "--save", "--report", rep, "--plot", png, *FAST]) == 0
+                 "--fit-model", "--save", "--json", rep, "--plot", png, *FAST]) == 0
     text = capsys.readouterr().out
     assert "Spearman" in text and "FLOPs proxy" in text and "fitted model" in text
     r = json.loads(open(rep).read())
@@ -61,14 +61,14 @@ def test_build_show_predict_measure_validate(files, capsys):
     assert saved.calibration is not None and saved.corrections is not None
     # --quiet: no progress at all (it once passed progress=False on as a callback)
     assert main(["latency", "validate", "--config", cfg, "--table", out, "-n", "6", "--quiet",
-                 "--report", str(d / "q.json"), *FAST]) == 0
+                 "--json", str(d / "q.json"), *FAST]) == 0
     assert "Spearman" in capsys.readouterr().out
 
 
 def test_flops_table_needs_no_device(files, capsys):
     d, cfg, arch = files
     out = str(d / "flops.json")
-    assert main(["latency", "build", "--config", cfg, "--cost", "flops", "--out", out]) == 0
+    assert main(["latency", "build", "--config", cfg, "--cost", "flops", "--table", out]) == 0
     assert LatencyTable.load(out).cost == "flops"
     assert main(["latency", "predict", "--arch", arch, "--table", out]) == 0
     assert "flops" in capsys.readouterr().out
@@ -80,7 +80,7 @@ def test_errors_are_one_line_exit_2(files, capsys):
     other = dict(TINY, candidates=["ir_k5_e6"])
     cfg2 = d / "other.yaml"
     cfg2.write_text(yaml.safe_dump({"space": other}))
-    assert main(["latency", "build", "--config", str(cfg2), "--out", out, "--probes", "0",
+    assert main(["latency", "build", "--config", str(cfg2), "--table", out, "--probes", "0",
                  "--quiet", *FAST]) == 0
     capsys.readouterr()
     assert main(["latency", "validate", "--config", cfg, "--table", out, *FAST]) == 2
@@ -96,7 +96,7 @@ def test_errors_are_one_line_exit_2(files, capsys):
 def test_timing_commands_take_the_tables_backend_then_the_configs(files, capsys):
     d, cfg, arch = files
     out = str(d / "lat.json")
-    assert main(["latency", "build", "--config", cfg, "--out", out, "--probes", "0",
+    assert main(["latency", "build", "--config", cfg, "--table", out, "--probes", "0",
                  "--quiet", *FAST]) == 0
     # no --device: validate and measure time on the table's backend (fake), not on cpu
     assert main(["latency", "validate", "--config", cfg, "--table", out, "-n", "5",
@@ -107,7 +107,7 @@ def test_timing_commands_take_the_tables_backend_then_the_configs(files, capsys)
     cfg2 = d / "fake.yaml"
     cfg2.write_text(yaml.safe_dump({"space": TINY, "latency": {"device": "fake"}}))
     out2 = str(d / "lat2.json")
-    assert main(["latency", "build", "--config", str(cfg2), "--out", out2, "--probes", "0",
+    assert main(["latency", "build", "--config", str(cfg2), "--table", out2, "--probes", "0",
                  "--quiet", "--rounds", "4"]) == 0
     assert LatencyTable.load(out2).meta["backend"] == "fake"
 
@@ -119,7 +119,7 @@ def test_measure_with_config_anchors_to_the_table_s_probes(files, capsys, monkey
     through the reference op moves by the 10%. --config without --table is a one-line error."""
     d, cfg, arch = files
     out = str(d / "lat.json")
-    assert main(["latency", "build", "--config", cfg, "--out", out, "--probes", "6",
+    assert main(["latency", "build", "--config", cfg, "--table", out, "--probes", "6",
                  "--quiet", *FAST]) == 0
     slow_reference_op(monkeypatch, 1.1)
     pred = LatencyTable.load(out).predict(

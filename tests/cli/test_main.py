@@ -17,7 +17,7 @@ def test_space_command(capsys):
 
 def test_arch_command(capsys):
     assert main(["arch", str(ROOT / "configs/archs/fbnet_c.yaml"),
-                 "--space", str(ROOT / "configs/fbnet_imagenet.yaml")]) == 0
+                 "--config", str(ROOT / "configs/fbnet_imagenet.yaml")]) == 0
     out = capsys.readouterr().out
     assert "fbnet_c" in out and "params 5.57 M" in out
 
@@ -32,7 +32,7 @@ def test_errors_are_one_line_with_status_2(tmp_path, capsys):
 
 def test_arch_not_in_space_exit_2(capsys):
     rc = main(["arch", str(ROOT / "configs/archs/fbnet_a.yaml"),
-               "--space", str(ROOT / "configs/fbnet_cifar10.yaml")])
+               "--config", str(ROOT / "configs/fbnet_cifar10.yaml")])
     assert rc == 2
     assert "macro.input_size" in capsys.readouterr().err
 
@@ -53,9 +53,9 @@ def test_python_m_fbnas_runs_the_cli(monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv, usage", [
     (["space", "c.yaml", "--nosuch"], "usage: fbnas space"),
-    (["latency", "build", "--config", "c.yaml", "--out", "t.json", "--zz"],
+    (["latency", "build", "--config", "c.yaml", "--table", "t.json", "--zz"],
      "usage: fbnas latency build"),
-    (["bench", "show", "b.json.gz", "--nosuch", "1"], "usage: fbnas bench show"),
+    (["bench", "show", "--bench", "b.json.gz", "--nosuch", "1"], "usage: fbnas bench show"),
 ])
 def test_an_unknown_flag_is_reported_against_its_commands_usage(argv, usage, capsys):
     with pytest.raises(SystemExit) as e:
@@ -67,7 +67,8 @@ def test_an_unknown_flag_is_reported_against_its_commands_usage(argv, usage, cap
 
 def test_a_bad_choice_fails_before_anything_is_printed(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["bench", "show", str(ROOT / "configs/bench_digits.json.gz"), "--metric", "nosuch"])
+        main(["bench", "show", "--bench", str(ROOT / "configs/bench_digits.json.gz"),
+              "--metric", "nosuch"])
     out, err = capsys.readouterr()
     assert out == "" and "--metric: invalid choice: 'nosuch'" in err
 

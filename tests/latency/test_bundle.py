@@ -121,7 +121,7 @@ def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
     results = run_bundle_standalone(folder)  # fbnas unimportable to the runner
     assert results["bundle"] == man["bundle_id"] and results["rounds"] == 3
     out = tmp_path / "device.json"
-    assert main(["latency", "import", str(folder / "results.json"), "--out", str(out)]) == 0
+    assert main(["latency", "import", str(folder / "results.json"), "--table", str(out)]) == 0
     table = LatencyTable.load(out)
     assert table.meta["backend"] == "executorch" and table.meta["bundle"] == man["bundle_id"]
     assert table.missing(SPACE) == [] and table.context["probes"] == 2
@@ -129,7 +129,7 @@ def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
     # results of another bundle are refused in one line
     results["bundle"] = "0" * 16
     (folder / "results.json").write_text(json.dumps(results))
-    assert main(["latency", "import", str(folder / "results.json"), "--out",
+    assert main(["latency", "import", str(folder / "results.json"), "--table",
                  str(tmp_path / "x.json")]) == 2
     assert "results of bundle" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()

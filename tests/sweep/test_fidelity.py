@@ -55,7 +55,7 @@ def test_fidelity_ranks_supernet_estimates_against_retraining(tmp_path, capsys):
 
 def test_fidelity_retrain_seeds_average_and_give_the_noise_ceiling(tmp_path, capsys):
     run = _search(tmp_path)
-    assert main(["fidelity", str(run), "-n", "3", "--retrain-seeds", "2"]) == 0
+    assert main(["fidelity", str(run), "-n", "3", "--retrains", "2"]) == 0
     rep = json.loads((run / "fidelity" / "fidelity.json").read_text())
     assert rep["retrain_seeds"] == 2
     for p in rep["points"]:
@@ -67,7 +67,7 @@ def test_fidelity_retrain_seeds_average_and_give_the_noise_ceiling(tmp_path, cap
         assert (run / "fidelity" / f"retrain-{p['hash'][:12]}-s1" / "results.json").is_file()
     assert -1 <= rep["retrain_vs_retrain_tau_ce"] <= 1
     assert "noise ceiling (retrain seed 0 vs 1)" in capsys.readouterr().out
-    assert main(["fidelity", str(run), "--retrain-seeds", "0"]) == 2
+    assert main(["fidelity", str(run), "--retrains", "0"]) == 2
 
 
 def test_fidelity_bad_input_is_one_line(tmp_path, capsys):

@@ -189,7 +189,7 @@ def test_measured_fits_are_timed_by_the_driver_once_the_searches_are_done(
     monkeypatch.setattr(FakeTimer, "prepare", slower)
     out = config.parent / "ray-target"
     assert main(["sweep", "--config", str(target_cfg), "--out", str(out), "--workers", "2",
-                 "--target", "0.4x,0.7x", "--random", "0", "--threads", "1"]) == 0
+                 "--targets", "0.4x,0.7x", "--random", "0", "--threads", "1"]) == 0
     printed = capsys.readouterr().out
     assert printed.index("search target0.7x finished") < printed.index(
         "search target0.4x: measured fit") < printed.index("retrain target0.4x started")

@@ -1,10 +1,10 @@
 """`fbnas bench ACTION`: the ground-truth benchmark of a small space, one module per action.
 
-    fbnas bench build --config configs/bench_digits.yaml --out bench.json.gz   (resumable)
-    fbnas bench build --config C.yaml --out F --sample 50 --bands 0.5x,0.8x   (a sampled truth)
-    fbnas bench add F ARCH.yaml... --config C.yaml      (a search's picks into a sampled one)
+    fbnas bench build --config configs/bench_digits.yaml --bench bench.json.gz   (resumable)
+    fbnas bench build --config C.yaml --bench F --sample 50 --targets 0.5x,0.8x  (sampled)
+    fbnas bench add ARCH.yaml... --bench F --config C.yaml  (a search's picks into a sampled one)
     fbnas bench query ARCH.yaml --bench bench.json.gz   (its entry and its rank)
-    fbnas bench show bench.json.gz                      (what it holds, the spread, the front)
+    fbnas bench show --bench bench.json.gz              (what it holds, the spread, the front)
     fbnas bench score RUN... --bench bench.json.gz      (search runs judged by the truth)
     fbnas bench duel --config C.yaml --out DIR [--bench F]  (the search against random
                                                         search at equal cost; resumable)

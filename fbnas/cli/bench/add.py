@@ -8,7 +8,8 @@ from __future__ import annotations
 def add_parser(actions) -> None:
     p = actions.add_parser("add", help="train networks into a sampled benchmark (a search's "
                                        "picks), as its build trains its reference sample")
-    p.add_argument("bench", help="the sampled benchmark file (fbnas bench build --sample)")
+    p.add_argument("--bench", required=True, metavar="FILE",
+                   help="the sampled benchmark file (fbnas bench build --sample)")
     p.add_argument("archs", nargs="*", metavar="ARCH.yaml", help="architectures of its space")
     p.add_argument("--pairs", action="append", default=[], metavar="FILE",
                    help="a duel's pair file (`fbnas bench duel`): both picks of every "

@@ -19,8 +19,10 @@ def add_parser(actions) -> None:
                                          "it end to end (resumable)")
     p.add_argument("--config", required=True, help="the benchmark's config (space, data, "
                                                     "retrain, latency)")
-    p.add_argument("--out", required=True, help="the benchmark file to write (gzip'd JSON)")
-    p.add_argument("--seeds", default="0,1", help="retrain.seed values (default 0,1)")
+    p.add_argument("--bench", required=True, metavar="FILE",
+                   help="the benchmark file to write (gzip'd JSON; resumed where it exists)")
+    p.add_argument("--retrain-seeds", default="0,1", metavar="S1,S2,...",
+                   help="the retrain.seed values every network is trained under")
     p.add_argument("--budgets", help="epochs to record, the last = retrain.epochs (default: "
                                      "a third of them and all)")
     p.add_argument("--rounds", type=int, default=30, help="timing rounds per chunk of networks")
@@ -32,12 +34,12 @@ def add_parser(actions) -> None:
     g.add_argument("--sample", type=int, metavar="N",
                    help="train a reference sample of N networks per target band, drawn "
                         "uniformly from the networks the config's cost table predicts in it")
-    g.add_argument("--bands", help="the bands' targets, as loss.target reads them (default "
+    g.add_argument("--targets", help="the bands' targets, as loss.target reads them (default "
                                    f"{','.join(DEFAULT_BANDS)})")
     g.add_argument("--band-width", type=float,
                    help="a band holds the networks predicted within ± this share of its "
                         "target (default 0.03)")
-    g.add_argument("--sample-seed", type=int, help="the draw's seed (default 0)")
+    g.add_argument("--seed", type=int, help="the seed of the draw (default 0)")
     g.add_argument("--add", nargs="+", default=[], metavar="ARCH.yaml",
                    help="also train these networks (a search's or a baseline's picks); later: "
                         "fbnas bench add")
@@ -58,14 +60,14 @@ def sample_spec(args) -> SampleSpec | None:
     from fbnas.bench.sample import SampleSpec
 
     if args.sample is None:
-        given = [f for f, v in (("--bands", args.bands), ("--band-width", args.band_width),
-                                ("--sample-seed", args.sample_seed), ("--add", args.add))
+        given = [f for f, v in (("--targets", args.targets), ("--band-width", args.band_width),
+                                ("--seed", args.seed), ("--add", args.add))
                  if v not in (None, [])]
         if given:
             raise FbnasError(f"{given[0]}: only for a sampled benchmark; give --sample N (the "
                              "networks per band) too")
         return None
-    return SampleSpec.parse(args.sample, args.bands, args.band_width, args.sample_seed)
+    return SampleSpec.parse(args.sample, args.targets, args.band_width, args.seed)
 
 
 def run(args) -> int:
@@ -76,10 +78,10 @@ def run(args) -> int:
     spec = sample_spec(args)
     cfg = load_config(args.config, args.set)
     add = [(Architecture.load(a), a) for a in args.add]
-    bench = build_bench(cfg, args.out, _ints(args.seeds, "--seeds"),
+    bench = build_bench(cfg, args.bench, _ints(args.retrain_seeds, "--retrain-seeds"),
                         _ints(args.budgets, "--budgets") if args.budgets else None,
                         args.rounds, args.limit, args.workers, sample=spec, add=add)
-    print(summary(args.out, bench))
+    print(summary(args.bench, bench))
     return 0
 
 

@@ -40,19 +40,23 @@ def add_parser(actions) -> None:
                                          "trains networks of its band for the search's wall "
                                          "time, per target x seed, both picks retrained")
     ap.add_argument("--config", required=True, help="the search's config (as a user runs it)")
-    ap.add_argument("--targets", default="0.5x,0.8x")
-    ap.add_argument("--seeds", default="0,1,2,3,4,5")
-    ap.add_argument("--retrain-seeds", default="1000,1001,1002",
+    ap.add_argument("--targets", default="0.5x,0.8x", metavar="T1,T2,...",
+                    help="the targets, as loss.target reads them")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5", metavar="S1,S2,...",
+                    help="the search seeds (search.seed): one pair per target and seed")
+    ap.add_argument("--retrain-seeds", default="1000,1001,1002,1003,1004", metavar="S1,S2,...",
                     help="the fresh seeds both picks are retrained under")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of both sides")
-    ap.add_argument("--out", required=True, help="the duel's folder (resumed when it exists)")
-    ap.add_argument("--bench", help="a benchmark file of the config's space: each pick's "
-                                    "percentile among its reference networks")
+    ap.add_argument("--out", required=True, metavar="DIR",
+                    help="the duel's folder (resumed when it exists)")
+    ap.add_argument("--bench", metavar="FILE",
+                    help="a benchmark file of the config's space: each pick's percentile among "
+                         "its reference networks")
     ap.add_argument("--own-table", action="store_true",
                     help="each search measures its own latency table (its build in C, as a "
                          "user's first search); default: the machine's table cache is shared")
     ap.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
-    ap.add_argument("--set", action="append", default=[], dest="sets",
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
                     help="an override for both sides (KEY=VALUE)")
     ap.set_defaults(func=run)
 

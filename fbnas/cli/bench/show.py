@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def add_parser(actions) -> None:
     p = actions.add_parser("show", help="a benchmark's contents, spread and front")
-    p.add_argument("bench", help="the benchmark file")
+    p.add_argument("--bench", required=True, metavar="FILE", help="the benchmark file")
     p.add_argument("--metric", default="val_acc", choices=METRICS,
                    help="the figure shown (default %(default)s)")
     p.set_defaults(func=run)

@@ -17,7 +17,7 @@ def run(args) -> int:
     from fbnas.search_space import load_space
 
     space = load_space(args.config)
-    out = Path(args.out)
+    out = Path(args.table)
     table = None
     if out.exists() and not args.fresh:
         table = LatencyTable.load(out)
@@ -57,12 +57,13 @@ def run(args) -> int:
 def add_parser(actions) -> None:
     b = actions.add_parser("build", help="measure a table's missing entries for a search space")
     b.add_argument("--config", required=True, help="config file with a 'space:' section")
-    b.add_argument("--out", required=True, help="table file (extended/resumed if it exists)")
+    b.add_argument("--table", required=True, metavar="FILE",
+                   help="the table file to write (extended, or resumed, where it exists)")
     b.add_argument("--cost", default="latency", choices=COST_KINDS.choices(),
                    help="what to tabulate (flops and params need no device)")
     b.add_argument("--probes", type=int, default=12,
                    help="child networks timed to fit the in-network context model (0: none)")
-    b.add_argument("--fresh", action="store_true", help="ignore an existing --out file")
+    b.add_argument("--fresh", action="store_true", help="ignore an existing --table file")
     b.add_argument("--quiet", action="store_true", help="no progress output")
     timer_args(b)
     b.set_defaults(func=run)

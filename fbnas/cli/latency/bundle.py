@@ -37,7 +37,8 @@ def add_parser(actions) -> None:
                                            "fbnas")
     bd.add_argument("--config", required=True, help="config file with a 'space:' section")
     bd.add_argument("--out", required=True, help="new folder for the bundle")
-    bd.add_argument("--runtime", default="executorch", choices=TIMERS.choices(bundle=True))
+    bd.add_argument("--runtime", default="executorch", choices=TIMERS.choices(bundle=True),
+                    help="the runtime the bundle's programs are lowered for")
     bd.add_argument("--table", help="leave out the entries this table has")
     bd.add_argument("--threads", type=int, default=1, help="threads on the device (default 1)")
     bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")

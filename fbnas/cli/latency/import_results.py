@@ -11,8 +11,8 @@ def run(args) -> int:
 
     space = load_space(args.config) if args.config else None
     table = import_results(args.results, space)
-    table.save(args.out)
-    print(f"{args.out}: {len(table)} entries from {args.results} on "
+    table.save(args.table)
+    print(f"{args.table}: {len(table)} entries from {args.results} on "
           f"{table.meta.get('device_name')} ({table.meta.get('threads')} thread(s)); "
           f"{context_text(table)}")
     return 0
@@ -21,6 +21,6 @@ def run(args) -> int:
 def add_parser(actions) -> None:
     im = actions.add_parser("import", help="turn a bundle's results.json into a latency table")
     im.add_argument("results", help="results.json written by the bundle's run_bundle.py")
-    im.add_argument("--out", required=True, help="table file to write")
+    im.add_argument("--table", required=True, metavar="FILE", help="the table file to write")
     im.add_argument("--config", help="check the table covers this config's space")
     im.set_defaults(func=run)

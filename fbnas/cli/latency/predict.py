@@ -20,10 +20,10 @@ def run(args) -> int:
         total = table.predict(arch, "raw")
         print(f"{arch.name} [{arch.short_hash}] {path}: {fmt(total, table).strip()} "
               f"{table.unit} (table)")
-        if args.model != "raw":
-            adj = table.predict(arch, args.model, space)
+        if args.cost_model != "raw":
+            adj = table.predict(arch, args.cost_model, space)
             if adj != total:
-                print(f"  {args.model}: {fmt(adj, table).strip()} {table.unit}")
+                print(f"  {args.cost_model}: {fmt(adj, table).strip()} {table.unit}")
         if args.verbose:
             for s in arch_signatures(arch):
                 print(f"    {s.key():40s} {fmt(table.value(s), table)}")
@@ -35,7 +35,7 @@ def add_parser(actions) -> None:
     r.add_argument("--arch", required=True, nargs="+", help="architecture YAML file(s)")
     r.add_argument("--table", required=True, help="table file")
     r.add_argument("--config", help="the search space (needed for fitted corrections)")
-    r.add_argument("--model", default="auto", choices=("auto", "raw", "calibrated", "fitted"),
+    r.add_argument("--cost-model", default="auto", choices=("auto", "raw", "calibrated", "fitted"),
                    help="also print the calibrated or fitted estimate (default: best stored)")
     r.add_argument("-v", "--verbose", action="store_true", help="per-entry breakdown")
     r.set_defaults(func=run)

@@ -35,7 +35,7 @@ def run(args) -> int:
                    progress=not args.quiet, others=others)
     for line in summary_lines(rep):
         print(line)
-    out = args.report or str(Path(args.table).with_suffix("")) + ".validate.json"
+    out = args.json or str(Path(args.table).with_suffix("")) + ".validate.json"
     write_json_atomic(out, public_report(rep))
     print(f"report: {out}")
     if args.plot:
@@ -54,14 +54,14 @@ def add_parser(actions) -> None:
     v.add_argument("--config", required=True, help="config file with a 'space:' section")
     v.add_argument("--table", required=True, help="latency table file")
     v.add_argument("-n", type=int, default=50, help="architectures to sample (default 50)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=int, default=0, help="the seed of the architectures drawn")
     v.add_argument("--repeats", type=int, default=2,
                    help="independent end-to-end passes (>= 2 reports repeat agreement)")
     v.add_argument("--fit-model", action="store_true",
                    help="also fit per-(layer, op) corrections (TuNAS-style cost model)")
     v.add_argument("--save", action="store_true",
                    help="store the calibration (and corrections) in the table file")
-    v.add_argument("--report", help="report JSON (default: TABLE.validate.json)")
+    v.add_argument("--json", metavar="FILE", help="the report (default: TABLE.validate.json)")
     v.add_argument("--also", nargs="+", metavar="TABLE",
                    help="other tables of the space (e.g. the fp32 table of an int8 --table): "
                         "how each ranks the same measured networks, and its entries / the "
