@@ -38,6 +38,7 @@ from fbnas.search_space import SearchSpace
 from fbnas.settings import (
     DEVICES,
     FIT_MEASURES,
+    LATENCY_TOLERANCE,
     SECTIONS,
     check_sections,
     read_fields,
@@ -189,7 +190,7 @@ class SearchConfig:
     # with a loss.target: move the final argmax onto the target (fbnas.fit.onto_target), within
     # ±tol. The fit settings are resumable: the fit is applied from θ after the last epoch
     fit_target: bool = setting(True, "bool", resumable=True)
-    fit_tolerance: float = setting(0.03, "float", gt=0.0, max=0.5, resumable=True)
+    fit_tolerance: float = setting(LATENCY_TOLERANCE, "float", gt=0.0, max=0.5, resumable=True)
     # then time the fitted network end to end on the table's device and re-fit until it
     # measures within ±fit_tolerance (`auto`: where this machine can time the table's device;
     # `on`: an error where it cannot), timing at most `fit_rounds` networks

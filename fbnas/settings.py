@@ -141,13 +141,21 @@ def suggest(name: Any, known: Iterable[str], what: str = "known keys") -> str:
 
 
 # a config file's sections, in the order a resolved config writes them
+SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 # the devices a network trains on (retrain.device, search.device, `fbnas eval --device`)
 DEVICES = ("auto", "cpu", "cuda")
 # whether a search's fit to its target times networks (search.fit_measure, `fbnas sample
 # --fit-measure`): auto does where this machine can time the table's device
 FIT_MEASURES = ("auto", "on", "off")
 
-SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
+# Numbers the settings, the library and the command line share, declared once:
+# a network is on its latency target within ±3% (search.fit_tolerance, the fit's defaults), and
+# the benchmark reads "of similar latency" (`--near`) and draws its bands (`--band-width`) so
+LATENCY_TOLERANCE = 0.03
+# interleaved rounds a timing takes per entry (the measurement protocol, `--rounds`)
+TIMING_ROUNDS = 30
+# probe networks timed end to end to fit a table's in-network context model (`--probes`)
+CONTEXT_PROBES = 12
 
 
 # the key each kind of fbnas file holds, what it is and the command that reads it

@@ -367,3 +367,40 @@ def test_shipped_configs_set_nothing_their_mode_ignores(path):
     cfg = load_config(path)
     given = {k for sec, k in cfg.given if sec == "search"}
     assert ignored_note(cfg.search.mode, cfg.search.weight_sampling, given) is None
+
+
+def test_shared_numbers_are_one_declaration():
+    """±3%, 30 timing rounds and 12 probes: each one constant (fbnas.settings) that the
+    settings, the library's defaults and the command line's flags all read."""
+    import inspect
+
+    from fbnas.bench.sample import SampleSpec
+    from fbnas.bench.score import score_run
+    from fbnas.cli import build_parser
+    from fbnas.fit.onto_target import fit_to_target
+    from fbnas.latency.build import build_table
+    from fbnas.latency.measure import Protocol
+    from fbnas.settings import CONTEXT_PROBES, LATENCY_TOLERANCE, TIMING_ROUNDS
+
+    def default(fn, name):
+        return inspect.signature(fn).parameters[name].default
+
+    assert SearchConfig().fit_tolerance == default(fit_to_target, "tol") == \
+        default(score_run, "near") == SampleSpec.parse(2, None, None, None).band_width == \
+        LATENCY_TOLERANCE
+    assert Protocol().rounds == TIMING_ROUNDS
+    assert default(build_table, "context_probes") == CONTEXT_PROBES
+    flags = {}
+    parser = build_parser()
+    for path in (["bench", "score"], ["bench", "query"], ["bench", "build"],
+                 ["latency", "build"], ["latency", "bundle"]):
+        p = parser
+        for name in path:
+            p = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)
+                     ).choices[name]
+        for a in p._actions:
+            if a.dest in ("near", "rounds", "probes"):
+                flags.setdefault(a.dest, set()).add(a.default)
+    assert flags["near"] == {LATENCY_TOLERANCE}
+    # (latency build's --rounds is None: the table's protocol, else Protocol's)
+    assert flags["rounds"] - {None} == {TIMING_ROUNDS} and flags["probes"] == {CONTEXT_PROBES}

@@ -56,6 +56,7 @@ from fbnas.latency.end_to_end import panel, time_archs, timer_for_table
 from fbnas.provenance import check_same_code, code_record, describe_code
 from fbnas.retrain import ChildTrainer
 from fbnas.rng import rng_state, set_rng_state
+from fbnas.settings import TIMING_ROUNDS
 from fbnas.sweep.ray_tasks import driver_code, import_ray, worker_env
 from fbnas.training import close_logger
 
@@ -213,7 +214,7 @@ def capability_hint(recorded: str | None) -> str:
 
 
 def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
-                budgets: Sequence[int] | None = None, rounds: int = 30,
+                budgets: Sequence[int] | None = None, rounds: int = TIMING_ROUNDS,
                 limit: int | None = None, workers: int | None = None,
                 log: Callable[[str], None] = print, sample: SampleSpec | None = None,
                 add: Sequence[tuple[Architecture, str]] = (), only_added: bool = False
@@ -357,7 +358,7 @@ def _sampled_archs(cfg: Config, bench: Bench, path: Path, spec: SampleSpec,
 
 
 def add_to_bench(cfg: Config, out: str | Path, add: Sequence[tuple[Architecture, str]],
-                 rounds: int = 30, workers: int | None = None,
+                 rounds: int = TIMING_ROUNDS, workers: int | None = None,
                  log: Callable[[str], None] = print) -> Bench:
     """Add networks (a search's or a baseline's picks) to the sampled benchmark `out`, trained
     under its seeds and budgets with `cfg`'s recipe (which must be the file's) and timed as

@@ -66,10 +66,11 @@ from fbnas.retrain import search_cost_of, train_child
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
 from fbnas.search_space import SearchSpace
+from fbnas.settings import LATENCY_TOLERANCE
 from fbnas.training.loop import torch_threads
 
 MAX_DRAWS = 100_000  # draws in a row without a new network in the band: it is exhausted
-NEAR = 0.03  # a pick's percentile is read among the reference networks within ±3% of it
+NEAR = LATENCY_TOLERANCE  # a pick's percentile: among the reference networks within ±3% of it
 
 Measure = Callable[[list[int]], tuple[float, float]]
 Train = Callable[[list[int]], dict[str, float]]

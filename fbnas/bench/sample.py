@@ -26,6 +26,7 @@ from fbnas.bench import DEFAULT_BANDS
 from fbnas.errors import FbnasError
 from fbnas.fit.band import band_members, draw_rejecting
 from fbnas.loss import parse_target, resolve_target
+from fbnas.settings import LATENCY_TOLERANCE
 
 ENUMERATE = 1 << 21  # spaces up to this many networks are enumerated: a band's size is exact
 MAX_DRAWS = 1_000_000  # rejection sampling of a larger space gives up after this many draws
@@ -38,7 +39,7 @@ class SampleSpec:
 
     n: int
     bands: tuple[str, ...] = DEFAULT_BANDS
-    band_width: float = 0.03
+    band_width: float = LATENCY_TOLERANCE
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -63,7 +64,7 @@ class SampleSpec:
         [--seed S]`."""
         raw = DEFAULT_BANDS if bands is None else tuple(
             b.strip() for b in bands.split(",") if b.strip())
-        return cls(n, raw, 0.03 if band_width is None else float(band_width),
+        return cls(n, raw, LATENCY_TOLERANCE if band_width is None else float(band_width),
                    0 if seed is None else int(seed))
 
     def to_dict(self) -> dict[str, Any]:

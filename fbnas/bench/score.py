@@ -63,6 +63,7 @@ from fbnas.bench.table import Bench, check_space
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import near_or_nearest
 from fbnas.runs.search_run import SearchRun
+from fbnas.settings import LATENCY_TOLERANCE
 from fbnas.sweep.fidelity import supernet_accuracy
 
 TRUTH = "test_acc"  # what regret and percentile judge by (mean over seeds, full budget)
@@ -241,7 +242,7 @@ def supernet_ranking(run: SearchRun, bench: Bench, keys: list[str]) -> dict[str,
     return {k: supernet_accuracy(net, bench.arch(k), cfg, data, device) for k in keys}
 
 
-def score_run(bench: Bench, run_dir: str | Path, near: float = 0.03, trials: int = 200,
+def score_run(bench: Bench, run_dir: str | Path, near: float = LATENCY_TOLERANCE, trials: int = 200,
               seed: int = 0, rank: bool = True) -> Score:
     run = SearchRun.open(run_dir)
     arch = run.arch

@@ -26,6 +26,7 @@ import torch
 
 from fbnas.arch import log_prob
 from fbnas.search.cost_model import predicted_cost
+from fbnas.settings import LATENCY_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Fit:
     cost: float  # its predicted cost
     changes: int  # layers changed from the argmax
     hit: bool  # within tolerance of the target
-    tol: float = 0.03
+    tol: float = LATENCY_TOLERANCE
 
     def describe(self, spec: object, target: float, unit: str) -> str:
         """The log line: what was asked, how many layers moved, where it landed."""
@@ -56,7 +57,8 @@ def range_warning(spec: object, loss: object, bounds: tuple[float, float], unit:
 
 
 def fit_to_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
-                  target: float, tol: float = 0.03, start: Sequence[int] | None = None) -> Fit:
+                  target: float, tol: float = LATENCY_TOLERANCE,
+                  start: Sequence[int] | None = None) -> Fit:
     """The argmax of θ (or `start`), changed greedily until its predicted cost Σ rows[l][i_l] +
     fixed is within a factor 1 ± `tol` of `target` (or no change moves it closer)."""
     logp = [torch.log_softmax(t.detach().double().cpu(), -1).tolist() for t in theta]
@@ -106,7 +108,7 @@ def fit_to_target(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]]
                tol)
 
 
-def fit_with_widths(theta: Sequence[torch.Tensor], wc, target: float, tol: float = 0.03
+def fit_with_widths(theta: Sequence[torch.Tensor], wc, target: float, tol: float = LATENCY_TOLERANCE
                     ) -> tuple[Fit, tuple[int, ...]]:
     """`fit_to_target` for a width-searched space (`wc`: its WidthCosts): at each choice of
     widths the costs are additive over layers again, so the op fit runs at every choice and
@@ -206,7 +208,7 @@ class MeasuredFit:
 
 
 def measured_fit(theta: Sequence[torch.Tensor], rows: Sequence[Sequence[float]], fixed: float,
-                 target: float, measure, tol: float = 0.03, max_rounds: int = 6,
+                 target: float, measure, tol: float = LATENCY_TOLERANCE, max_rounds: int = 6,
                  confirm: bool = True, first: Sequence[int] | None = None,
                  prefer: Sequence[Sequence[int]] = (), trained: int = 0) -> MeasuredFit:
     """`fit_to_target`, then the fitted architecture timed end to end by `measure(indices) ->

@@ -48,6 +48,7 @@ from fbnas.latency.measure import (
 from fbnas.latency.signature import Signature, arch_signatures, space_signatures
 from fbnas.latency.table import META_ABSENT, LatencyTable, space_hash
 from fbnas.search_space import SearchSpace
+from fbnas.settings import CONTEXT_PROBES
 
 OVERHEAD = "call overhead"  # the empty program an exported runtime's entries are corrected by
 # the context model's exponent stays within these (12 probes identify it; the bounds keep a
@@ -268,7 +269,7 @@ def measure_archs(timer: Timer, archs: Sequence[Architecture], protocol: Protoco
 @under_allocator
 def build_table(space: SearchSpace, timer: Timer, protocol: Protocol | None = None,
                 table: LatencyTable | None = None, out: str | Path | None = None,
-                chunk: int = 32, context_probes: int = 12, progress: bool = False,
+                chunk: int = 32, context_probes: int = CONTEXT_PROBES, progress: bool = False,
                 log: Callable[[str], None] | None = None) -> LatencyTable:
     """Measure every signature of `space` that `table` lacks (all of them without a table).
 

@@ -40,13 +40,14 @@ from fbnas.latency.measure import REFERENCE, EntryStats, Protocol, reference_sca
 from fbnas.latency.signature import Signature, space_signatures
 from fbnas.latency.table import LatencyTable
 from fbnas.search_space import SearchSpace
+from fbnas.settings import CONTEXT_PROBES
 
 RUNTIMES = TIMERS.choices(bundle=True)
 RUNNER = Path(__file__).with_name("bundle_runner.py")
 
 
 def write_bundle(space: SearchSpace, out: str | Path, runtime: str = "executorch",
-                 threads: int = 1, protocol: Protocol | None = None, probes: int = 12,
+                 threads: int = 1, protocol: Protocol | None = None, probes: int = CONTEXT_PROBES,
                  table: LatencyTable | None = None, log=None,
                  networks: Sequence[Architecture] = (), purpose: dict | None = None,
                  quantization: str | None = None) -> dict[str, Any]:

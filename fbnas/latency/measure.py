@@ -30,6 +30,7 @@ import numpy as np
 
 from fbnas.backends import Runnable, Timer
 from fbnas.latency.signature import Signature
+from fbnas.settings import TIMING_ROUNDS
 
 # The fixed reference op: a mid-sized IRF block, the kind of work the entries do.
 REFERENCE = Signature("block", "ir_k3_e3", 32, 32, 1, 16, 16)
@@ -39,7 +40,7 @@ REFERENCE = Signature("block", "ir_k3_e3", 32, 32, 1, 16, 16)
 class Protocol:
     """How entries are timed; recorded in the table so a rebuild can repeat it."""
 
-    rounds: int = 30
+    rounds: int = TIMING_ROUNDS
     sample_s: float = 0.008  # target duration of one entry sample
     ref_sample_s: float = 0.004
     ref_every: int = 2  # reference samples bracket every `ref_every` entry samples

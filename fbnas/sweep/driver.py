@@ -67,6 +67,7 @@ from fbnas.plots import _plt
 from fbnas.retrain import target_ms_of
 from fbnas.runs.files import RunFiles
 from fbnas.search.modes import get_mode, refuse_as_theta_mode
+from fbnas.settings import LATENCY_TOLERANCE
 from fbnas.sweep.grid import PARAMS, Axis, axis_label, fmt_value, point_config
 from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
 
@@ -346,7 +347,8 @@ class Sweep:
         searched = [p for p in points if p.kind == "search"]
         rand = [p for p in points if p.kind == "random"]
         iqrs = [p.results.get("measured_latency_iqr") or 0.0 for p in points]
-        lat_tol = max(0.03, sorted(iqrs)[len(iqrs) // 2]) if iqrs else 0.03
+        lat_tol = (max(LATENCY_TOLERANCE, sorted(iqrs)[len(iqrs) // 2]) if iqrs
+                   else LATENCY_TOLERANCE)
         n_test = self._n_test()
         accs = [p.results["top1"] for p in points if p.results.get("top1") is not None]
         mean_acc = sum(accs) / max(len(accs), 1)

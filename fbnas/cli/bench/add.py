@@ -4,6 +4,8 @@ recipe, so that `fbnas bench score` can judge them (resumable as the build is)."
 
 from __future__ import annotations
 
+from fbnas.settings import TIMING_ROUNDS
+
 
 def add_parser(actions) -> None:
     p = actions.add_parser("add", help="train networks into a sampled benchmark (a search's "
@@ -15,7 +17,8 @@ def add_parser(actions) -> None:
                    help="a duel's pair file (`fbnas bench duel`): both picks of every "
                         "finished pair (repeatable)")
     p.add_argument("--config", required=True, help="the benchmark's config (its recipe)")
-    p.add_argument("--rounds", type=int, default=30, help="timing rounds per chunk of networks")
+    p.add_argument("--rounds", type=int, default=TIMING_ROUNDS,
+                   help="timing rounds per chunk of networks")
     p.add_argument("--workers", type=int, help="train this many networks at once (Ray)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from fbnas.bench import DEFAULT_BANDS
 from fbnas.errors import FbnasError
+from fbnas.settings import LATENCY_TOLERANCE, TIMING_ROUNDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fbnas.bench.sample import SampleSpec
@@ -25,7 +26,8 @@ def add_parser(actions) -> None:
                    help="the retrain.seed values every network is trained under")
     p.add_argument("--budgets", help="epochs to record, the last = retrain.epochs (default: "
                                      "a third of them and all)")
-    p.add_argument("--rounds", type=int, default=30, help="timing rounds per chunk of networks")
+    p.add_argument("--rounds", type=int, default=TIMING_ROUNDS,
+                   help="timing rounds per chunk of networks")
     p.add_argument("--limit", type=int, help="train at most this many networks now")
     p.add_argument("--workers", type=int, help="train this many networks at once, as Ray "
                                                "tasks of one thread each (pip install "
@@ -38,7 +40,7 @@ def add_parser(actions) -> None:
                                    f"{','.join(DEFAULT_BANDS)})")
     g.add_argument("--band-width", type=float,
                    help="a band holds the networks predicted within ± this share of its "
-                        "target (default 0.03)")
+                        f"target (default {LATENCY_TOLERANCE:g})")
     g.add_argument("--seed", type=int, help="the seed of the draw (default 0)")
     g.add_argument("--add", nargs="+", default=[], metavar="ARCH.yaml",
                    help="also train these networks (a search's or a baseline's picks); later: "

@@ -3,14 +3,17 @@ latency) and its rank among all networks and among those of similar latency."""
 
 from __future__ import annotations
 
+from fbnas.bench import METRICS
+from fbnas.settings import LATENCY_TOLERANCE
+
 
 def add_parser(actions) -> None:
     p = actions.add_parser("query", help="a network's entry and rank in a benchmark")
     p.add_argument("arch", help="an architecture YAML of the benchmark's space")
     p.add_argument("--bench", required=True, help="the benchmark file")
-    p.add_argument("--metric", default="val_acc", help="what ranks (default val_acc)")
-    p.add_argument("--near", type=float, default=0.03,
-                   help="'similar latency': within ± this share (default 0.03)")
+    p.add_argument("--metric", default="val_acc", choices=METRICS, help="what ranks")
+    p.add_argument("--near", type=float, default=LATENCY_TOLERANCE,
+                   help="'similar latency': within ± this share")
     p.set_defaults(func=run)
 
 

@@ -11,6 +11,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 from fbnas.io import write_json_atomic
+from fbnas.settings import LATENCY_TOLERANCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from fbnas.bench.table import Bench
@@ -22,8 +23,8 @@ def add_parser(actions) -> None:
     p.add_argument("runs", nargs="+", help="search run directories, or a sweep's folder (its "
                                            "searches: fbnas sweep --bench FILE)")
     p.add_argument("--bench", required=True, help="the benchmark file")
-    p.add_argument("--near", type=float, default=0.03,
-                   help="latency-matched: within ± this share (default 0.03)")
+    p.add_argument("--near", type=float, default=LATENCY_TOLERANCE,
+                   help="latency-matched: within ± this share")
     p.add_argument("--trials", type=int, default=200, help="random searches to average")
     p.add_argument("--no-rank", action="store_true",
                    help="skip the supernet's ranking of every network (faster)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from fbnas.cli.latency.common import log, protocol, timer, timer_args
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
+from fbnas.settings import CONTEXT_PROBES
 
 
 def run(args) -> int:
@@ -61,7 +62,7 @@ def add_parser(actions) -> None:
                    help="the table file to write (extended, or resumed, where it exists)")
     b.add_argument("--cost", default="latency", choices=COST_KINDS.choices(),
                    help="what to tabulate (flops and params need no device)")
-    b.add_argument("--probes", type=int, default=12,
+    b.add_argument("--probes", type=int, default=CONTEXT_PROBES,
                    help="child networks timed to fit the in-network context model (0: none)")
     b.add_argument("--fresh", action="store_true", help="ignore an existing --table file")
     b.add_argument("--quiet", action="store_true", help="no progress output")

@@ -8,6 +8,7 @@ from pathlib import Path
 from fbnas.backends import QUANTIZATIONS, TIMERS
 from fbnas.cli.latency.common import log
 from fbnas.errors import FbnasError
+from fbnas.settings import CONTEXT_PROBES, TIMING_ROUNDS
 
 
 def run(args) -> int:
@@ -41,8 +42,8 @@ def add_parser(actions) -> None:
                     help="the runtime the bundle's programs are lowered for")
     bd.add_argument("--table", help="leave out the entries this table has")
     bd.add_argument("--threads", type=int, default=1, help="threads on the device (default 1)")
-    bd.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30)")
-    bd.add_argument("--probes", type=int, default=12,
+    bd.add_argument("--rounds", type=int, default=TIMING_ROUNDS, help="interleaved rounds")
+    bd.add_argument("--probes", type=int, default=CONTEXT_PROBES,
                     help="child networks for the context model (0: none)")
     bd.add_argument("--quantization", choices=QUANTIZATIONS,
                     help="int8: every program quantized as latency.quantization: int8 times "

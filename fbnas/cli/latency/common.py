@@ -11,6 +11,7 @@ from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, clock_choices, offered
 from fbnas.backends.allocator import ALLOCATORS
 from fbnas.cost_kinds import COST_KINDS
 from fbnas.errors import FbnasError
+from fbnas.settings import TIMING_ROUNDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fbnas.backends.base import Timer
@@ -42,7 +43,8 @@ def timer_args(p) -> None:
                    help="cpu: thread CPU time (default with 1 thread; leaves out time other "
                         "processes took) or wall time (default with several threads)")
     g.add_argument("--rounds", type=int, default=None,
-                   help="interleaved rounds per entry (default from the protocol: 30)")
+                   help="interleaved rounds per entry (default: the table's protocol, else "
+                        f"{TIMING_ROUNDS})")
     g.add_argument("--sample-ms", type=float, default=None,
                    help="target duration of one sample in ms (default 8)")
     g.add_argument("--no-reference", action="store_true",
