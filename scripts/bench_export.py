@@ -9,7 +9,7 @@ For each of N random architectures of the space (random op per layer), a child n
 random weights and perturbed BatchNorm statistics and affine parameters (so BN is not the
 identity and folding it matters), in eval mode, is exported to every format (TorchScript,
 ONNX, .pt2, .pte; no verification) and run on the same 64 N(0, 1) inputs as the eager model.
-Prints max abs and max rel diff (fbnas.export.check_equivalence's definitions) per arch and
+Prints max abs and max rel diff (fbnas.backends.export.check_equivalence's definitions) per arch and
 format, then the median and max over the archs.
 """
 
@@ -25,7 +25,7 @@ import torch
 
 from fbnas.arch import arch_from_indices, build_child
 from fbnas.backends import FORMATS
-from fbnas.export import check_equivalence, export_child
+from fbnas.backends.export import check_equivalence, export_child
 from scripts.common import SPACES, Spread, run_config
 
 

@@ -10,15 +10,15 @@ from conftest import TINY_SPACE
 
 from fbnas.arch import arch_from_indices, build_child, load_child
 from fbnas.backends import FORMATS
-from fbnas.checkpoint import save_checkpoint
-from fbnas.cli import main
-from fbnas.errors import FbnasError
-from fbnas.export import (
+from fbnas.backends.export import (
     check_equivalence,
     export_child,
     exported_metadata,
     load_exported,
 )
+from fbnas.checkpoint import save_checkpoint
+from fbnas.cli import main
+from fbnas.errors import FbnasError
 from fbnas.search_space import SearchSpace
 
 # The ONNX tests need the onnx extra, which the dev extra includes: without it they fail

@@ -10,7 +10,7 @@ last digit (the test evaluations at the smaller budgets leave every random numbe
 it was). The config must set `retrain.threads`: the thread count changes the float reduction
 order, so the build (serial or on Ray, one task of that many CPUs per network) and a user's
 retrain train at that count. A Ray task first checks that its worker imports the driver's
-fbnas sources; the file records the code it was built with (`fbnas.provenance`).
+fbnas sources; the file records the code it was built with (`fbnas.runs.provenance`).
 Latency: the table's prediction, and the measured fit's end-to-end protocol (networks timed
 among the table's probe networks, anchored to them), in chunks.
 
@@ -53,9 +53,9 @@ from fbnas.fit.costs import resolve_costs
 from fbnas.io import clock
 from fbnas.latency import space_hash
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table
-from fbnas.provenance import check_same_code, code_record, describe_code
 from fbnas.retrain import ChildTrainer
 from fbnas.rng import rng_state, set_rng_state
+from fbnas.runs.provenance import check_same_code, code_record, describe_code
 from fbnas.settings import TIMING_ROUNDS
 from fbnas.sweep.ray_tasks import driver_code, import_ray, worker_env
 from fbnas.training import close_logger

@@ -16,7 +16,7 @@ hash to {"ops", "params", "flops", "predicted", "measured", "runs": {seed: {budg
 (and "channels", the stages' widths, in a width-searched space). The meta holds the space, the
 training (`training_record`), budgets, seeds, latency source, versions, the machine and, since
 2026-11-27, "code": the code and machine each sitting of the build trained on
-(`fbnas.provenance.code_record`: commit, local changes, the sources' hash; plus "machine"), the
+(`fbnas.runs.provenance.code_record`: commit, local changes, the sources' hash; plus "machine"), the
 first being the commit it was built at; a file from before has none (`Bench.code` is then
 empty) and loads as it did.
 
@@ -108,7 +108,7 @@ class Bench:
 
     @property
     def code(self) -> list[dict[str, Any]]:
-        """The code records of the build's sittings (`fbnas.provenance.code_record` and the
+        """The code records of the build's sittings (`fbnas.runs.provenance.code_record` and the
         machine), the first that it was built at; empty for a file from before they were
         recorded."""
         return list(self.meta.get("code") or [])

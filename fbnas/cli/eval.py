@@ -39,10 +39,10 @@ def run(args) -> int:
     import torch
 
     from fbnas.arch import load_child
+    from fbnas.backends.export import ExportedModel
     from fbnas.config import apply_overrides, config_from_dict, load_config
     from fbnas.data import build_eval_data
     from fbnas.evaluate import evaluate
-    from fbnas.export import ExportedModel
     from fbnas.training import resolve_device
 
     device = resolve_device(args.device, "--device")

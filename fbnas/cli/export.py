@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
 
     from fbnas.arch import load_child
-    from fbnas.export import (
+    from fbnas.backends.export import (
         check_format,
         export_child,
         opset_formats,
@@ -106,7 +106,7 @@ def run(args) -> int:
 
 def _outputs(out: str | None, checkpoint: str, formats: list[str], quantize: str
              ) -> dict[str, Path]:
-    from fbnas.export import default_out, program_name
+    from fbnas.backends.export import default_out, program_name
 
     if out is None:
         return {fmt: default_out(checkpoint, fmt, quantize) for fmt in formats}

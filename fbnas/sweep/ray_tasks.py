@@ -50,8 +50,8 @@ from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs
 from fbnas.fit.select import refit
 from fbnas.io import ensure_dir, load_json, write_json_atomic
-from fbnas.provenance import PACKAGE, check_same_code, source_hash
 from fbnas.runs.files import RunFiles
+from fbnas.runs.provenance import PACKAGE, check_same_code, source_hash
 from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
 from fbnas.sweep.point import retrain_point, search_done, search_point

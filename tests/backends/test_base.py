@@ -18,13 +18,13 @@ from conftest import TINY_SPACE, latency_space
 
 from fbnas.arch import arch_from_indices, build_child
 from fbnas.backends import FORMATS, TIMERS, make_timer
+from fbnas.backends.export import check_format, default_out, export_child, format_of, load_exported
 from fbnas.backends.fake import FakeTimer
 from fbnas.backends.torchscript import TorchScriptFormat
 from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
 from fbnas.cost_kinds import COST_KINDS, CostKind
 from fbnas.errors import FbnasError
-from fbnas.export import check_format, default_out, export_child, format_of, load_exported
 from fbnas.latency import LatencyTable, build_cost_table
 from fbnas.latency.config import LatencyConfig
 from fbnas.search_space import SearchSpace
@@ -140,7 +140,8 @@ def test_a_registered_cost_kind_is_tabulated_and_configured():
 
 @pytest.mark.parametrize("order", [  # the fast tier one order, the slow tier the others
     o if i == 0 else pytest.param(o, marks=pytest.mark.slow) for i, o in
-    enumerate(itertools.permutations(["fbnas.backends", "fbnas.export", "fbnas.latency"]))])
+    enumerate(itertools.permutations(["fbnas.backends", "fbnas.backends.export",
+                                      "fbnas.latency"]))])
 def test_the_packages_import_in_any_order(order):
     code = "; ".join(f"import {m}" for m in order)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

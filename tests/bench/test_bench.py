@@ -19,7 +19,7 @@ from fbnas.bench.table import Bench, bench_for, same_training, training_record
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.provenance import PACKAGE, source_hash
+from fbnas.runs.provenance import PACKAGE, source_hash
 
 # 2 searchable layers x 2 ops: 4 networks
 SPACE = {

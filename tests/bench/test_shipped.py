@@ -19,7 +19,7 @@ import pytest
 from fbnas.bench.build import capability_env, machine
 from fbnas.bench.table import Bench, bench_for
 from fbnas.config import load_config
-from fbnas.provenance import describe_code
+from fbnas.runs.provenance import describe_code
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -10,7 +10,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 from fbnas.bench import METRICS
-from fbnas.provenance import describe_code
+from fbnas.runs.provenance import describe_code
 
 if TYPE_CHECKING:  # pragma: no cover
     from fbnas.bench.table import Bench
