@@ -20,7 +20,6 @@ import yaml
 from torch import nn
 
 from fbnas.blocks import build_block, canonical_op, init_weights
-from fbnas.checkpoint import load_checkpoint
 from fbnas.cost_kinds import count_flops as _count_flops
 from fbnas.cost_kinds import count_params
 from fbnas.errors import FbnasError
@@ -29,6 +28,7 @@ from fbnas.macro import MacroSpec, parse_macro
 from fbnas.runs.files import RunFiles
 from fbnas.search_space import SearchSpace
 from fbnas.settings import Fields
+from fbnas.training.checkpoint import load_checkpoint
 
 ARCH_SCHEMA = 1
 

@@ -32,7 +32,6 @@ from fbnas.errors import FbnasError
 from fbnas.io import load_config_data
 from fbnas.latency.config import LatencyConfig
 from fbnas.loss import LossConfig
-from fbnas.precision import PRECISIONS, layout_setting
 from fbnas.search.modes import MODES, get_mode, refuse_as_theta_mode, weight_sampler
 from fbnas.search_space import SearchSpace
 from fbnas.settings import (
@@ -47,6 +46,7 @@ from fbnas.settings import (
     suggest,
 )
 from fbnas.supernet import check_checkpoint_setting
+from fbnas.training.precision import PRECISIONS, layout_setting
 
 TAU_SCHEDULES = ("exp", "linear")
 # Training on XLA is refused, not half supported: the sampled search modes (two_path,
@@ -141,8 +141,8 @@ class SearchConfig:
     storing them (less memory, more time; same gradients and BN statistics); `cheap` keeps
     the convolutions' outputs and recomputes only BatchNorm, ReLU and the mixing from them.
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
-    NHWC memory layout for the training steps (fbnas.precision; channels_last `auto`: on CUDA,
-    off on the CPU).
+    NHWC memory layout for the training steps (fbnas.training.precision; channels_last `auto`:
+    on CUDA, off on the CPU).
     tau0 … tau_min: the temperature schedule's data (fbnas.search.schedules.TauSchedule): exp is
     τ = max(tau_min, τ0·exp(−tau_decay·(epoch − warmup))), linear goes τ0 → tau_min over the
     θ epochs.
@@ -298,7 +298,7 @@ class RetrainConfig:
     compile: bool = setting(False, "bool", resumable=True)
     # time the trained child end to end on latency.device
     measure_latency: bool = setting(True, "bool", resumable=True)
-    # float32 | bf16 | fp16 (CUDA): autocast (fbnas.precision)
+    # float32 | bf16 | fp16 (CUDA): autocast (fbnas.training.precision)
     precision: str = setting("float32", "str", choices=PRECISIONS, added="float32")
     # NHWC weights and inputs
     channels_last: bool | str = setting("auto", "raw", resumable=True, added=False,

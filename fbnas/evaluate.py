@@ -15,7 +15,7 @@ from fbnas.arch import Architecture, build_child
 from fbnas.blocks.shared import child_state, sharable
 from fbnas.config import config_from_dict
 from fbnas.data.loaders import take_images
-from fbnas.distributed import sync_bn_stats
+from fbnas.training.distributed import sync_bn_stats
 from fbnas.training.step import host_values, metric
 
 

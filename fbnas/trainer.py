@@ -13,10 +13,10 @@ the scheduler, RNG states, the position (epoch, phase, step), the resolved confi
 table's fingerprint: `fbnas train --resume RUN_DIR` continues and ends with the same θ as an
 uninterrupted run. The loop, signals, run directory and logging are fbnas.training.loop's.
 
-Under `torchrun` (fbnas.distributed, docs/distributed.md) each rank trains on its shard: weight
-steps run through DistributedDataParallel, θ's gradients are averaged before each Adam step,
-the Gumbel noise is the same on every rank (`SharedNoise`), and rank 0 alone writes the run
-directory.
+Under `torchrun` (fbnas.training.distributed, docs/distributed.md) each rank trains on its
+shard: weight steps run through DistributedDataParallel, θ's gradients are averaged before
+each Adam step, the Gumbel noise is the same on every rank (`SharedNoise`), and rank 0 alone
+writes the run directory.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from fbnas.arch import Architecture, arch_from_indices, arch_indices
 from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_search_data
-from fbnas.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.errors import FbnasError
 from fbnas.evaluate import validate_weights
 from fbnas.fit.costs import CostSource, shared_costs
@@ -51,16 +50,17 @@ from fbnas.fit.select import cannot_time_here, pick_candidates, select
 from fbnas.io import write_json_atomic
 from fbnas.latency.end_to_end import timing_seconds
 from fbnas.retrain import probe_training, train_child
-from fbnas.rng import rng_state, seed_everything, set_rng_state
 from fbnas.search import budget as budgets
 from fbnas.search.figures import epoch_line, tb_scalars
 from fbnas.search.modes import get_mode, ignored_note, refuse_as_theta_mode
 from fbnas.search.schedules import TauSchedule
 from fbnas.search.steps import SearchSteps
 from fbnas.supernet import Supernet
+from fbnas.training.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.training.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.training.loop import EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.training.resume import ResumePolicy
+from fbnas.training.rng import rng_state, seed_everything, set_rng_state
 
 PROBE_NETWORKS = 3  # band networks whose child steps search.budget's probe times
 
@@ -82,7 +82,7 @@ class SearchTrainer(SearchSteps, EpochRunner):
         cfg = self.cfg
         s = cfg.search
         self._init_device(s.device)
-        # autocast and layout (fbnas.precision); scaler 0 for the weights, 1 for θ under fp16
+        # autocast and layout (training/precision); scaler 0 for the weights, 1 for θ under fp16
         self._init_precision(s.precision, s.channels_last, scalers=2)
         state = self._open_checkpoint(resume)
         if state is not None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from fbnas.distributed import init_from_env
+from fbnas.training.distributed import init_from_env
 from scripts.common import (
     ROOT,
     SPACES,

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from fbnas.arch import arch_from_indices
-from fbnas.precision import cpu_has_bf16
 from fbnas.retrain import ChildTrainer
+from fbnas.training.precision import cpu_has_bf16
 from scripts import common
 
 

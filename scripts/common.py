@@ -40,7 +40,7 @@ from fbnas.retrain import ChildTrainer
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = {n: ROOT / "configs" / f"{n}.yaml"

@@ -74,8 +74,9 @@ def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
     error matches `match` and the checkpoint holds `position` (epoch, phase, step) and finite
     values; under `skip` the run ends with that one step skipped and finite weights. Closes
     `t`'s log."""
-    from fbnas.checkpoint import load_checkpoint
-    from fbnas.training import NonFiniteLoss, close_logger
+    from fbnas.training.checkpoint import load_checkpoint
+    from fbnas.training.logs import close_logger
+    from fbnas.training.loop import NonFiniteLoss
 
     try:
         if policy == "stop":

@@ -14,7 +14,7 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 def _run(tmp_path, name: str, mode: str, compile_: bool) -> SearchTrainer:

@@ -31,7 +31,7 @@ from fbnas.retrain import ChildTrainer
 from fbnas.search.modes import MODES, TAU, get_mode, ignored_note, ignored_settings
 from fbnas.settings import DEVICES, setting, setting_choices, settings_of
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 from fbnas.training.resume import ResumePolicy
 
 # ---- 1. what a resumed run may change ---------------------------------------------------------

@@ -23,7 +23,8 @@ import torch
 import yaml
 from conftest import digits_run_config
 
-from fbnas.distributed import (
+from fbnas.errors import FbnasError
+from fbnas.training.distributed import (
     DistContext,
     PeriodicAverager,
     init_from_env,
@@ -31,7 +32,6 @@ from fbnas.distributed import (
     seed_from,
     shared_random,
 )
-from fbnas.errors import FbnasError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,12 +121,12 @@ DRIVER = textwrap.dedent('''
 
     import torch.distributed as dist
 
-    import fbnas.distributed
+    import fbnas.training.distributed
     from fbnas.cli import main
 
     # several commands, separated by "++", run one after the other in this process and in one
     # process group (this driver owns it: re-creating a group under torchrun's store is unsafe)
-    fbnas.distributed.DistContext.close = lambda self: None
+    fbnas.training.distributed.DistContext.close = lambda self: None
     commands, rcs = [[]], []
     for a in sys.argv[1:]:
         if a == "++":

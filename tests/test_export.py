@@ -16,10 +16,10 @@ from fbnas.backends.export import (
     exported_metadata,
     load_exported,
 )
-from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
 from fbnas.errors import FbnasError
 from fbnas.search_space import SearchSpace
+from fbnas.training.checkpoint import save_checkpoint
 
 # The ONNX tests need the onnx extra, which the dev extra includes: without it they fail
 # (with the one-line error naming the extra) rather than skip.

@@ -28,8 +28,8 @@ import yaml
 from conftest import NanGradient, digits_run_config, fit_through_a_bad_step
 
 from fbnas.arch import Architecture
-from fbnas.checkpoint import load_checkpoint
 from fbnas.cli import main
+from fbnas.training.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).parents[1]
 EVERY = 6  # run.checkpoint_every_steps
@@ -72,7 +72,7 @@ def wrap_step(cls, kind):
 wrap_step(torch.optim.SGD, "w")
 wrap_step(torch.optim.Adam, "theta")
 
-import fbnas.checkpoint as C
+import fbnas.training.checkpoint as C
 orig_write = C.atomic_write
 def atomic_write(path, write, mode="w"):
     if event("ckpt"):

@@ -22,7 +22,7 @@ from fbnas.blocks.registry import BLOCKS
 from fbnas.config import config_from_dict
 from fbnas.search.modes import get_mode
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 class Zero(nn.Module):

@@ -8,13 +8,13 @@ import torch.nn.functional as F
 from conftest import digits_run_config
 
 from fbnas.arch import arch_from_indices
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.precision import Precision
 from fbnas.retrain import ChildTrainer
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.checkpoint import load_checkpoint
+from fbnas.training.logs import close_logger
+from fbnas.training.precision import Precision
 
 TINY = digits_run_config(
     search={"w_lr": 0.05, "theta_lr": 0.05, "bn_calib_samples": 64},
@@ -158,7 +158,7 @@ def test_old_checkpoints_without_the_keys_resume(tmp_path):
     for key in ("precision", "channels_last"):
         del state["config"]["search"][key]
     del state["scalers"]
-    from fbnas.checkpoint import save_checkpoint
+    from fbnas.training.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "run" / "checkpoint.pt", state)
     close_logger(tr.log)
@@ -229,7 +229,7 @@ def test_fp16_on_cuda_scales_and_saves_the_scalers(tmp_path):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, native):
-    from fbnas import precision as precision_mod
+    from fbnas.training import precision as precision_mod
 
     monkeypatch.setattr(precision_mod, "cpu_has_bf16", lambda: native)
     warn = Precision("bf16", False, torch.device("cpu")).warning("retrain")
@@ -260,7 +260,7 @@ def test_channels_last_auto_is_nhwc_on_cuda_and_nchw_on_the_cpu():
     as before; anything else is one line naming the key."""
     from fbnas.config import RetrainConfig, SearchConfig
     from fbnas.errors import FbnasError
-    from fbnas.precision import Precision, resolve_channels_last
+    from fbnas.training.precision import Precision, resolve_channels_last
 
     assert SearchConfig().channels_last == "auto" and RetrainConfig().channels_last == "auto"
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

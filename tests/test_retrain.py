@@ -16,7 +16,8 @@ from fbnas.config import RetrainConfig, config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.evaluate import supernet_child_state
 from fbnas.retrain import ChildTrainer
-from fbnas.training import Interrupted, close_logger
+from fbnas.training.logs import close_logger
+from fbnas.training.loop import Interrupted
 
 TINY = digits_run_config(
     latency={"cost": "latency", "device": "fake"},

@@ -9,12 +9,13 @@ import yaml
 from conftest import digits_run_config, fit_through_a_bad_step
 
 from fbnas.arch import Architecture, build_child
-from fbnas.checkpoint import load_checkpoint
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.trainer import SearchTrainer
-from fbnas.training import Interrupted, close_logger
+from fbnas.training.checkpoint import load_checkpoint
+from fbnas.training.logs import close_logger
+from fbnas.training.loop import Interrupted
 
 TINY = digits_run_config(data={"limit": 300},
                          search={"epochs": 4, "w_lr": 0.05, "theta_lr": 0.05})

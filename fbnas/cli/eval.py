@@ -43,7 +43,7 @@ def run(args) -> int:
     from fbnas.config import apply_overrides, config_from_dict, load_config
     from fbnas.data import build_eval_data
     from fbnas.evaluate import evaluate
-    from fbnas.training import resolve_device
+    from fbnas.training.loop import resolve_device
 
     device = resolve_device(args.device, "--device")
     arch, model, state = load_child(args.checkpoint, device)

@@ -53,7 +53,7 @@ def run(args) -> int:
     from fbnas.arch import Architecture
     from fbnas.config import load_config
     from fbnas.retrain import ChildTrainer
-    from fbnas.training import run_trainer
+    from fbnas.training.loop import run_trainer
 
     arch = Architecture.load(args.arch) if args.arch else None
     if args.resume:

@@ -74,7 +74,7 @@ def run(args) -> int:
     from fbnas.sweep.driver import Sweep
     from fbnas.sweep.grid import parse_axis, parse_values
     from fbnas.sweep.ray_tasks import RaySweep, import_ray
-    from fbnas.training import Interrupted
+    from fbnas.training.loop import Interrupted
 
     grid = [parse_axis(g) for g in args.grid]
     param = next((n for n in PARAMS if getattr(args, n) is not None), None)

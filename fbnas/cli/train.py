@@ -27,7 +27,7 @@ def run(args) -> int:
 
     from fbnas.config import load_config
     from fbnas.trainer import SearchTrainer
-    from fbnas.training import run_trainer
+    from fbnas.training.loop import run_trainer
 
     if args.resume:
         run_dir = Path(args.resume)

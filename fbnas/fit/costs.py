@@ -22,13 +22,13 @@ from typing import Any
 from fbnas.arch import Architecture
 from fbnas.config import Config
 from fbnas.cost_kinds import COST_KINDS, is_measured
-from fbnas.distributed import DistContext
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.signature import layer_width_signatures, stem_signature
 from fbnas.runs.files import RunFiles
 from fbnas.search.cost_model import OpCosts, cost_lists
 from fbnas.search.width_costs import WidthCosts
+from fbnas.training.distributed import DistContext
 
 
 @dataclass

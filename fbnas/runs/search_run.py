@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import Config, SearchConfig, apply_overrides, config_from_dict, load_config
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
@@ -29,6 +28,7 @@ from fbnas.io import load_json
 from fbnas.latency import LatencyTable
 from fbnas.runs.files import CHECKPOINT, RunFiles
 from fbnas.supernet import Supernet
+from fbnas.training.checkpoint import load_checkpoint
 
 
 class SearchRun:

@@ -50,7 +50,7 @@ from fbnas.retrain import ChildTrainer
 from fbnas.runs.files import RunFiles
 from fbnas.runs.search_run import SearchRun
 from fbnas.supernet import Supernet
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 @dataclass

@@ -15,7 +15,7 @@ from fbnas.runs.files import RunFiles
 from fbnas.runs.results import load_results
 from fbnas.runs.search_run import SearchRun
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 def search_done(cfg: Config) -> bool:

@@ -55,7 +55,7 @@ from fbnas.runs.provenance import PACKAGE, check_same_code, source_hash
 from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
 from fbnas.sweep.point import retrain_point, search_done, search_point
-from fbnas.training import Interrupted
+from fbnas.training.loop import Interrupted
 
 KILL_ENV = "FBNAS_SWEEP_KILL"
 TASKS = ".tasks"  # OUT/.tasks/<phase>-<label>.json: the pid and host running that task

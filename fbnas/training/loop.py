@@ -26,8 +26,11 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from fbnas.checkpoint import load_checkpoint, save_checkpoint
-from fbnas.distributed import (
+from fbnas.errors import FbnasError
+from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
+from fbnas.runs.files import RunFiles
+from fbnas.training.checkpoint import load_checkpoint, save_checkpoint
+from fbnas.training.distributed import (
     DistContext,
     gather_rank_states,
     init_from_env,
@@ -35,11 +38,7 @@ from fbnas.distributed import (
     restore_rank_rng,
     sync_bn_stats,
 )
-from fbnas.distributed import current as dist_current
-from fbnas.errors import FbnasError
-from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
-from fbnas.precision import Precision
-from fbnas.runs.files import RunFiles
+from fbnas.training.distributed import current as dist_current
 from fbnas.training.guard import NonFiniteGuard, deferred_wanted, fused_missing
 from fbnas.training.logs import (
     Progress,
@@ -48,6 +47,7 @@ from fbnas.training.logs import (
     make_logger,
     run_log_handlers,
 )
+from fbnas.training.precision import Precision
 from fbnas.training.resume import ResumePolicy
 from fbnas.training.step import PhaseSums, StepFigures, Stepper, host_values
 
@@ -96,7 +96,7 @@ class EpochRunner:
                  dist: DistContext | None = None, **setup: Any):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.files = RunFiles(self.run_dir)
-        # under torchrun (fbnas.distributed): rank 0 alone writes run files and logs
+        # under torchrun (fbnas.training.distributed): rank 0 alone writes run files and logs
         self.dist = dist or dist_current()
         self.epoch, self.step = 0, 0
         self.history: list[dict[str, Any]] = []
@@ -107,7 +107,7 @@ class EpochRunner:
         self._stop_requested = False
         self._stop_time = 0.0
         self._rank_bn: list[torch.Tensor] | None = None
-        self._averager: Any = None  # distributed runs: fbnas.distributed.PeriodicAverager
+        self._averager: Any = None  # distributed runs: fbnas.training.distributed.PeriodicAverager
         self._polled_at = 0.0  # the deferred non-finite flags' last read (fbnas.training.guard)
         # the per-step check until the trainer's _setup calls _init_guard with its device
         self._set_guard(NonFiniteGuard(False, "stop", torch.device("cpu"), self.dist))
@@ -154,7 +154,7 @@ class EpochRunner:
 
     def _init_precision(self, precision: str, channels_last: bool | str, scalers: int = 1
                         ) -> None:
-        """Autocast, loss scalers and layout (fbnas.precision)."""
+        """Autocast, loss scalers and layout (fbnas.training.precision)."""
         self.prec = Precision(precision, channels_last, self.device, self.SECTION,
                               scalers=scalers,
                               local_sgd=self.dist.distributed and self.cfg.run.ddp_sync_every > 1)

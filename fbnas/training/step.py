@@ -55,7 +55,7 @@ def host_values(d: dict[str, Any]) -> dict[str, Any]:
 class Update:
     """What one optimizer update acts on.
 
-    opt / scaler: the optimizer and its fp16 loss scaler's index (fbnas.precision).
+    opt / scaler: the optimizer and its fp16 loss scaler's index (fbnas.training.precision).
     params: the parameters whose gradients are checked (and clipped to `clip`, when set).
     average: all-reduce the gradients over the ranks before the check (for parameters outside
         DDP, such as θ); `ddp` / `averager`: the DDP wrapper the forward ran through and the

@@ -21,13 +21,13 @@ from fbnas.backends import FORMATS, TIMERS, make_timer
 from fbnas.backends.export import check_format, default_out, export_child, format_of, load_exported
 from fbnas.backends.fake import FakeTimer
 from fbnas.backends.torchscript import TorchScriptFormat
-from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
 from fbnas.cost_kinds import COST_KINDS, CostKind
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, build_cost_table
 from fbnas.latency.config import LatencyConfig
 from fbnas.search_space import SearchSpace
+from fbnas.training.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).parents[2]
 

@@ -16,7 +16,7 @@ from fbnas.search.modes import theta_modes
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import MixedOp, Supernet
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 SPACE = {**TINY_SPACE, "in_channels": 3,
          "candidates": ["ir_k3_e1", "ir_k5_e3", "ir_k3_e6", "ir_k5_e6_se", "ir_k3_e1_g2", "skip"]}

@@ -10,7 +10,7 @@ from fbnas.arch import Architecture, ChildNet
 from fbnas.backends.fake import FakeTimer
 from fbnas.config import config_from_dict
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 FIT_SPACE = {
     "name": "fit", "input_size": 8, "in_channels": 1, "num_classes": 10,

@@ -30,7 +30,7 @@ from fbnas.fit.select import final_fit, pick_candidates
 from fbnas.retrain import ChildTrainer
 from fbnas.search.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 from .measured import FIT_SPACE, fake_run, run_search, slow_networks
 

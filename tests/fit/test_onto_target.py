@@ -23,7 +23,7 @@ from fbnas.fit.select import distinct_top, pick_candidates, train_ranked
 from fbnas.runs.search_run import SearchRun
 from fbnas.search.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 def run_config(loss: dict | None = None, **sections: dict) -> dict:

@@ -17,7 +17,7 @@ from fbnas.config import config_from_dict
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 from .measured import fake_run, run_search, slow_networks
 

@@ -17,7 +17,7 @@ from fbnas.latency import LatencyTable
 from fbnas.latency.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
 from fbnas.search_space import SearchSpace
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 from tests.fit.measured import FIT_SPACE, fake_run, run_search, slow_networks
 
 

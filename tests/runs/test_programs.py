@@ -11,7 +11,6 @@ import torch
 from conftest import DIGITS_SPACE, digits_run_config, one_line_error
 
 from fbnas.arch import arch_from_indices, build_child
-from fbnas.checkpoint import save_checkpoint
 from fbnas.cli import main
 from fbnas.runs.index import COLUMNS, PROGRAM_COLUMNS, columns_for
 from fbnas.runs.results import (
@@ -22,6 +21,7 @@ from fbnas.runs.results import (
     write_results,
 )
 from fbnas.search_space import SearchSpace
+from fbnas.training.checkpoint import save_checkpoint
 
 
 @pytest.fixture

@@ -366,7 +366,7 @@ def test_bench_int8(tmp_path, capsys):
     from fbnas.arch import arch_from_indices
     from fbnas.config import config_from_dict
     from fbnas.retrain import ChildTrainer
-    from fbnas.training import close_logger
+    from fbnas.training.logs import close_logger
 
     d = digits_run_config(latency={"cost": "latency", "device": "fake"},
                           retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu",

@@ -12,7 +12,7 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.search import budget as budgets
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 COSTS = budgets.StepCosts(child_setup=1.0, child_step=0.2, child_eval=0.05, child_steps=200,
                           child_evals=40, w_step=1.0, warm_w_step=0.8, theta_step=0.5,
@@ -232,7 +232,7 @@ def test_a_real_budgeted_search_on_the_quickstart_records_what_it_spent(tmp_path
 def test_a_budgeted_search_interrupted_resumes_on_its_plan(tmp_path, monkeypatch):
     """Ctrl-C after the re-planned epochs: `--resume` reads the plan from the run (no new
     probe), runs the planned epochs and records the seconds of both processes."""
-    from fbnas.training import Interrupted
+    from fbnas.training.loop import Interrupted
 
     clock = FakeClock()
     fake_costs(monkeypatch, clock)

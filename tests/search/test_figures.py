@@ -12,7 +12,7 @@ from conftest import digits_run_config
 from fbnas.config import config_from_dict
 from fbnas.search.figures import FIGURES
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 @pytest.mark.parametrize("mode,relaxed", [("full", True), ("reinforce", False)])

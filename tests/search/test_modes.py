@@ -17,7 +17,7 @@ from fbnas.search.modes import MODES, get_mode, theta_modes
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 COSTS = [[1.0, 5.0, 2.0], [3.0, 8.0, 1.0], [2.0, 4.0, 9.0]]
 PATHS_PER_LAYER = {"single_path": 1, "two_path": 2, "full": 3, "reinforce": 1}

@@ -9,7 +9,7 @@ from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 def _trainer(tmp_path, **sections):

@@ -11,7 +11,7 @@ from conftest import count_candidate_calls, digits_run_config, one_line_error
 from fbnas.config import config_from_dict
 from fbnas.search.steps import distillation
 from fbnas.trainer import SearchTrainer
-from fbnas.training import close_logger
+from fbnas.training.logs import close_logger
 
 
 def _trainer(tmp_path, **search):

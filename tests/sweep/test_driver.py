@@ -102,7 +102,7 @@ def test_sweep_cli_errors(tmp_path, capsys):
 
 def test_interrupted_sweep_exits_130_with_a_resume_hint(tmp_path, capsys, monkeypatch):
     from fbnas.sweep.driver import Sweep
-    from fbnas.training import Interrupted
+    from fbnas.training.loop import Interrupted
 
     def stop(self):
         raise Interrupted
@@ -190,7 +190,7 @@ def test_a_grid_of_any_settings_is_every_combination(tmp_path, capsys, monkeypat
     one_line_error(lambda: Sweep(cfg, "target", ["0.3x"], grid=[parse_axis(
         "search.mode=nonsense")]), "search.mode")
     # the CLI: --grid alone sweeps; nothing to sweep is one line
-    from fbnas.training import Interrupted
+    from fbnas.training.loop import Interrupted
     seen = {}
 
     def stop(self):

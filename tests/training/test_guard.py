@@ -14,12 +14,13 @@ import pytest
 import torch
 from conftest import NanGradient, digits_run_config, fit_through_a_bad_step
 
-from fbnas.checkpoint import load_checkpoint
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.trainer import SearchTrainer
-from fbnas.training import NonFiniteLoss, close_logger
+from fbnas.training.checkpoint import load_checkpoint
 from fbnas.training.guard import NonFiniteGuard, deferred_wanted, fused_missing
+from fbnas.training.logs import close_logger
+from fbnas.training.loop import NonFiniteLoss
 
 TINY = digits_run_config(data={"limit": 240, "batch_size": 12},
                          search={"epochs": 3, "warmup_epochs": 1, "w_lr": 0.05,
