@@ -24,6 +24,7 @@ import functools
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ try:  # selective activation checkpointing (torch >= 2.4)
 except ImportError:  # pragma: no cover - older torch: `cheap` is refused (CHECKPOINT_VALUES)
     CheckpointPolicy = create_selective_checkpoint_contexts = None
 
+from fbnas.arch import Architecture, build_child
 from fbnas.blocks import build_block, init_weights
 from fbnas.blocks.batched import LayerBatches
 from fbnas.blocks.masked import choice_masks, expansion, masked_branch, mix
@@ -43,7 +45,9 @@ from fbnas.blocks.shared import (
     WEIGHT_SHARING,
     SharedIRFWeights,
     build_shared,
+    child_state,
     own_weight_keys,
+    sharable,
 )
 from fbnas.errors import FbnasError
 from fbnas.search.cost_model import OpCosts
@@ -554,3 +558,36 @@ class Supernet(nn.Module):
                 b.momentum = mo
             self.train(was_training)
         return n
+
+
+# ---- a supernet's weights as a child's ---------------------------------------------------------
+def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
+                         where: str = "supernet") -> dict[str, torch.Tensor]:
+    """The child's state dict taken from a supernet's: stem and head as they are, and for each
+    layer the weights of the candidate `arch` chose (`mixed.{i}.candidates.{j}.*` ->
+    `blocks.{i}.*`). The architecture must be a member of the search run's space."""
+    space = SearchSpace.from_dict(search_state["config"]["space"], f"{where}: config: space")
+    arch.check_fits(space, f"{where}: architecture {arch.name}")
+    src = search_state["model"]
+    out: dict[str, torch.Tensor] = {}
+    for k, v in src.items():
+        if k.startswith(("stem.", "head.")):
+            out[k] = v
+    layers = space.layers()
+    for i, (op, cands) in enumerate(zip(arch.ops, space.layer_candidates(), strict=True)):
+        prefix = f"mixed.{i}.candidates.{cands.index(op)}."
+        for k, v in src.items():
+            if k.startswith(prefix):
+                out[f"blocks.{i}.{k[len(prefix):]}"] = v
+        shared = {k: src.get(f"mixed.{i}.shared.{k}") for k in ("pw", "dw", "pwl")}
+        if (all(v is not None for v in shared.values()) and sharable(op) is not None
+                and f"{prefix}pw.0.weight" not in src):
+            # search.weights: shared: this candidate's convs are slices of the superkernel
+            # (a grouped candidate of a run before grouped ones shared has its own)
+            for k, v in child_state(shared, op, layers[i].c_in).items():
+                out[f"blocks.{i}.{k}"] = v
+    if arch.macro != space.macro:  # searched widths: each tensor's leading channels
+        shapes = {k: v.shape for k, v in build_child(arch).state_dict().items()}
+        out = {k: v[tuple(slice(0, n) for n in shapes[k])] if k in shapes else v
+               for k, v in out.items()}
+    return out

@@ -43,7 +43,6 @@ from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
-from fbnas.evaluate import validate_weights
 from fbnas.fit.costs import CostSource, shared_costs
 from fbnas.fit.onto_target import range_warning
 from fbnas.fit.select import cannot_time_here, pick_candidates, select
@@ -57,6 +56,7 @@ from fbnas.search.schedules import TauSchedule
 from fbnas.search.steps import SearchSteps
 from fbnas.supernet import Supernet
 from fbnas.training.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
+from fbnas.training.evaluate import validate_weights
 from fbnas.training.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.training.loop import EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.training.resume import ResumePolicy

@@ -30,8 +30,8 @@ import torch
 from scipy.stats import kendalltau, spearmanr
 
 from fbnas.arch import log_prob
-from fbnas.evaluate import validate_weights
 from fbnas.runs.search_run import SearchRun
+from fbnas.training.evaluate import validate_weights
 
 
 def trained_truth(pairs: dict, target: str) -> dict[tuple[int, ...], float]:

@@ -31,10 +31,10 @@ from fbnas.backends.base import input_chw
 from fbnas.backends.export import ExportedModel, export_child
 from fbnas.config import config_from_dict
 from fbnas.data import build_eval_data
-from fbnas.evaluate import evaluate
 from fbnas.latency.measure import Protocol, measure
 from fbnas.latency.timed_models import ModelSpec, load_model
 from fbnas.retrain import checkpoint_calibration
+from fbnas.training.evaluate import evaluate
 
 
 def main(argv: list[str] | None = None) -> int:

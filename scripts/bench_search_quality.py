@@ -36,8 +36,8 @@ import yaml
 
 from fbnas.arch import Architecture
 from fbnas.data.loaders import take_images
-from fbnas.evaluate import path_sums
 from fbnas.retrain import ChildTrainer
+from fbnas.training.evaluate import path_sums
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 

@@ -14,8 +14,8 @@ from fbnas.arch import arch_from_indices, load_child
 from fbnas.cli import main
 from fbnas.config import RetrainConfig, config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.evaluate import supernet_child_state
 from fbnas.retrain import ChildTrainer
+from fbnas.supernet import supernet_child_state
 from fbnas.training.logs import close_logger
 from fbnas.training.loop import Interrupted
 

@@ -42,7 +42,7 @@ def run(args) -> int:
     from fbnas.backends.export import ExportedModel
     from fbnas.config import apply_overrides, config_from_dict, load_config
     from fbnas.data import build_eval_data
-    from fbnas.evaluate import evaluate
+    from fbnas.training.evaluate import evaluate
     from fbnas.training.loop import resolve_device
 
     device = resolve_device(args.device, "--device")

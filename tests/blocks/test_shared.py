@@ -10,11 +10,10 @@ from fbnas.arch import arch_from_indices, build_child
 from fbnas.blocks.shared import SlicedIRF, UsedSlices, child_state, sharable
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.evaluate import supernet_child_state
 from fbnas.retrain import ChildTrainer
 from fbnas.search.modes import theta_modes
 from fbnas.search_space import SearchSpace
-from fbnas.supernet import MixedOp, Supernet
+from fbnas.supernet import MixedOp, Supernet, supernet_child_state
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
 

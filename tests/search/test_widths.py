@@ -13,7 +13,6 @@ from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_chil
 from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.evaluate import supernet_child_state
 from fbnas.fit.costs import width_costs
 from fbnas.fit.onto_target import fit_with_widths
 from fbnas.fit.select import refit
@@ -24,7 +23,7 @@ from fbnas.runs.search_run import SearchRun
 from fbnas.search.modes import MODES
 from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace
-from fbnas.supernet import Supernet
+from fbnas.supernet import Supernet, supernet_child_state
 
 # stem 8 -> [8, s1] -> [16 x2, s2, widths] -> [24, s2, widths] -> head
 WSPACE = {

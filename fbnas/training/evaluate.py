@@ -1,7 +1,5 @@
-"""A trained child: its accuracy on a split (`evaluate`, used by `fbnas eval` and retrain),
-loading it from a retrain checkpoint (`load_child`), and taking a child's weights out of a
-supernet checkpoint (`supernet_child_state`, for `fbnas retrain --init-from-supernet`); and
-one path of a supernet on a split (`path_sums`, the search's validation and `fbnas
+"""Accuracy on a split: a trained child's (`evaluate`, used by `fbnas eval` and retrain), and one
+path of a supernet's (`path_sums`, `validate_weights`: the search's validation and `fbnas
 fidelity`)."""
 
 from __future__ import annotations
@@ -11,9 +9,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fbnas.arch import Architecture, build_child
-from fbnas.blocks.shared import child_state, sharable
-from fbnas.config import config_from_dict
 from fbnas.data.loaders import take_images
 from fbnas.training.distributed import sync_bn_stats
 from fbnas.training.step import host_values, metric
@@ -78,36 +73,3 @@ def validate_weights(net: torch.nn.Module, data: Any, device: torch.device, m, a
     if dist.distributed:  # each rank evaluated its shard of the validation split
         correct, n, ce_sum = dist.sum_floats([correct, n, ce_sum])
     return {"acc": correct / max(n, 1), "ce": ce_sum / max(n, 1)}
-
-
-# ---- a supernet's weights as a child's ---------------------------------------------------------
-def supernet_child_state(search_state: dict[str, Any], arch: Architecture,
-                         where: str = "supernet") -> dict[str, torch.Tensor]:
-    """The child's state dict taken from a supernet's: stem and head as they are, and for each
-    layer the weights of the candidate `arch` chose (`mixed.{i}.candidates.{j}.*` ->
-    `blocks.{i}.*`). The architecture must be a member of the search run's space."""
-    cfg = config_from_dict(search_state["config"], where, finished=True)
-    arch.check_fits(cfg.space, f"{where}: architecture {arch.name}")
-    src = search_state["model"]
-    out: dict[str, torch.Tensor] = {}
-    for k, v in src.items():
-        if k.startswith(("stem.", "head.")):
-            out[k] = v
-    layers = cfg.space.layers()
-    for i, (op, cands) in enumerate(zip(arch.ops, cfg.space.layer_candidates(), strict=True)):
-        prefix = f"mixed.{i}.candidates.{cands.index(op)}."
-        for k, v in src.items():
-            if k.startswith(prefix):
-                out[f"blocks.{i}.{k[len(prefix):]}"] = v
-        shared = {k: src.get(f"mixed.{i}.shared.{k}") for k in ("pw", "dw", "pwl")}
-        if (all(v is not None for v in shared.values()) and sharable(op) is not None
-                and f"{prefix}pw.0.weight" not in src):
-            # search.weights: shared: this candidate's convs are slices of the superkernel
-            # (a grouped candidate of a run before grouped ones shared has its own)
-            for k, v in child_state(shared, op, layers[i].c_in).items():
-                out[f"blocks.{i}.{k}"] = v
-    if arch.macro != cfg.space.macro:  # searched widths: each tensor's leading channels
-        shapes = {k: v.shape for k, v in build_child(arch).state_dict().items()}
-        out = {k: v[tuple(slice(0, n) for n in shapes[k])] if k in shapes else v
-               for k, v in out.items()}
-    return out
