@@ -512,18 +512,22 @@ def test_duel(tiny_bench, tmp_path, capsys):
             "--retrain-seeds", "7,8,9", "--out", str(tmp_path / "duel"), "--resamples", "200",
             "--set", "data.limit=200", "--set", "search.epochs=1",
             "--set", "search.warmup_epochs=0", "--set", "search.fit_tolerance=0.5"]
-    out = run_main("duel", argv, capsys)
+    from fbnas.cli import main as fbnas_main
+
+    def duel(args):
+        assert fbnas_main(["bench", "duel", *args]) == 0
+        return capsys.readouterr().out
+
+    out = duel(argv)
     row = next(ln.split() for ln in out.splitlines() if ln.startswith("  0.5x    0"))
     assert 0 <= float(row[5]) <= 1 and 0 <= float(row[6]) <= 1  # the picks' test accuracy
     assert 0 <= float(row[-2]) <= 100 and 0 <= float(row[-1]) <= 100  # percentiles
     assert re.search(r"^ +0\.5x +1 +[+-][0-9.]+ \[", out, re.M), out
     report = json.loads((tmp_path / "duel" / "duel.json").read_text())
     assert report["summary"]["0.5x"]["pairs"] == 1
-    again = run_main("duel", argv, capsys)  # resumed: the pair is not run again
+    again = duel(argv)  # resumed: the pair is not run again
     assert again == out
-    from scripts.duel import main as duel_main
-
-    assert duel_main([*argv, "--retrain-seeds", "0,1"]) == 2
+    assert fbnas_main(["bench", "duel", *argv, "--retrain-seeds", "0,1"]) == 2
     assert "fresh seeds" in capsys.readouterr().err
 
 
