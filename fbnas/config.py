@@ -143,7 +143,7 @@ class SearchConfig:
     precision / channels_last: autocast to bf16 (CPU or CUDA) or fp16 (CUDA, loss-scaled) and
     NHWC memory layout for the training steps (fbnas.training.precision; channels_last `auto`:
     on CUDA, off on the CPU).
-    tau0 … tau_min: the temperature schedule's data (fbnas.search.schedules.TauSchedule): exp is
+    tau0 … tau_min: the temperature schedule's data (fbnas.trainer.TauSchedule): exp is
     τ = max(tau_min, τ0·exp(−tau_decay·(epoch − warmup))), linear goes τ0 → tau_min over the
     θ epochs.
     """

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from fbnas.search.steps import frozen_weights
+from fbnas.trainer import frozen_weights
 from scripts.common import (
     SPACES,
     Parts,
@@ -114,7 +114,7 @@ def memory(trainers, x, y, draws: int, seed: int) -> dict[str, dict[str, tuple]]
                 torch.manual_seed(seed + 1000 + k)
                 with torch.set_grad_enabled(step == "theta"):
                     p = t.net.sample_path(t.tau, t.cfg.search.hard)
-                # a θ step runs with the weights frozen (SearchSteps.theta_step)
+                # a θ step runs with the weights frozen (SearchTrainer.theta_step)
                 with frozen_weights(t.net.weight_parameters()) if step == "theta" \
                         else nullcontext():
                     a, b = saved_bytes(t, x, y, p, ckpt)

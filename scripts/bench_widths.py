@@ -28,8 +28,8 @@ import torch
 
 from fbnas.latency.signature import space_signatures
 from fbnas.search.modes import MODES
-from fbnas.search.steps import frozen_weights
 from fbnas.search_space import SearchSpace
+from fbnas.trainer import frozen_weights
 from scripts.common import (
     ROOT,
     SavedBytes,
@@ -59,7 +59,7 @@ def without_widths(space: SearchSpace) -> SearchSpace:
 
 def activations(t, x, y, draws: int, seed: int) -> float:
     """Mean MiB saved for backward by a θ step's forward over `draws` sampled paths (the
-    weights frozen, as `SearchSteps.theta_step` runs it; `reinforce` scores paths without a
+    weights frozen, as `SearchTrainer.theta_step` runs it; `reinforce` scores paths without a
     gradient: nothing)."""
     out = []
     for k in range(1 if t.net.mode == "full" else draws):

@@ -1,4 +1,4 @@
-"""τ schedules and warm-up paths (fbnas/search/schedules.py)."""
+"""τ schedules and warm-up paths (fbnas/trainer.py: TauSchedule, warmup_paths)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ import torch
 from conftest import count_candidate_calls, digits_run_config, one_line_error
 
 from fbnas.config import config_from_dict
-from fbnas.search.steps import distillation
-from fbnas.trainer import SearchTrainer
+from fbnas.trainer import SearchTrainer, distillation
 from fbnas.training.logs import close_logger
 
 
@@ -110,7 +109,7 @@ def test_a_theta_step_freezes_the_weights_and_gets_the_same_theta_gradient(tmp_p
     """A relaxation's θ step runs with the weights' requires_grad off (no layer keeps its
     input for a weight gradient): θ's gradient is what the same sample gives with the weights
     live, less is kept for backward, and the weights are live again after it."""
-    from fbnas.search.steps import frozen_weights
+    from fbnas.trainer import frozen_weights
     t = _trainer(tmp_path, mode=mode, weights="shared")
     try:
         x, y = next(iter(t.data.theta_loader))
