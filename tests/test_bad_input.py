@@ -546,11 +546,45 @@ SET_CASES = [
     ("name-into-list", "space.stages.first.channels=3", "space.stages", None),
     ("unreadable-date", "search.epochs=2001-13-45", "search.epochs", None),
     ("deep-value", "search.epochs=" + "[" * 1000, "search.epochs", None),
+    # a --set mistake is said of the --set, with the nearest key
+    ("unknown-key-near-one", "search.epochz=3", "--set search.epochz=3: search: unknown key "
+     "'epochz' (did you mean 'epochs'?)", None),
 ]
 for _id, _item, _says, _mark in SET_CASES:
     def _setup(w, d, item=_item, says=_says):
         return _s("train", "--config", config_file(w, d), "--set", item), [says]
     add(f"config-set-{_id}", _setup, marks=() if _mark is None else _mark)
+
+
+# ---- the wrong kind of file, named as such, with the command that reads it -----------------
+@case("an-architecture-given-as-a-config-via-train")
+def _(w, d):
+    return _s("train", "--config", w.arch), [str(w.arch), "an architecture file (fbnas arch "
+                                                           "reads it), not a config"]
+
+
+@case("an-architecture-given-as-a-config-via-space")
+def _(w, d):
+    return _s("space", w.arch), [str(w.arch), "an architecture file (fbnas arch reads it)"]
+
+
+@case("a-config-given-as-an-architecture-via-arch")
+def _(w, d):
+    return _s("arch", w.config), [str(w.config), "it is a config (fbnas train --config reads it)"]
+
+
+@case("a-yaml-config-given-as-a-table-via-latency-show")
+def _(w, d):
+    return _s("latency", "show", w.config), [str(w.config), "it is YAML", "not JSON"]
+
+
+@pytest.mark.parametrize("argv", [["space"], ["train", "--config"]])
+def test_a_misspelt_section_reads_the_same_in_every_command(world, tmp_path, argv, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text(world.config.read_text().replace("space:", "spaec:", 1))
+    assert main([*argv, str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{p}: unknown section 'spaec' (did you mean 'space'?)"), err
 
 
 # ---- 4. architecture contents, via `fbnas arch` -----------------------------------------------
