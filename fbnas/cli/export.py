@@ -44,7 +44,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-
     from fbnas.arch import load_child
     from fbnas.backends.export import (
         check_format,

@@ -58,7 +58,6 @@ def check_run(run_dir: Path) -> None:
 
 
 def run(args) -> int:
-
     from fbnas.plots import plot_run
 
     check_run(Path(args.run_dir))

@@ -49,7 +49,6 @@ def load_run_config(run_dir: Path, overrides: list[str]):
 
 
 def run(args) -> int:
-
     from fbnas.arch import Architecture
     from fbnas.config import load_config
     from fbnas.retrain import ChildTrainer

@@ -70,7 +70,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-
     from fbnas.sweep.driver import Sweep
     from fbnas.sweep.grid import parse_axis, parse_values
     from fbnas.sweep.ray_tasks import RaySweep, import_ray

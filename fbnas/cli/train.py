@@ -24,7 +24,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-
     from fbnas.config import load_config
     from fbnas.trainer import SearchTrainer
     from fbnas.training.loop import run_trainer
