@@ -120,7 +120,7 @@ def unprefixed(message: str, args: argparse.Namespace) -> str:
     """An error message without the command name it may start with (the library names the
     command it was called for; the error line names it once)."""
     action = getattr(args, f"{args.command}_command", None)
-    full = f"fbnas {args.command}{f' {action}' if action else ''} "
+    full = f"{error_prefix(args)} "
     if message.startswith(full):  # "fbnas sweep --workers 2 needs Ray": the flag is the subject
         return message[len(full):]
     for head in ([f"{args.command} {action}", action] if action else []) + [args.command]:
