@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fbnas.backends import FORMATS
+from fbnas.backends import FORMATS, QUANTIZATIONS
 from fbnas.backends.base import Format, static_input_shape
 from fbnas.backends.exported import ExportedTimer, calibration_inputs
 from fbnas.errors import FbnasError, first_line
@@ -37,7 +37,7 @@ class ExecuTorchTimer(ExportedTimer):
     suffix = ".pte"
     packages = ("executorch",)
     install = INSTALL
-    quantizations = ("none", "int8")  # int8: PT2E with the XNNPACK quantizer
+    quantizations = QUANTIZATIONS  # int8: PT2E with the XNNPACK quantizer
 
     def _activate(self) -> None:
         self._pool()
@@ -193,7 +193,7 @@ class PteFormat(Format):
     def dynamic_batch(self, asked: bool) -> bool:
         return False
 
-    quantizations = ("none", "int8")
+    quantizations = QUANTIZATIONS
     # the int8 program (XNNPACK's int8 kernels) against the PT2E fake-quantized module it was
     # lowered from: requantization rounds differently; measured in scripts/bench_int8.py
     int8_tolerance = (0.05, 0.02)  # atol: a fraction of the largest |logit|

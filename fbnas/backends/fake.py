@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fbnas.backends import QUANTIZATIONS
 from fbnas.backends.base import Runnable, Timer
 from fbnas.cost_kinds import count_flops
 
@@ -36,7 +37,7 @@ class FakeTimer(Timer):
 
     backend = "fake"
     host = True  # tests run it in a worker under an allocator; in process by default
-    quantizations = ("none", "int8")  # int8: FLOPs at INT8_SPEEDUP times the throughput
+    quantizations = QUANTIZATIONS  # int8: FLOPs at INT8_SPEEDUP times the throughput
     INT8_SPEEDUP = 2.5
 
     def __init__(self, *args, noise: float = 0.0, drift: float = 0.0, seed: int = 0,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from fbnas import __version__
+from fbnas.backends import QUANTIZATIONS
 from fbnas.backends.base import Format, missing_modules, quiet
 from fbnas.backends.exported import ExportedTimer, calibration_inputs
 from fbnas.errors import FbnasError, first_line
@@ -53,7 +54,7 @@ class OnnxFormat(Format):
             raise FbnasError(f"ONNX export needs {', '.join(missing)}, not installed: "
                              f"{INSTALL}")
 
-    quantizations = ("none", "int8")
+    quantizations = QUANTIZATIONS
     # onnxruntime's int8 kernels (fused QDQ) against the same QDQ model run node by node in
     # float: measured in scripts/bench_int8.py
     int8_tolerance = (0.05, 0.02)  # atol: a fraction of the largest |logit|
@@ -205,7 +206,7 @@ class OrtTimer(ExportedTimer):
     suffix = ".onnx"
     packages = ("onnxruntime", "onnx", "onnxscript")
     install = INSTALL
-    quantizations = ("none", "int8")  # int8: static QDQ quantization (onnxruntime)
+    quantizations = QUANTIZATIONS  # int8: static QDQ quantization (onnxruntime)
     int8_recipe = "qdq-reduce-range"
 
     def _lower(self, module, x, where):
