@@ -32,6 +32,67 @@ from fbnas.training.checkpoint import load_checkpoint
 
 ARCH_SCHEMA = 1
 
+# The keys fbnas writes in an architecture file's `meta`, declared once: kind and meaning.
+# Costs are in `cost_unit`, the table's unit (us for latency). fbnas's writers go through
+# `checked_meta`, which refuses a key not declared here; a file's declared keys are checked
+# when it is read (a person's own keys are kept as they are).
+META_FIELDS: dict[str, tuple[str, str]] = {
+    "run": ("str", "the search run directory the architecture came from"),
+    "epoch": ("int", "the search epoch θ was read at"),
+    "selection": ("str", "how it was taken out: hard, soft, picked, ..."),
+    "probability": ("num", "its probability under θ"),
+    "log_probability": ("num", "the log of that"),
+    "layer_probabilities": ("list", "each layer's probability of its op under θ"),
+    "params": ("num", "parameter count"),
+    "flops": ("num", "FLOPs (a multiply-add counts 2)"),
+    "cost_unit": ("str", "the unit of target, predicted and measured"),
+    "target": ("num", "the cost the search was asked for (loss.target resolved)"),
+    "predicted": ("num", "the table's cost of the network"),
+    "measured": ("num", "the network timed end to end, once more after it was chosen"),
+    "measured_rel_iqr": ("num", "that timing's interquartile range over its median"),
+    "measured_inside": ("bool", "whether that timing is within search.fit_tolerance"),
+    "measured_on": ("str", "the device a bundle's figures came from"),
+    "bundle": ("str", "the bundle whose timings picked it"),
+    "selection_measured": ("num", "the timing that chose it"),
+    "selection_rel_iqr": ("num", "that timing's interquartile range over its median"),
+    "selection_inside": ("bool", "whether that timing was within the tolerance"),
+    "fitted_layers": ("int", "layers the fit onto the target changed from θ's argmax"),
+    "fit_seconds": ("num", "seconds the measured fit took"),
+    "fit_rounds": ("list", "every network the measured fit timed"),
+    "final_pick": ("map", "the paths the final pick scored, ranked and trained"),
+    "search_cost": ("map", "what the search spent: seconds per stage, and R"),
+    "edited": ("bool", "the file's ops or macro no longer match its recorded hash"),
+}
+_META_KINDS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "num": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "map": (lambda v: isinstance(v, dict), "a mapping"),
+}
+
+
+def check_meta_values(meta: dict[str, Any], where: str) -> None:
+    """Raise a one-line FbnasError naming `where`.meta.KEY where a declared key holds a value
+    of another kind (null is allowed)."""
+    for key, v in meta.items():
+        if key in META_FIELDS and v is not None:
+            ok, what = _META_KINDS[META_FIELDS[key][0]]
+            if not ok(v):
+                raise FbnasError(f"{where}: meta.{key}: expected {what}, got {show(v)}")
+
+
+def checked_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` as fbnas writes it: every key declared in META_FIELDS (else a programming error,
+    ValueError) and of its kind."""
+    unknown = sorted(set(meta) - set(META_FIELDS))
+    if unknown:
+        raise ValueError(f"architecture meta: undeclared keys {unknown} (declare them in "
+                         "fbnas.arch.META_FIELDS)")
+    check_meta_values(meta, "architecture")
+    return dict(meta)
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -115,10 +176,7 @@ class Architecture:
         except (yaml.YAMLError, ValueError, RecursionError) as e:
             raise FbnasError(f"{f.at('meta')}: not plain YAML data "
                              f"({type(e).__name__})") from None
-        if meta.get("run") is not None and not isinstance(meta["run"], str):
-            # fbnas reads meta.run: the search run directory the architecture came from
-            raise FbnasError(f"{f.at('meta')}.run: expected a search run directory, got "
-                             f"{show(meta['run'])}")
+        check_meta_values(meta, where)
         f.done()
         if len(raw_ops) != len(macro.stages):
             raise FbnasError(f"{f.at('ops')}: {len(raw_ops)} stage lists for "
@@ -141,7 +199,13 @@ class Architecture:
         return arch
 
     def save(self, path: str | Path) -> None:
+        check_meta_values(self.meta, str(path))
         write_yaml_atomic(path, self.to_dict())
+
+    def with_meta(self, **fields: Any) -> Architecture:
+        """This architecture with `fields` added to its meta (declared keys only)."""
+        return Architecture(self.macro, self.ops, self.name, self.space,
+                            {**self.meta, **checked_meta(fields)})
 
     @classmethod
     def load(cls, path: str | Path) -> Architecture:
@@ -159,7 +223,7 @@ def arch_from_indices(space: SearchSpace, indices: Sequence[int], name: str = "a
         raise FbnasError(f"space '{space.name}': {len(indices)} choices for {n} decisions")
     ops = tuple(c[i] for c, i in zip(cands, indices[:len(cands)], strict=True))
     return Architecture(space.arch_macro(indices[len(cands):]), ops, name, space.name,
-                        dict(meta))
+                        checked_meta(meta))
 
 
 def sample_hard(space: SearchSpace, theta: Sequence[torch.Tensor], name: str = "arch"):

@@ -135,7 +135,7 @@ def _evolution(plt, hist, ops, path: Path) -> Path:
 def _curves(plt, hist, unit, path: Path) -> Path:
     ep = [h["epoch"] for h in hist]
 
-    def series(k, old=None):  # `old`: the key a history written before 2026-11-24 used
+    def series(k, old=None):  # `old`: the key an older history used
         return [h.get(k, h.get(old, float("nan"))) for h in hist]
 
     with _figure(plt, 1, 4, figsize=(16, 3.4)) as (fig, axes):
@@ -149,7 +149,7 @@ def _curves(plt, hist, unit, path: Path) -> Path:
         axes[1].plot(ep, series("relaxed_acc"), label="val (relaxed supernet)")
         axes[1].set_title("accuracy")
         axes[2].plot(ep, series("theta_cost"), label="E[cost] in θ steps")
-        axes[2].plot(ep, series("argmax_cost"), label="argmax architecture")
+        axes[2].plot(ep, series("predicted", "argmax_cost"), label="argmax architecture")
         axes[2].set_title(f"cost ({unit})")
         axes[3].plot(ep, series("tau"))
         axes[3].set_title("temperature τ")

@@ -37,8 +37,8 @@ from fbnas.config import Config, config_from_dict
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_train_data, calibration_images
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import find_latency_table, predict_ms
-from fbnas.latency.end_to_end import measure_child_ms
+from fbnas.fit.costs import find_latency_table, predict_us
+from fbnas.latency.end_to_end import measure_child
 from fbnas.runs.results import results_record, write_results
 from fbnas.runs.search_run import SearchRun
 from fbnas.supernet import supernet_child_state
@@ -256,12 +256,12 @@ class ChildTrainer(EpochRunner):
         predicted = None
         if table is not None:
             try:
-                predicted = predict_ms(table, self.arch, self.cfg)
+                predicted = predict_us(table, self.arch, self.cfg)
             except FbnasError as e:
                 self.log.warning(f"no predicted latency: {e}")
         measured = None
         if self.cfg.retrain.measure_latency and is_measured(self.cfg.latency.cost):
-            measured = measure_child_ms(self.model, self.arch, self.cfg.latency, table,
+            measured = measure_child(self.model, self.arch, self.cfg.latency, table,
                                         space=self.cfg.space)
         last = self.history[-1] if self.history else {}
         total_s = sum(h.get("seconds", 0.0) for h in self.history)
@@ -273,10 +273,10 @@ class ChildTrainer(EpochRunner):
             space=self.arch.space or self.cfg.space.name, dataset=self.cfg.data.dataset,
             device=str(self.device),
             latency_device=measured["device"] if measured else None,
-            target_latency_ms=target_ms_of(self.arch.meta),
-            predicted_latency_ms=predicted, latency_table=table_src,
-            measured_latency_ms=measured["median_ms"] if measured else None,
-            measured_latency_iqr=measured["rel_iqr"] if measured else None,
+            target_us=target_us_of(self.arch.meta),
+            predicted_us=predicted, latency_table=table_src,
+            measured_us=measured["median_us"] if measured else None,
+            measured_iqr=measured["rel_iqr"] if measured else None,
             top1=test["top1"], top5=test["top5"], test_ce=test["ce"],
             val_top1=last.get("val_top1"), val_ce=last.get("val_ce"),
             params=stats["params"], flops=stats["flops"],
@@ -402,23 +402,23 @@ def search_cost_of(meta: Any, key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def target_ms_of(meta: Any) -> float | None:
-    """The latency the search was asked for (its arch file's meta.target), in ms."""
+def target_us_of(meta: Any) -> float | None:
+    """The latency the search was asked for (its arch file's meta.target), in µs."""
     if isinstance(meta, dict) and meta.get("cost_unit") == "us" and isinstance(
             meta.get("target"), int | float):
-        return float(meta["target"]) / 1e3
+        return float(meta["target"])
     return None
 
 
 def results_line(res: dict[str, Any]) -> str:
     """The one-line report: predicted and measured latency, accuracy, params, FLOPs."""
-    def ms(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.3f} ms"
+    def us(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1f} us"
 
-    asked = (f"target {ms(res['target_latency_ms'])}, "
-             if res.get("target_latency_ms") is not None else "")
-    return (f"{res['arch']['name']} [{res['arch']['hash'][:12]}]: {asked}predicted "
-            f"{ms(res['predicted_latency_ms'])}, measured {ms(res['measured_latency_ms'])}, "
+    target = (f"target {us(res['target_us'])}, "
+              if res.get("target_us") is not None else "")
+    return (f"{res['arch']['name']} [{res['arch']['hash'][:12]}]: {target}predicted "
+            f"{us(res['predicted_us'])}, measured {us(res['measured_us'])}, "
             f"top-1 {100 * res['top1']:.2f}%, top-5 {100 * res['top5']:.2f}%, params "
             f"{res['params'] / 1e6:.3f} M, FLOPs {res['flops'] / 1e6:.1f} M")
 

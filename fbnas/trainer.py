@@ -448,7 +448,7 @@ class SearchTrainer(EpochRunner):
         without noise (`relaxed_acc` / `_ce`); each after re-estimating BatchNorm statistics
         on (un-augmented) weight-split images."""
         indices = self.net.argmax_indices()
-        out = {"argmax_cost": float(self.net.expected_cost(self.net.path(indices)[0]))}
+        out = {"predicted": float(self.net.expected_cost(self.net.path(indices)[0]))}
         if self.data.val_loader is None:  # val_fraction 0: no selection split
             return out
         s, net = self.cfg.search, self.net
@@ -524,7 +524,8 @@ class SearchTrainer(EpochRunner):
         indices = arch_indices(self.cfg.space, arch)
         predicted = self.costs.model(self.cfg.space).of(indices)
         result = {"arch": arch.ops, "hash": arch.hash(), "history": self.history,
-                  "predicted_cost": predicted, "choices": arch.choices_text(self.cfg.space)}
+                  "predicted": predicted, "cost_unit": self.costs.unit,
+                  "choices": arch.choices_text(self.cfg.space)}
         if self.data.val_loader is not None:  # the architecture returned, as a single path
             r = validate_weights(self.net, self.data, self.device, *self.net.path(indices),
                                  s.bn_calib_samples, self.dist)
@@ -532,9 +533,9 @@ class SearchTrainer(EpochRunner):
             self.log.info(f"final architecture as a path of the supernet (BN re-estimated): "
                           f"val acc {r['acc']:.3f}, CE {r['ce']:.3f}")
         if "target" in arch.meta:
-            result["target_cost"] = arch.meta["target"]
+            result["target"] = arch.meta["target"]
         if "measured" in arch.meta:  # the measured fit's figure and what it took
-            result.update(measured_cost=arch.meta["measured"],
+            result.update(measured=arch.meta["measured"],
                           fit_seconds=arch.meta["fit_seconds"])
         # the pick's seconds: the measured fit's and the final trainings' as recorded, the
         # rest (the paths scored, the returned one validated) scoring
@@ -546,16 +547,16 @@ class SearchTrainer(EpochRunner):
         self._charge("final_train", train_s)
         self._charge("scoring", max(0.0, picked - fit_s - train_s))
         cost = self.search_cost()
-        arch = dataclasses.replace(arch, meta={**arch.meta, "search_cost": cost})
+        arch = arch.with_meta(search_cost=cost)
         if self.dist.is_main:
             arch.save(self.files.arch)
         result["search_cost"] = cost
         self.log.info("spent: " + budgets.describe_spent(cost))
         u = self.costs.unit
         said = "".join(f", {arch.meta[k]:.1f} {u} {w}" for k, w in (
-            ("target", "asked"), ("measured", "measured")) if k in arch.meta)
+            ("target", "target"), ("measured", "measured")) if k in arch.meta)
         self.log.info(f"done: architecture {arch.short_hash} "
-                      f"({result['predicted_cost']:.1f} {u} predicted{said}) -> "
+                      f"({result['predicted']:.1f} {u} predicted{said}) -> "
                       f"{self.files.arch}")
         return result
 

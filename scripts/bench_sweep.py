@@ -54,7 +54,7 @@ from fbnas.config import load_config
 from fbnas.fit.costs import resolve_costs
 from scripts.common import ROOT, SPACES
 
-SAME = ("arch_hash", "predicted_ms", "top1", "top5", "val_top1")
+SAME = ("arch_hash", "predicted_us", "top1", "top5", "val_top1")
 
 
 def summarize(out: Path, wall: float | None = None) -> None:
@@ -66,10 +66,10 @@ def summarize(out: Path, wall: float | None = None) -> None:
     print(f"{'point':<16}{'kind':<10}{'pred ms':>8}{'meas ms':>8}{'IQR':>6}{'top-1':>8}"
           f"{'x lat':>7}{'d top-1':>8}")
     for p in pts:
-        x = (p["measured_ms"] / ref["measured_ms"]) if ref and p["measured_ms"] else None
+        x = (p["measured_us"] / ref["measured_us"]) if ref and p["measured_us"] else None
         d = (100 * (p["top1"] - ref["top1"])) if ref else None
-        print(f"{p['label']:<16}{p['kind']:<10}{p['predicted_ms'] or float('nan'):8.3f}"
-              f"{p['measured_ms'] or float('nan'):8.3f}"
+        print(f"{p['label']:<16}{p['kind']:<10}{p['predicted_us'] or float('nan'):8.3f}"
+              f"{p['measured_us'] or float('nan'):8.3f}"
               f"{100 * (p['measured_iqr'] or 0):5.1f}%{100 * p['top1']:7.2f}%"
               + (f"{x:7.2f}" if x is not None else "      -")
               + (f"{d:+8.2f}" if d is not None else "       -")

@@ -7,6 +7,7 @@ import torch
 import yaml
 
 from fbnas.arch import (
+    META_FIELDS,
     Architecture,
     arch_from_indices,
     arch_log_prob,
@@ -146,3 +147,28 @@ def test_edited_file_is_marked(tiny_arch, tmp_path):
     p.write_text(yaml.safe_dump(d))
     a = Architecture.load(p)
     assert a.meta.get("edited") is True and a.hash() != tiny_arch.hash()
+
+
+def test_meta_is_declared_once_and_checked(tiny_space, tiny_arch, tmp_path):
+    """fbnas writes only the meta keys `META_FIELDS` declares, each of its kind; a file's
+    declared keys are checked when read, a person's own keys kept."""
+    a = arch_from_indices(tiny_space, [0, 1, 2], "t", target=700.0, cost_unit="us", run="r")
+    assert a.meta == {"target": 700.0, "cost_unit": "us", "run": "r"}
+    with pytest.raises(ValueError, match="undeclared keys \\['target_ms'\\]"):
+        arch_from_indices(tiny_space, [0, 1, 2], "t", target_ms=0.7)
+    with pytest.raises(ValueError, match="undeclared"):
+        tiny_arch.with_meta(asked=700.0)
+    with pytest.raises(FbnasError, match="meta.measured: expected a number"):
+        tiny_arch.with_meta(measured="fast")
+    b = tiny_arch.with_meta(measured=690.5, fitted_layers=2)
+    assert b.meta == {"measured": 690.5, "fitted_layers": 2} and tiny_arch.meta == {}
+    d = b.to_dict()
+    d["meta"]["note"] = "mine"
+    p = tmp_path / "a.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert Architecture.load(p).meta["note"] == "mine"
+    d["meta"]["fitted_layers"] = 1.5
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(FbnasError, match=f"{p}: meta.fitted_layers: expected an integer"):
+        Architecture.load(p)
+    assert set(META_FIELDS) >= {"target", "predicted", "measured", "cost_unit", "search_cost"}

@@ -614,7 +614,8 @@ ARCH_VALUES = [
     ("ops-op-number", ("ops", 1, 0), 42, "ops[1][0] (layer 1)"),
     ("ops-op-unprintable", ("ops", 0, 0), "skip\u2028x", "ops[0][0] (layer 0)"),
     ("meta-list", ("meta",), [1], "meta: expected a mapping"),
-    ("meta-run-number", ("meta",), {"run": 5}, "meta.run"),
+    ("meta-run-number", ("meta",), {"run": 5}, "meta.run: expected a string"),
+    ("meta-predicted-text", ("meta",), {"predicted": "fast"}, "meta.predicted: expected a number"),
 ]
 for _id, _path, _value, _says in ARCH_VALUES:
     def _setup(w, d, path=_path, value=_value, says=_says):
@@ -717,7 +718,7 @@ for _id, _change, _says in TABLE_CHANGES:
 # ---- 6. results.json contents, via `fbnas runs FILE` --------------------------------------------
 RESULTS_CHANGES = [
     ("not-fbnas", lambda r: r.pop("fbnas_results"), "not an fbnas results file"),
-    ("schema-newer", lambda r: r.update(fbnas_results=2), "newer fbnas"),
+    ("schema-newer", lambda r: r.update(fbnas_results=3), "newer fbnas"),
     ("schema-bool", lambda r: r.update(fbnas_results=True), "fbnas_results is True"),
     ("top1-string", lambda r: r.update(top1="high"), "'top1' must be a number"),
     ("arch-hash-number", lambda r: r["arch"].update(hash=5), "'arch.hash' must be a string"),
@@ -1151,7 +1152,7 @@ def test_a_damaged_results_file_inside_a_dir_is_a_warning_not_an_error(world, tm
     shutil.copytree(world.retrain, good)
     bad = tmp_path / "runs" / "bad" / "results.json"
     bad.parent.mkdir(parents=True)
-    bad.write_text('{"fbnas_results": 1, "top1": ')
+    bad.write_text('{"fbnas_results": 2, "top1": ')
     capsys.readouterr()
     assert main(["runs", str(tmp_path / "runs")]) == 0
     out, err = capsys.readouterr()

@@ -57,7 +57,7 @@ def _arch() -> dict:
     from fbnas.arch import arch_from_indices
 
     space = SearchSpace.from_dict(SPACE)
-    return arch_from_indices(space, [0, 1, 2], "a", note="x").to_dict()
+    return {**arch_from_indices(space, [0, 1, 2], "a").to_dict(), "meta": {"note": "x"}}
 
 
 def _table() -> dict:
@@ -73,9 +73,9 @@ def _table() -> dict:
 
 
 ARCH, TABLE = _arch(), _table()
-RESULTS = {"fbnas_results": 1, "kind": "retrain", "arch": {"name": "a", "hash": "ab" * 32,
+RESULTS = {"fbnas_results": 2, "kind": "retrain", "arch": {"name": "a", "hash": "ab" * 32,
                                                            "ops": ["skip"]},
-           "top1": 0.5, "measured_latency_ms": 1.0, "sweep": {"label": "beta1"}}
+           "top1": 0.5, "measured_us": 1.0, "sweep": {"label": "beta1"}}
 
 # ---- strategies ------------------------------------------------------------------------------
 # values at the edges of what the readers check: out of range, of another type, not finite,

@@ -342,7 +342,7 @@ def test_resume_does_not_overwrite_the_runs_table_when_refused(tmp_path):
 
 def test_no_validation_split_runs(tmp_path):
     t = run_to_end(make_cfg(tmp_path, search={"epochs": 2}, data={"val_fraction": 0.0}))
-    assert "argmax_path_acc" not in t.history[-1] and "argmax_cost" in t.history[-1]
+    assert "argmax_path_acc" not in t.history[-1] and "predicted" in t.history[-1]
 
 
 def test_null_means_default_and_grad_clip_null_disables(tmp_path):

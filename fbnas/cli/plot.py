@@ -9,7 +9,7 @@ from fbnas.io import load_json, load_yaml, show
 from fbnas.runs.files import RunFiles
 
 SERIES = ("w_ce", "w_acc", "theta_loss", "theta_cost", "argmax_path_ce", "argmax_path_acc",
-          "relaxed_acc", "argmax_cost", "tau")
+          "relaxed_acc", "predicted", "argmax_cost", "tau")
 
 
 def add_parser(sub) -> None:

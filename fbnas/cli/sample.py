@@ -84,7 +84,7 @@ def run(args) -> int:
         path = out / f"arch_{name}.yaml"
         arch.save(path)
         m = arch.meta
-        pred = (f"  predicted {m[f'predicted_{table.cost}']:.1f} {table.unit}"
+        pred = (f"  predicted {m['predicted']:.1f} {table.unit}"
                 if table is not None else "")
         print(f"{path}: p={m['probability']:.3g}{pred}  params {m['params'] / 1e6:.3f} M  "
               f"FLOPs {m['flops'] / 1e6:.1f} M  [{arch.short_hash}]")

@@ -117,14 +117,14 @@ def run(args) -> int:
     if "failed" in s:
         return 1
     w = max([18, *(len(r["label"]) + 2 for r in s["points"])])
-    print(f"\n{'label':<{w}}{'kind':<10}{'pred ms':>9}{'meas ms':>9}{'top-1':>8}  arch")
+    print(f"\n{'label':<{w}}{'kind':<10}{'predicted us':>14}{'measured us':>13}{'top-1':>8}  arch")
     for r in s["points"]:
         def f(v, fmt):
             return (format(v, fmt) if isinstance(v, (int, float))
                     else "-".rjust(int(fmt.split(".")[0])))
         top1 = "-" if r["top1"] is None else f"{100 * r['top1']:.2f}%"
-        print(f"{r['label']:<{w}}{r['kind']:<10}{f(r['predicted_ms'], '9.3f')}"
-              f"{f(r['measured_ms'], '9.3f')}{top1:>8}  "
+        print(f"{r['label']:<{w}}{r['kind']:<10}{f(r['predicted_us'], '14.1f')}"
+              f"{f(r['measured_us'], '13.1f')}{top1:>8}  "
               f"{r['arch_hash'][:12]}{'  (dominated)' if r['dominated'] is True else ''}")
     if sw.retrain:
         print(f"random architectures dominated by a searched one (within noise: latency "

@@ -4,7 +4,7 @@
 space and timer settings, or measures one (the cache policy: `cached_table_path`); a resumed
 run keeps the table saved in its run directory. `shared_costs` does the same under torchrun
 (rank 0 resolves, the others receive). For a trained child, `find_latency_table` finds the
-table to predict with and `predict_ms` predicts (`fbnas.latency.end_to_end.measure_child_ms`
+table to predict with and `predict_us` predicts (`fbnas.latency.end_to_end.measure_child`
 times it).
 What a finished search's table makes of its loss.target: `run_costs`, `run_target`. (From θ to
 the returned network: `fbnas.fit.select`.)
@@ -185,14 +185,14 @@ def find_latency_table(cfg: Config, arch: Architecture, log: Any = None
     return None, None
 
 
-def predict_ms(table: LatencyTable, arch: Architecture, cfg: Config) -> float:
-    """The table's whole-network latency of `arch`, in ms (its calibration/corrections applied
+def predict_us(table: LatencyTable, arch: Architecture, cfg: Config) -> float:
+    """The table's whole-network latency of `arch`, in µs (its calibration/corrections applied
     when the architecture belongs to the config's space)."""
     try:
         arch.check_fits(cfg.space)
-        return table.predict(arch, "auto", cfg.space) / 1e3
+        return table.predict(arch, "auto", cfg.space)
     except FbnasError:
-        return table.predict(arch, "raw") / 1e3
+        return table.predict(arch, "raw")
 
 
 # ---- a finished search's costs ------------------------------------------------------------

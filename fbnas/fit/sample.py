@@ -23,6 +23,7 @@ from fbnas.arch import (
     arch_from_indices,
     arch_indices,
     arch_log_prob,
+    checked_meta,
     child_stats,
     sample_soft,
 )
@@ -102,16 +103,16 @@ def described(a: Architecture, name: str, run: SearchRun) -> Architecture:
     probs = [torch.softmax(t.float(), -1) for t in theta]
     meta = {
         **{k: v for k, v in (a.meta or {}).items() if k != "run"},  # the fit's record
-        "run": str(run.dir), "epoch": run.epoch, "selection": name,
+        "run": str(run.dir), "epoch": int(run.epoch), "selection": name,
         "probability": math.exp(lp), "log_probability": lp,
         "layer_probabilities": [round(float(p[i]), 4)
                                 for p, i in zip(probs, arch_indices(space, a), strict=True)],
         "params": stats["params"], "flops": stats["flops"],
     }
     if table is not None:
-        meta[f"predicted_{table.cost}"] = round(table.predict(a, "auto", space), 3)
+        meta.setdefault("predicted", round(table.predict(a, "auto", space), 3))  # the fit's, else
         meta["cost_unit"] = table.unit
-    return Architecture(a.macro, a.ops, f"{space.name}_{name}", space.name, meta)
+    return Architecture(a.macro, a.ops, f"{space.name}_{name}", space.name, checked_meta(meta))
 
 
 def check_bundle_target(run: SearchRun, what: str) -> None:

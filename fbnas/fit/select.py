@@ -368,7 +368,7 @@ def refit(run: SearchRun, fit_measure: str | None = None,
     name, where = f"{cfg.space.name}_search", str(run.dir)
     if run.table is None or cfg.loss.target is None or not cfg.search.fit_target:
         a = sample_hard(cfg.space, run.theta, name=name)
-        return Architecture(a.macro, a.ops, a.name, a.space, {"run": where})
+        return Architecture(a.macro, a.ops, a.name, a.space).with_meta(run=where)
     prefer, pick = run.recorded_pick
     sel = select(cfg, run.theta, run.costs, run.target, log, where, recorded=prefer,
                  recorded_trained=len((pick or {}).get("trained", [])), fit_measure=fit_measure)

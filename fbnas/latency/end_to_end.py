@@ -103,7 +103,7 @@ def companions(space: SearchSpace, table: LatencyTable | None, n: int = COMPANIO
     return sample_spanning(space, n, rows, seed=4321, name="companion")
 
 
-def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyConfig,
+def measure_child(model: torch.nn.Module, arch: Architecture, lat: LatencyConfig,
                      table: LatencyTable | None = None, protocol: Protocol | None = None,
                      space: SearchSpace | None = None) -> dict[str, Any]:
     """End-to-end latency of the (trained) child with the latency section's timer settings,
@@ -115,7 +115,7 @@ def measure_child_ms(model: torch.nn.Module, arch: Architecture, lat: LatencyCon
     net = {"child": (copy.deepcopy(model).cpu(), (arch.macro.in_channels, *arch.macro.input_size))}
     s = time_networks(timer, net, table, pan, protocol or Protocol(rounds=FIT_ROUNDS))["child"]
     d = timer.describe()
-    return {"median_ms": s["median_us"] / 1e3, "min_ms": s["min_us"] / 1e3,
+    return {"median_us": s["median_us"], "min_us": s["min_us"],
             "rel_iqr": s["rel_iqr"], "n": s["n"], "device": timer_label(d), "timer": d,
             "units": pan.label}
 

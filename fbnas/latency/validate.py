@@ -303,7 +303,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     t, f = report["table"], report["flops_proxy"]
     lo, hi = report["measured_range_us"]
     lines = [f"{report['n']} architectures of '{report['space']}', measured "
-             f"{lo / 1e3:.2f}-{hi / 1e3:.2f} ms end to end ({report['repeats']} passes)"]
+             f"{lo:.1f}-{hi:.1f} us end to end ({report['repeats']} passes)"]
     if report.get("descheduled_share", 0) > 0.1:
         lines.append(f"warning: the timing thread was descheduled "
                      f"{100 * report['descheduled_share']:.0f}% of the time — the machine was "
@@ -348,15 +348,15 @@ def plot_report(report: dict[str, Any], path: str) -> None:
     except ImportError:
         raise FbnasError("--plot needs matplotlib: pip install 'fbnas[plot]'") from None
 
-    meas = np.array([a["measured_us"] for a in report["archs"]]) / 1e3
-    pred = np.array([a["predicted_us"] for a in report["archs"]]) / 1e3
-    cal = np.array([a["calibrated_cv_us"] for a in report["archs"]]) / 1e3
+    meas = np.array([a["measured_us"] for a in report["archs"]])
+    pred = np.array([a["predicted_us"] for a in report["archs"]])
+    cal = np.array([a["calibrated_cv_us"] for a in report["archs"]])
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.scatter(meas, pred, s=14, label=f"table (Spearman {report['table']['spearman']:.3f})")
     ax.scatter(meas, cal, s=14, marker="x", label="calibrated, held out")
     lim = [0, max(meas.max(), pred.max()) * 1.05]
     ax.plot(lim, lim, "k--", lw=0.8)
-    ax.set(xlim=lim, ylim=lim, xlabel="measured end to end (ms)", ylabel="predicted (ms)",
+    ax.set(xlim=lim, ylim=lim, xlabel="measured end to end (us)", ylabel="predicted (us)",
            title=f"{report['space']} on {report['device']['device_name']}")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()

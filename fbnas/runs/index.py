@@ -7,7 +7,7 @@ rows by any column in `COLUMNS` (numerically for numbers, missing values always 
 mark the rows on the latency / accuracy Pareto front (`pareto`).
 
     rows = [load_results(p) for p in find_results(["runs"])]
-    print(format_table(rows, sort="meas_ms"))
+    print(format_table(rows, sort="measured"))
 """
 
 from __future__ import annotations
@@ -121,10 +121,10 @@ COLUMNS: dict[str, Column] = {
     "space": Column("space", _key("space"), str),
     "dataset": Column("dataset", _key("dataset"), str),
     "device": Column("device", lambda r: r.get("latency_device") or r.get("device"), str),
-    "target_ms": Column("target ms", _key("target_latency_ms"), _fixed(3)),
-    "pred_ms": Column("pred ms", _key("predicted_latency_ms"), _fixed(3)),
-    "meas_ms": Column("meas ms", _key("measured_latency_ms"), _fixed(3)),
-    "iqr": Column("iqr %", _key("measured_latency_iqr"), _fixed(1, 100.0)),
+    "target": Column("target us", _key("target_us"), _fixed(1)),
+    "predicted": Column("predicted us", _key("predicted_us"), _fixed(1)),
+    "measured": Column("measured us", _key("measured_us"), _fixed(1)),
+    "iqr": Column("iqr %", _key("measured_iqr"), _fixed(1, 100.0)),
     "top1": Column("top1 %", _key("top1"), _fixed(2, 100.0)),
     "top5": Column("top5 %", _key("top5"), _fixed(2, 100.0)),
     "val_top1": Column("val top1 %", _key("val_top1"), _fixed(2, 100.0)),
@@ -172,12 +172,12 @@ for _fmt in FORMATS:
         _label = "fp32" if _q == "none" else _q
         COLUMNS[f"{_fmt}_{_label}_top1"] = Column(f"{_fmt} {_label} top1 %",
                                                   _program(_fmt, _q, "top1"), _fixed(2, 100.0))
-        COLUMNS[f"{_fmt}_{_label}_ms"] = Column(f"{_fmt} {_label} ms",
-                                                _program(_fmt, _q, "latency_ms"), _fixed(3))
-        PROGRAM_COLUMNS += [f"{_fmt}_{_label}_top1", f"{_fmt}_{_label}_ms"]
+        COLUMNS[f"{_fmt}_{_label}_us"] = Column(f"{_fmt} {_label} us",
+                                                _program(_fmt, _q, "measured_us"), _fixed(1))
+        PROGRAM_COLUMNS += [f"{_fmt}_{_label}_top1", f"{_fmt}_{_label}_us"]
 
-DEFAULT_COLUMNS = ["front", "run", "arch", "name", "space", "dataset", "device", "target_ms",
-                   "pred_ms", "meas_ms", "top1", "top5", "params", "flops", "epochs", "search_R",
+DEFAULT_COLUMNS = ["front", "run", "arch", "name", "space", "dataset", "device", "target",
+                   "predicted", "measured", "top1", "top5", "params", "flops", "epochs", "search_R",
                    "setting"]
 # Sorted high-to-low unless told otherwise; every other column sorts low-to-high.
 DESCENDING = frozenset({"front", "top1", "top5", "val_top1", "img_s",
@@ -245,8 +245,8 @@ def sort_rows(rows: Sequence[Mapping[str, Any]], sort: str = "top1",
 
 
 def _latency(r: Mapping[str, Any]) -> Any:
-    v = COLUMNS["meas_ms"].get(r)
-    return COLUMNS["pred_ms"].get(r) if _missing(v) else v
+    v = COLUMNS["measured"].get(r)
+    return COLUMNS["predicted"].get(r) if _missing(v) else v
 
 
 def pareto(rows: Sequence[Mapping[str, Any]], x: str | None = None, y: str = "top1") -> set[int]:

@@ -18,15 +18,15 @@ from fbnas.errors import FbnasError
 from fbnas.io import load_json, show, write_json_atomic
 from fbnas.runs.files import RunFiles
 
-SCHEMA = 1  # the value of a results file's `fbnas_results`
+SCHEMA = 2  # the value of a results file's `fbnas_results`
 PATH_KEY = "_path"  # load_results adds the file the row came from under this key
 
 # Every key of a results.json file and the kind of value it holds (None is always allowed).
 FIELDS: dict[str, str] = {
     "kind": "str", "run_dir": "str", "created": "str", "arch": "map", "space": "str",
     "dataset": "str", "device": "str", "latency_device": "str",
-    "target_latency_ms": "num", "predicted_latency_ms": "num", "latency_table": "str",
-    "measured_latency_ms": "num", "measured_latency_iqr": "num",
+    "target_us": "num", "predicted_us": "num", "latency_table": "str",
+    "measured_us": "num", "measured_iqr": "num",
     "top1": "num", "top5": "num", "test_ce": "num", "val_top1": "num", "val_ce": "num",
     "params": "num", "flops": "num", "epochs": "num", "train_seconds": "num",
     "images_per_s": "num", "init_from": "str", "search_run": "str",
@@ -37,11 +37,38 @@ FIELDS: dict[str, str] = {
 # `programs`: the run's exported programs (`fbnas export`), keyed by their path relative to the
 # run folder, each with these figures (None until measured): written by `record_program` from
 # `fbnas export` (format, quantization, bytes), `fbnas eval --model` (test top1, top5, CE) and
-# `fbnas latency measure --model` (latency_ms, its relative IQR, and the timer's description).
+# `fbnas latency measure --model` (measured_us, its relative IQR measured_iqr, and the timer's
+# description).
 PROGRAM_FIELDS: dict[str, str] = {
     "format": "str", "quantization": "str", "bytes": "num", "top1": "num", "top5": "num",
-    "test_ce": "num", "latency_ms": "num", "latency_iqr": "num", "timer": "str",
+    "test_ce": "num", "measured_us": "num", "measured_iqr": "num", "timer": "str",
 }
+
+
+# Schema 1 held latency in ms under other names: read as schema 2 (name -> (name, factor)).
+SCHEMA_1: dict[str, tuple[str, float]] = {
+    "target_latency_ms": ("target_us", 1e3), "predicted_latency_ms": ("predicted_us", 1e3),
+    "measured_latency_ms": ("measured_us", 1e3), "measured_latency_iqr": ("measured_iqr", 1.0),
+}
+SCHEMA_1_PROGRAMS = {"latency_ms": ("measured_us", 1e3), "latency_iqr": ("measured_iqr", 1.0)}
+
+
+def _from_schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 record read as schema 2: its latency keys renamed and in µs."""
+    def move(d: Mapping[str, Any], names: Mapping[str, tuple[str, float]]) -> dict[str, Any]:
+        out = {k: v for k, v in d.items() if k not in names}
+        for old, (new, factor) in names.items():
+            if old in d:
+                v = d[old]
+                out[new] = v * factor if is_number(v) else v
+        return out
+
+    row = move(data, SCHEMA_1)
+    progs = row.get("programs")
+    if isinstance(progs, Mapping):
+        row["programs"] = {name: move(e, SCHEMA_1_PROGRAMS) if isinstance(e, Mapping) else e
+                           for name, e in progs.items()}
+    return {**row, "fbnas_results": SCHEMA}
 
 
 def results_record(**values: Any) -> dict[str, Any]:
@@ -60,14 +87,16 @@ def write_results(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
 
 
 def load_results(path: str | os.PathLike) -> dict[str, Any]:
-    """One results.json, checked: a JSON object with `fbnas_results: 1` and values of the
-    right types. Every known key is present in the result (None where the file lacks it);
-    unknown keys are kept; the file's own path is stored under `PATH_KEY`. Errors are one-line
-    FbnasErrors naming the file (and the key)."""
+    """One results.json, checked: a JSON object with `fbnas_results: 2` (1 is read as 2) and
+    values of the right types. Every known key is present in the result (None where the file
+    lacks it); unknown keys are kept; the file's own path is stored under `PATH_KEY`. Errors
+    are one-line FbnasErrors naming the file (and the key)."""
     data = load_json(path)
     version = data.get("fbnas_results")
     if version is None:
         raise FbnasError(f"{path}: not an fbnas results file (no 'fbnas_results' key)")
+    if type(version) is int and version == 1:
+        data, version = _from_schema_1(data), SCHEMA
     if type(version) is not int or version != SCHEMA:
         remedy = ("written by a newer fbnas: upgrade fbnas to read it"
                   if type(version) is int and version > SCHEMA else
@@ -149,6 +178,8 @@ def record_program(results: str | os.PathLike, program: str | os.PathLike, *,
     if key.startswith("../"):
         return None  # outside the run folder: not the run's program
     data = load_json(res)
+    if data.get("fbnas_results") == 1:  # rewritten in the schema it is read in
+        data = _from_schema_1(data)
     progs = dict(data.get("programs") or {})
     if fresh:
         entry = dict.fromkeys(PROGRAM_FIELDS)

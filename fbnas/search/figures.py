@@ -17,7 +17,7 @@ FIGURES = {
                    "split; modes that compute every candidate)",
     "argmax_path_acc": "the argmax architecture as a single path on the supernet's weights, "
                        "BN re-estimated (validation split)",
-    "argmax_cost": "the argmax architecture's predicted cost under the table",
+    "predicted": "the argmax architecture's predicted cost under the table",
 }
 
 
@@ -30,7 +30,7 @@ def epoch_line(rec: dict[str, Any], epochs: int, unit: str) -> str:
     for k in ("relaxed_acc", "argmax_path_acc"):
         if k in rec:
             msg += f" {k} {rec[k]:.3f}"
-    return msg + f" argmax_cost {rec['argmax_cost']:.1f}{unit} ({rec['seconds']:.1f}s)"
+    return msg + f" predicted {rec['predicted']:.1f}{unit} ({rec['seconds']:.1f}s)"
 
 
 def tb_scalars(w: SummaryWriter, rec: dict[str, Any], ops: list[list[str]]) -> None:

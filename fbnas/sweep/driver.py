@@ -64,7 +64,7 @@ from fbnas.io import (
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table, timer_label
 from fbnas.latency.measure import Protocol
 from fbnas.plots import _plt
-from fbnas.retrain import target_ms_of
+from fbnas.retrain import target_us_of
 from fbnas.runs.files import RunFiles
 from fbnas.search.modes import get_mode, refuse_as_theta_mode
 from fbnas.settings import LATENCY_TOLERANCE
@@ -72,8 +72,8 @@ from fbnas.sweep.grid import PARAMS, Axis, axis_label, fmt_value, point_config
 from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
 
 REFERENCE_OPS = ("ir_k3_e6", "ir_k5_e6")
-CSV_COLUMNS = ("label", "kind", "param", "value", "arch_hash", "name", "target_ms",
-               "predicted_ms", "measured_ms", "measured_iqr", "top1", "top5", "val_top1",
+CSV_COLUMNS = ("label", "kind", "param", "value", "arch_hash", "name", "target_us",
+               "predicted_us", "measured_us", "measured_iqr", "top1", "top5", "val_top1",
                "params", "flops", "dominated", "run_dir", "ops")
 
 
@@ -142,10 +142,10 @@ def dominated(points: list[SweepPoint], by: list[SweepPoint], lat_tol: float,
     tolerance (latency within a factor 1 + lat_tol, top-1 within acc_tol)?"""
     out = []
     for p in points:
-        lp, ap = p.results.get("measured_ms"), p.results.get("top1")
+        lp, ap = p.results.get("measured_us"), p.results.get("top1")
         hit = False
         for q in by:
-            lq, aq = q.results.get("measured_ms"), q.results.get("top1")
+            lq, aq = q.results.get("measured_us"), q.results.get("top1")
             if None in (lp, ap, lq, aq):
                 continue
             if lq <= lp * (1 + lat_tol) and aq >= ap - acc_tol:
@@ -293,10 +293,10 @@ class Sweep:
         res = {"top1": b.mean(k, "test_acc"), "val_top1": b.mean(k, "val_acc"),
                "params": n["params"], "flops": n["flops"], "bench": str(b.path), "sweep": extra}
         if b.meta["latency"]["unit"] == "us":
-            res["predicted_latency_ms"] = n["predicted"] / 1e3
+            res["predicted_us"] = n["predicted"]
             if n.get("measured") is not None:
-                res["measured_latency_ms"] = n["measured"] / 1e3
-                res["measured_latency_iqr"] = n.get("measured_latency_iqr")
+                res["measured_us"] = n["measured"]
+                res["measured_iqr"] = n.get("measured_iqr")
         p.results = res
         ensure_dir(p.run_dir)
         write_json_atomic(RunFiles(p.run_dir).results, res)
@@ -330,23 +330,23 @@ class Sweep:
         device = timer_label(timer.describe())
         for p in points:
             s = stats[p.arch.hash()[:16]]
-            p.results["measured_latency_ms"] = s["median_us"] / 1e3
-            p.results["measured_latency_iqr"] = s["rel_iqr"]
+            p.results["measured_us"] = s["median_us"]
+            p.results["measured_iqr"] = s["rel_iqr"]
             p.results["latency_device"] = device
             write_json_atomic(RunFiles(p.run_dir).results, p.results)
 
     def _report(self, points: list[SweepPoint], wall: float) -> dict[str, Any]:
         for p in points:
             r = p.results
-            r["measured_ms"] = r.get("measured_latency_ms")
-            r["predicted_ms"] = r.get("predicted_latency_ms")
+            r.setdefault("measured_us", None)
+            r.setdefault("predicted_us", None)
             meta = p.arch.meta if isinstance(p.arch.meta, dict) else {}
-            if r["predicted_ms"] is None and meta.get("cost_unit") == "us" and isinstance(
+            if r["predicted_us"] is None and meta.get("cost_unit") == "us" and isinstance(
                     meta.get("predicted"), int | float):  # searched, not retrained: its fit's
-                r["predicted_ms"] = meta["predicted"] / 1e3
+                r["predicted_us"] = meta["predicted"]
         searched = [p for p in points if p.kind == "search"]
         rand = [p for p in points if p.kind == "random"]
-        iqrs = [p.results.get("measured_latency_iqr") or 0.0 for p in points]
+        iqrs = [p.results.get("measured_iqr") or 0.0 for p in points]
         lat_tol = (max(LATENCY_TOLERANCE, sorted(iqrs)[len(iqrs) // 2]) if iqrs
                    else LATENCY_TOLERANCE)
         n_test = self._n_test()
@@ -364,9 +364,9 @@ class Sweep:
                 "label": p.label, "kind": p.kind, "param": self.param if p.kind == "search"
                 else "", "value": "" if p.value is None else p.value,
                 "arch_hash": p.arch.hash(), "name": p.arch.name,
-                "target_ms": target_ms_of(p.arch.meta) if p.kind == "search" else None,
-                "predicted_ms": r.get("predicted_ms"), "measured_ms": r.get("measured_ms"),
-                "measured_iqr": r.get("measured_latency_iqr"), "top1": r.get("top1"),
+                "target_us": target_us_of(p.arch.meta) if p.kind == "search" else None,
+                "predicted_us": r.get("predicted_us"), "measured_us": r.get("measured_us"),
+                "measured_iqr": r.get("measured_iqr"), "top1": r.get("top1"),
                 "top5": r.get("top5"), "val_top1": r.get("val_top1"), "params": r.get("params"),
                 "flops": r.get("flops"),
                 "dominated": flags.get(id(p), "") if p.kind == "random" else "",
@@ -415,7 +415,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -
     fig, ax = plt.subplots(figsize=(7, 5))
 
     def xy(rs):
-        pts = [((r["measured_ms"] if r["measured_ms"] is not None else r["predicted_ms"]),
+        pts = [((r["measured_us"] if r["measured_us"] is not None else r["predicted_us"]),
                 100 * r["top1"]) for r in rs if r["top1"] is not None]
         return [p for p in pts if p[0] is not None and p[1] is not None]
 
@@ -432,8 +432,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, space: str, param: str) -
         for r, (x, y) in zip(se, pts, strict=False):
             ax.annotate(f"{param}={fmt_value(r['value'])}", (x, y), textcoords="offset points",
                         xytext=(5, 5), fontsize=8)
-    measured = any(r["measured_ms"] is not None for r in rows)
-    ax.set_xlabel("latency, ms (" + ("measured end to end" if measured else "table") + ")")
+    measured = any(r["measured_us"] is not None for r in rows)
+    ax.set_xlabel("latency, us (" + ("measured end to end" if measured else "table") + ")")
     ax.set_ylabel("test top-1, %")
     ax.set_title(f"fbnas sweep: {space}")
     ax.grid(alpha=0.3)

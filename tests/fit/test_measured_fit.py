@@ -295,13 +295,13 @@ def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_pat
         res = c.fit()
     finally:
         close_logger(c.log)
-    assert res["target_latency_ms"] == pytest.approx(arch.meta["target"] / 1e3)
-    assert res["predicted_latency_ms"] is not None and res["measured_latency_ms"] is not None
+    assert res["target_us"] == pytest.approx(arch.meta["target"])
+    assert res["predicted_us"] is not None and res["measured_us"] is not None
     capsys.readouterr()
     assert main(["runs", str(tmp_path / "child"), "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert float(rows[0]["target_ms"]) == pytest.approx(arch.meta["target"] / 1e3)
-    assert float(rows[0]["meas_ms"]) == pytest.approx(res["measured_latency_ms"])
+    assert float(rows[0]["target"]) == pytest.approx(arch.meta["target"])
+    assert float(rows[0]["measured"]) == pytest.approx(res["measured_us"])
 
 
 def test_fit_measure_off_keeps_the_table_fit(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import fbnas.latency.end_to_end
 from fbnas.arch import ChildNet, arch_from_indices, build_child
 from fbnas.backends.fake import FakeTimer
 from fbnas.latency import LatencyTable
-from fbnas.latency.end_to_end import COMPANIONS, anchored_scale, companions, measure_child_ms, panel
+from fbnas.latency.end_to_end import COMPANIONS, anchored_scale, companions, measure_child, panel
 from fbnas.search_space import SearchSpace
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
@@ -68,13 +68,13 @@ def test_a_measured_network_is_anchored_to_the_probes_when_the_reference_op_drif
     table = t.costs.table
     arch = arch_from_indices(cfg.space, [1] * len(cfg.space.layer_candidates()), "x")
     model = build_child(arch)
-    before = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
-    assert before["median_ms"] * 1e3 == pytest.approx(table.predict(arch), rel=0.05)
+    before = measure_child(model, arch, cfg.latency, table, space=cfg.space)
+    assert before["median_us"] == pytest.approx(table.predict(arch), rel=0.05)
     slow_reference_op(monkeypatch, 1.1)
-    anchored = measure_child_ms(model, arch, cfg.latency, table, space=cfg.space)
-    via_reference = measure_child_ms(model, arch, cfg.latency, table)
-    assert anchored["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
-    assert via_reference["median_ms"] == pytest.approx(before["median_ms"] / 1.1, rel=0.01)
+    anchored = measure_child(model, arch, cfg.latency, table, space=cfg.space)
+    via_reference = measure_child(model, arch, cfg.latency, table)
+    assert anchored["median_us"] == pytest.approx(before["median_us"], rel=0.005)
+    assert via_reference["median_us"] == pytest.approx(before["median_us"] / 1.1, rel=0.01)
     assert "probe" in anchored["units"] and "reference op" in via_reference["units"]
 
 
@@ -108,7 +108,7 @@ def test_a_small_network_keeps_its_figure_when_small_networks_drift_more(tmp_pat
     cands = cfg.space.layer_candidates()  # skips and one block: between the smallest probes
     small = arch_from_indices(cfg.space, [c.index("skip") for c in cands[:-1]] + [0], "small")
     model = build_child(small)
-    before = measure_child_ms(model, small, cfg.latency, table, space=cfg.space)
+    before = measure_child(model, small, cfg.latency, table, space=cfg.space)
     prepare = FakeTimer.prepare
     big = max(table.context["probe_nets"])
 
@@ -119,8 +119,8 @@ def test_a_small_network_keeps_its_figure_when_small_networks_drift_more(tmp_pat
         return run
 
     monkeypatch.setattr(FakeTimer, "prepare", size_drift)
-    after = measure_child_ms(model, small, cfg.latency, table, space=cfg.space)
-    assert after["median_ms"] == pytest.approx(before["median_ms"], rel=0.005)
+    after = measure_child(model, small, cfg.latency, table, space=cfg.space)
+    assert after["median_us"] == pytest.approx(before["median_us"], rel=0.005)
 
 
 def test_a_fit_panel_keeps_the_probes_nearest_the_target_in_their_order():

@@ -17,18 +17,18 @@ from fbnas.runs.index import (
     results_table,
     sort_rows,
 )
-from fbnas.runs.results import load_results
+from fbnas.runs.results import load_results, record_program
 
 ROOT = Path(__file__).parents[1]
 
 
 def _result(name, *, top1, meas=None, pred=None, space="quickstart", **extra):
-    r = {"fbnas_results": 1, "kind": "retrain", "run_dir": f"runs/{name}",
+    r = {"fbnas_results": 2, "kind": "retrain", "run_dir": f"runs/{name}",
          "created": "2026-11-22T10:00:00",
          "arch": {"name": name, "hash": (name.encode().hex() * 64)[:64], "ops": ["ir_k3_e1"]},
          "space": space, "dataset": "digits", "device": "cpu",
          "latency_device": "Test CPU (cpu, 1 thread, batch 1)",
-         "predicted_latency_ms": pred, "measured_latency_ms": meas, "measured_latency_iqr": 0.02,
+         "predicted_us": pred, "measured_us": meas, "measured_iqr": 0.02,
          "top1": top1, "top5": 0.99, "val_top1": None, "params": 100_000, "flops": 2_000_000,
          "epochs": 3, "train_seconds": 1.5, "images_per_s": 100.0,
          "search_run": "runs/quickstart", "sweep": None}
@@ -87,18 +87,18 @@ def test_find_results_recursive_deterministic_and_deduplicated(tree):
 
 
 def test_load_results_fills_missing_keys_and_checks(tmp_path):
-    f = _write(tmp_path / "min", {"fbnas_results": 1, "top1": 0.5})
+    f = _write(tmp_path / "min", {"fbnas_results": 2, "top1": 0.5})
     r = load_results(f)
-    assert r["top1"] == 0.5 and r["measured_latency_ms"] is None and r["sweep"] is None
+    assert r["top1"] == 0.5 and r["measured_us"] is None and r["sweep"] is None
     assert r["arch"] == {"name": None, "hash": None, "ops": None}
-    nan = _write(tmp_path / "nan", '{"fbnas_results": 1, "measured_latency_ms": NaN}')
-    assert load_results(nan)["measured_latency_ms"] is None  # not measured, sorts last
+    nan = _write(tmp_path / "nan", '{"fbnas_results": 2, "measured_us": NaN}')
+    assert load_results(nan)["measured_us"] is None  # not measured, sorts last
     for bad, msg in [({"top1": 0.5}, "fbnas_results"),
-                     ({"fbnas_results": 2}, "fbnas_results is 2"),
+                     ({"fbnas_results": 3}, "fbnas_results is 3"),
                      ({"fbnas_results": True}, "fbnas_results is True"),
-                     ({"fbnas_results": 1, "top1": "high"}, "'top1'"),
-                     ({"fbnas_results": 1, "arch": {"hash": 5}}, "'arch.hash'"),
-                     ({"fbnas_results": 1, "sweep": [1]}, "'sweep'"),
+                     ({"fbnas_results": 2, "top1": "high"}, "'top1'"),
+                     ({"fbnas_results": 2, "arch": {"hash": 5}}, "'arch.hash'"),
+                     ({"fbnas_results": 2, "sweep": [1]}, "'sweep'"),
                      ([1, 2], "JSON object"),
                      ("{not json", "malformed JSON")]:
         g = _write(tmp_path / "bad", bad)
@@ -107,13 +107,33 @@ def test_load_results_fills_missing_keys_and_checks(tmp_path):
         assert str(g) in str(e.value) and "\n" not in str(e.value)
 
 
+
+def test_schema_1_is_read_in_microseconds_and_rewritten_as_2(tmp_path):
+    """A results.json written before latency was held in µs reads as the current schema, and a
+    program recorded into it rewrites the whole file in that schema."""
+    old = {"fbnas_results": 1, "top1": 0.5, "target_latency_ms": 0.7,
+           "predicted_latency_ms": 0.75, "measured_latency_ms": 0.8, "measured_latency_iqr": 0.02,
+           "programs": {"m.onnx": {"format": "onnx", "latency_ms": 0.5, "latency_iqr": 0.01}}}
+    f = _write(tmp_path / "old", old)
+    r = load_results(f)
+    assert (r["target_us"], r["predicted_us"], r["measured_us"]) == pytest.approx((700, 750, 800))
+    assert r["measured_iqr"] == 0.02 and "measured_latency_ms" not in r
+    assert r["programs"]["m.onnx"]["measured_us"] == pytest.approx(500)
+    (tmp_path / "old" / "m.onnx").write_bytes(b"")
+    assert record_program(f, tmp_path / "old" / "m.onnx", top1=0.4) == "m.onnx"
+    on_disk = json.loads(Path(f).read_text())
+    assert on_disk["fbnas_results"] == 2 and on_disk["measured_us"] == pytest.approx(800)
+    assert on_disk["programs"]["m.onnx"]["measured_us"] == pytest.approx(500)
+    assert on_disk["programs"]["m.onnx"]["top1"] == 0.4
+
 # ---- listing and sorting via the CLI ---------------------------------------------------------
 def test_lists_every_run_sorted_by_top1_descending(tree, capsys):
     rc, out, err = _main(["runs"], capsys)  # default DIR: runs, relative to the cwd
     assert rc == 0 and err == ""
     assert _names(out) == ["retrain-2", "a", "e", "retrain-1", "er"]
     header = out.splitlines()[0]
-    for title in ("run", "arch", "pred ms", "meas ms", "top1 %", "params M", "sweep point"):
+    for title in ("run", "arch", "predicted us", "measured us", "top1 %", "params M",
+                  "sweep point"):
         assert title in header
     assert "runs/b/retrain-1" in out  # run paths are relative to the cwd
     assert "95.00" in out and "Test CPU (cpu, 1 thread, batch 1)" in out
@@ -125,11 +145,11 @@ def test_lists_every_run_sorted_by_top1_descending(tree, capsys):
 
 
 def test_sort_numeric_not_lexicographic_and_none_last(tree, capsys):
-    rc, out, _ = _main(["runs", str(tree), "--sort", "meas_ms"], capsys)
+    rc, out, _ = _main(["runs", str(tree), "--sort", "measured"], capsys)
     assert rc == 0
     # ascending by default for latency: 2 < 9 < 10 < 12, the unmeasured run last
     assert _names(out) == ["e", "retrain-1", "a", "er", "retrain-2"]
-    rc, out, _ = _main(["runs", str(tree), "--sort", "meas_ms", "--desc"], capsys)
+    rc, out, _ = _main(["runs", str(tree), "--sort", "measured", "--desc"], capsys)
     assert _names(out) == ["er", "a", "retrain-1", "e", "retrain-2"]  # None still last
     rc, out, _ = _main(["runs", str(tree), "--sort", "top1", "--asc"], capsys)
     assert _names(out) == ["er", "retrain-1", "e", "a", "retrain-2"]
@@ -141,16 +161,17 @@ def test_sort_numeric_not_lexicographic_and_none_last(tree, capsys):
 
 
 def test_sort_rows_and_results_table_directly():
-    rows = [{"measured_latency_ms": v, "top1": t} for v, t in
+    rows = [{"measured_us": v, "top1": t} for v, t in
             [(10.0, 0.5), (None, 0.9), (9.0, 0.6), (float("nan"), 0.1), (100.0, 0.7)]]
-    assert [r["measured_latency_ms"] for r in sort_rows(rows, "meas_ms")][:3] == [9.0, 10.0,
+    assert [r["measured_us"] for r in sort_rows(rows, "measured")][:3] == [9.0, 10.0,
                                                                                     100.0]
-    table = results_table(rows, sort="meas_ms", columns=["meas_ms", "top1"])
-    assert table[0] == ["meas ms", "top1 %"]
-    assert [row[0] for row in table[1:]] == ["9.000", "10.000", "100.000", "-", "-"]
+    table = results_table(rows, sort="measured", columns=["measured", "top1"])
+    assert table[0] == ["measured us", "top1 %"]
+    assert [row[0] for row in table[1:]] == ["9.0", "10.0", "100.0", "-", "-"]
     assert [row[1] for row in table[1:4]] == ["60.00", "50.00", "70.00"]
-    text = format_table(rows, sort="top1", columns="top1,meas_ms", top=2)
-    assert text.splitlines() == ["top1 %  meas ms", " 90.00        -", " 70.00  100.000"]
+    text = format_table(rows, sort="top1", columns="top1,measured", top=2)
+    assert text.splitlines() == ["top1 %  measured us", " 90.00            -",
+                                 " 70.00        100.0"]
 
 
 def test_filter_by_space_and_columns(tree, capsys):
@@ -166,19 +187,19 @@ def test_filter_by_space_and_columns(tree, capsys):
 
 # ---- csv / json ------------------------------------------------------------------------------
 def test_csv_and_json_parse_back(tree, capsys):
-    cols = "run,name,meas_ms,top1,params,setting,front"
+    cols = "run,name,measured,top1,params,setting,front"
     rc, out, _ = _main(["runs", str(tree), "--format", "csv", "--columns", cols,
-                        "--sort", "meas_ms"], capsys)
+                        "--sort", "measured"], capsys)
     assert rc == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert list(rows[0]) == cols.split(",")
     assert [r["name"] for r in rows] == ["e", "b", "a", "d", "c"]
-    assert float(rows[2]["meas_ms"]) == 10.0 and float(rows[2]["top1"]) == 0.9
-    assert rows[4]["meas_ms"] == "" and rows[3]["params"] == "" and rows[0]["setting"] == ""
+    assert float(rows[2]["measured"]) == 10.0 and float(rows[2]["top1"]) == 0.9
+    assert rows[4]["measured"] == "" and rows[3]["params"] == "" and rows[0]["setting"] == ""
     assert rows[2]["setting"] == "beta0.2"
 
     rc, out, _ = _main(["runs", str(tree), "--format", "json", "--columns", cols,
-                        "--sort", "meas_ms", "--top", "3"], capsys)
+                        "--sort", "measured", "--top", "3"], capsys)
     recs = json.loads(out)
     assert [r["name"] for r in recs] == ["e", "b", "a"]
     assert recs[0]["params"] == 5_000_000 and recs[1]["setting"] == "beta0.1"
@@ -203,7 +224,7 @@ def test_bad_column_exit_2_names_it(tree, capsys):
     assert rc == 2 and out == ""
     line = err.strip()
     assert "\n" not in line and line.startswith("fbnas runs: error:")
-    assert "'accuracy'" in line and "top1" in line and "meas_ms" in line
+    assert "'accuracy'" in line and "top1" in line and "measured" in line
     rc, _, err = _main(["runs", str(tree), "--columns", "run,bogus"], capsys)
     assert rc == 2 and "'bogus'" in err
     rc, _, err = _main(["runs", str(tree), "--top", "0"], capsys)
@@ -211,7 +232,7 @@ def test_bad_column_exit_2_names_it(tree, capsys):
 
 
 def test_corrupt_file_skipped_with_warning(tree, capsys):
-    bad = _write(tree / "broken", "{\"fbnas_results\": 1, \"top1\": ")
+    bad = _write(tree / "broken", "{\"fbnas_results\": 2, \"top1\": ")
     other = _write(tree / "zz-other-tool", {"something": "else"})
     rc, out, err = _main(["runs", str(tree)], capsys)
     assert rc == 0
@@ -225,18 +246,18 @@ def test_corrupt_file_skipped_with_warning(tree, capsys):
 # ---- Pareto front ----------------------------------------------------------------------------
 def test_pareto_marks_non_dominated_rows():
     rows = [
-        {"measured_latency_ms": 1.0, "top1": 0.80},  # 0 front: fastest
-        {"measured_latency_ms": 2.0, "top1": 0.90},  # 1 front
-        {"measured_latency_ms": 3.0, "top1": 0.85},  # 2 dominated by 1
-        {"measured_latency_ms": 2.0, "top1": 0.88},  # 3 dominated by 1 (same x, lower y)
-        {"measured_latency_ms": None, "predicted_latency_ms": 4.0, "top1": 0.95},  # 4 front
-        {"measured_latency_ms": 5.0, "top1": 0.95},  # 5 dominated by 4 (pred. fallback)
-        {"measured_latency_ms": None, "top1": 0.99},  # 6 no latency at all: never
-        {"measured_latency_ms": 2.0, "top1": 0.90},  # 7 ties with 1: both on the front
-        {"measured_latency_ms": 0.5, "top1": None},  # 8 no accuracy: never
+        {"measured_us": 1.0, "top1": 0.80},  # 0 front: fastest
+        {"measured_us": 2.0, "top1": 0.90},  # 1 front
+        {"measured_us": 3.0, "top1": 0.85},  # 2 dominated by 1
+        {"measured_us": 2.0, "top1": 0.88},  # 3 dominated by 1 (same x, lower y)
+        {"measured_us": None, "predicted_us": 4.0, "top1": 0.95},  # 4 front
+        {"measured_us": 5.0, "top1": 0.95},  # 5 dominated by 4 (pred. fallback)
+        {"measured_us": None, "top1": 0.99},  # 6 no latency at all: never
+        {"measured_us": 2.0, "top1": 0.90},  # 7 ties with 1: both on the front
+        {"measured_us": 0.5, "top1": None},  # 8 no accuracy: never
     ]
     assert pareto(rows) == {0, 1, 4, 7}
-    assert pareto(rows, x="pred_ms") == {4}
+    assert pareto(rows, x="predicted") == {4}
     assert pareto([]) == set()
 
 

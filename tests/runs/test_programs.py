@@ -36,8 +36,8 @@ def run(tmp_path):
     save_checkpoint(d / "checkpoint.pt", {"kind": "child", "model": net.state_dict(),
                                           "arch": arch.to_dict(), "config": cfg})
     fields = dict.fromkeys(("kind", "run_dir", "created", "arch", "space", "dataset", "device",
-                            "latency_device", "target_latency_ms", "predicted_latency_ms",
-                            "latency_table", "measured_latency_ms", "measured_latency_iqr",
+                            "latency_device", "target_us", "predicted_us",
+                            "latency_table", "measured_us", "measured_iqr",
                             "top1", "top5", "test_ce", "val_top1", "val_ce", "params", "flops",
                             "epochs", "train_seconds", "images_per_s", "init_from",
                             "search_run", "search_seconds", "search_trainings", "sweep",
@@ -102,14 +102,14 @@ def test_latency_is_recorded_in_the_run_above_the_program(run):
     sub.parent.mkdir()
     assert record_program(run / "results.json", sub, fresh=True, format="pte",
                           quantization="int8", bytes=10) == "int8/model_int8.pte"
-    where = record_program_anywhere(sub, latency_ms=0.093, latency_iqr=0.02, timer="cpu")
+    where = record_program_anywhere(sub, measured_us=93.0, measured_iqr=0.02, timer="cpu")
     assert where == f"{run / 'results.json'}: int8/model_int8.pte"
     row = load_results(run / "results.json")
-    assert COLUMNS["pte_int8_ms"].get(row) == 0.093
-    assert COLUMNS["pte_fp32_ms"].get(row) is None
+    assert COLUMNS["pte_int8_us"].get(row) == 93.0
+    assert COLUMNS["pte_fp32_us"].get(row) is None
     shown = columns_for([row])
-    assert "pte_int8_ms" in shown and "pte_int8_top1" not in shown  # no accuracy yet
-    assert set(PROGRAM_COLUMNS) >= {"pte_int8_top1", "onnx_int8_ms", "pte_fp32_top1"}
+    assert "pte_int8_us" in shown and "pte_int8_top1" not in shown  # no accuracy yet
+    assert set(PROGRAM_COLUMNS) >= {"pte_int8_top1", "onnx_int8_us", "pte_fp32_top1"}
     with pytest.raises(ValueError, match="undeclared"):
         record_program(run / "results.json", sub, speed=1)
 

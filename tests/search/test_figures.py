@@ -38,5 +38,5 @@ def test_the_log_and_history_name_what_each_figure_measures(tmp_path, mode, rela
         assert 0.0 <= rec["argmax_path_acc"] <= 1.0 and rec["argmax_path_ce"] > 0
         assert ("relaxed_acc" in rec) == relaxed
     # every figure the log line shows is described
-    for name in ("w_ce", "w_acc", "argmax_path_acc", "relaxed_acc", "argmax_cost"):
+    for name in ("w_ce", "w_acc", "argmax_path_acc", "relaxed_acc", "predicted"):
         assert name in FIGURES

@@ -37,10 +37,10 @@ def test_sweep_two_settings_end_to_end_and_resume(tmp_path, capsys):
     assert yaml.safe_load((out / "search-beta0/config.yaml").read_text())["loss"]["kind"] == "ce"
     assert yaml.safe_load((out / "search-beta4/config.yaml").read_text())["loss"]["beta"] == 4
     for r in rows:
-        assert float(r["measured_ms"]) > 0 and float(r["predicted_ms"]) > 0
+        assert float(r["measured_us"]) > 0 and float(r["predicted_us"]) > 0
         assert 0 <= float(r["top1"]) <= 1
         res = json.loads((Path(r["run_dir"]) / "results.json").read_text())
-        assert res["measured_latency_ms"] == pytest.approx(float(r["measured_ms"]))
+        assert res["measured_us"] == pytest.approx(float(r["measured_us"]))
         assert res["sweep"]["label"] == r["label"]
     assert {r["dominated"] for r in rows if r["kind"] == "random"} <= {"True", "False"}
     summary = json.loads((out / "sweep.json").read_text())
@@ -80,7 +80,7 @@ def test_sweep_values_and_points():
 
 def test_dominance_allows_noise_but_not_worse_points():
     def p(ms, acc):
-        return SweepPoint("x", "random", results={"measured_ms": ms, "top1": acc})
+        return SweepPoint("x", "random", results={"measured_us": ms, "top1": acc})
     searched = [p(1.0, 0.90), p(2.0, 0.95)]
     rand = [p(1.02, 0.90), p(1.5, 0.96), p(0.5, 0.80), p(3.0, 0.949), p(None, 0.9)]
     assert dominated(rand, searched, lat_tol=0.03, acc_tol=0.0) == [

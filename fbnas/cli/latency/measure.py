@@ -74,7 +74,7 @@ def run(args) -> int:
         st = m.entries[it["label"]]
         s = st.summary(scale_of(it["label"]) / 1e6)
         line = (f"{it['label'].split(':', 1)[1]} {it['path']}: median "
-                f"{s['median_us'] / 1e3:.3f} ms, min {s['min_us'] / 1e3:.3f} ms, IQR "
+                f"{s['median_us']:.1f} us, min {s['min_us']:.1f} us, IQR "
                 f"{100 * s['rel_iqr']:.1f}% ({s['n']} samples x {st.number} calls; "
                 f"{t.backend}, {t.threads} thread(s), batch {t.batch}, "
                 f"{t.allocator} allocator{'; ' + pan.label if pan.anchors else ''})")
@@ -89,12 +89,12 @@ def run(args) -> int:
             except FbnasError:
                 pred = None  # not this table's space
             if pred is not None:
-                line += f"; table {pred / 1e3:.3f} ms (x{pred / s['median_us']:.2f})"
+                line += f"; table {pred:.1f} us (x{pred / s['median_us']:.2f})"
                 res["predicted_us"] = pred
         print(line)
         if it["kind"] == "model":
             where = record_program_anywhere(
-                it["path"], latency_ms=s["median_us"] / 1e3, latency_iqr=s["rel_iqr"],
+                it["path"], measured_us=s["median_us"], measured_iqr=s["rel_iqr"],
                 timer=f"{t.backend}, {t.threads} thread(s), batch {t.batch}"
                       f"{'; ' + pan.label if pan.anchors else ''}")
             if where is not None:
