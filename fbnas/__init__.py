@@ -22,14 +22,15 @@ _PUBLIC = {
     # configs, spaces, architectures
     "Config": "fbnas.config", "load_config": "fbnas.config",
     "SearchSpace": "fbnas.search_space", "load_space": "fbnas.search_space",
-    "Architecture": "fbnas.arch", "build_child": "fbnas.arch", "load_child": "fbnas.arch",
+    "Architecture": "fbnas.arch", "build_child": "fbnas.arch",
+    "load_child": "fbnas.training.checkpoint",
     # the search and the retrain
     "Supernet": "fbnas.supernet", "SearchTrainer": "fbnas.trainer",
     "ChildTrainer": "fbnas.retrain", "run_trainer": "fbnas.training.loop",
     # latency tables and exports
     "LatencyTable": "fbnas.latency.table", "export_child": "fbnas.backends.export",
     # runs and results
-    "SearchRun": "fbnas.runs.search_run", "refit": "fbnas.fit.select",
+    "SearchRun": "fbnas.fit.search_run", "refit": "fbnas.fit.select",
     "load_results": "fbnas.runs.results", "find_results": "fbnas.runs.index",
     "format_table": "fbnas.runs.index", "results_table": "fbnas.runs.index",
     "pareto": "fbnas.runs.index",

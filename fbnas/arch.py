@@ -25,10 +25,8 @@ from fbnas.cost_kinds import count_params
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, show, write_yaml_atomic
 from fbnas.macro import MacroSpec, parse_macro
-from fbnas.runs.files import RunFiles
 from fbnas.search_space import SearchSpace
 from fbnas.settings import Fields
-from fbnas.training.checkpoint import load_checkpoint
 
 ARCH_SCHEMA = 1
 
@@ -322,21 +320,3 @@ def child_stats(arch: Architecture) -> dict[str, Any]:
     net = build_child(arch)
     flops = count_flops(net, arch.macro.input_size, arch.macro.in_channels)
     return {"params": count_params(net), "flops": flops, "macs": flops // 2, "hash": arch.hash()}
-
-
-# ---- child checkpoints -------------------------------------------------------------------------
-def load_child(path: str | Path, device: str | torch.device = "cpu"
-               ) -> tuple[Architecture, ChildNet, dict[str, Any]]:
-    """(architecture, child network with the checkpoint's weights in eval mode, raw state)
-    from a retrain checkpoint (a file, or a retrain run directory holding checkpoint.pt)."""
-    p = RunFiles.checkpoint_of(path)
-    state = load_checkpoint(p, kind="child")
-    arch = Architecture.from_dict(state["arch"], f"{p}: arch")
-    model = build_child(arch)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise FbnasError(f"{p}: weights do not fit architecture {arch.short_hash} "
-                         f"({first[:160]})") from None
-    return arch, model.to(device).eval(), state

@@ -33,21 +33,20 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, build_child, child_stats
-from fbnas.config import Config, config_from_dict
+from fbnas.config import Config, ResumePolicy, config_from_dict
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_train_data, calibration_images
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import find_latency_table, predict_us
+from fbnas.fit.search_run import SearchRun
 from fbnas.latency.end_to_end import measure_child
 from fbnas.runs.results import results_record, write_results
-from fbnas.runs.search_run import SearchRun
 from fbnas.supernet import supernet_child_state
 from fbnas.training.distributed import PeriodicAverager, rank_seed, wrap_ddp
 from fbnas.training.evaluate import evaluate
 from fbnas.training.guard import fused_optimizer, keep_fused
 from fbnas.training.logs import close_logger
 from fbnas.training.loop import EpochRunner, NonFiniteLoss, torch_threads
-from fbnas.training.resume import ResumePolicy
 from fbnas.training.rng import rng_state, seed_everything
 from fbnas.training.step import StepFigures, Update, metric
 

@@ -43,7 +43,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, arch_from_indices, arch_indices
 from fbnas.blocks.shared import UsedSlices
-from fbnas.config import Config, SearchConfig
+from fbnas.config import Config, ResumePolicy, SearchConfig
 from fbnas.cost_kinds import is_measured
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
@@ -68,7 +68,6 @@ from fbnas.training.distributed import PeriodicAverager, SharedNoise, rank_seed,
 from fbnas.training.evaluate import validate_weights
 from fbnas.training.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.training.loop import EpochRunner, Interrupted, NonFiniteLoss
-from fbnas.training.resume import ResumePolicy
 from fbnas.training.rng import rng_state, seed_everything, set_rng_state
 from fbnas.training.step import StepFigures, Update, metric
 

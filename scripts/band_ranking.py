@@ -30,7 +30,7 @@ import torch
 from scipy.stats import kendalltau, spearmanr
 
 from fbnas.arch import log_prob
-from fbnas.runs.search_run import SearchRun
+from fbnas.fit.search_run import SearchRun
 from fbnas.training.evaluate import validate_weights
 
 

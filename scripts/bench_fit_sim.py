@@ -27,8 +27,8 @@ import torch
 from fbnas.arch import arch_from_indices
 from fbnas.bench.score import percentile, regret, truth
 from fbnas.bench.table import Bench
+from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import pick_candidates, rank_paths, select, table_fit
-from fbnas.runs.search_run import SearchRun
 from fbnas.sweep.grid import searched_runs
 from fbnas.training.distributed import DistContext
 from fbnas.training.evaluate import validate_weights

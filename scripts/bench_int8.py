@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from fbnas.arch import load_child
 from fbnas.backends import make_timer
 from fbnas.backends.base import input_chw
 from fbnas.backends.export import ExportedModel, export_child
@@ -34,6 +33,7 @@ from fbnas.data import build_eval_data
 from fbnas.latency.measure import Protocol, measure
 from fbnas.latency.timed_models import ModelSpec, load_model
 from fbnas.retrain import checkpoint_calibration
+from fbnas.training.checkpoint import load_child
 from fbnas.training.evaluate import evaluate
 
 

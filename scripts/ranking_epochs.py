@@ -32,8 +32,8 @@ from scipy.stats import kendalltau
 
 from fbnas.bench.score import matched, supernet_ranking, truth
 from fbnas.bench.table import Bench
+from fbnas.fit.search_run import SearchRun
 from fbnas.io import write_text_atomic
-from fbnas.runs.search_run import SearchRun
 from scripts.common import search_process
 
 

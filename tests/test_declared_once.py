@@ -15,12 +15,18 @@ import pytest
 import torch
 from conftest import digits_run_config
 
-import fbnas.training.resume as resume_mod
+import fbnas.config as config_mod
 from fbnas.backends import FORMATS, TIMERS, clock_choices
 from fbnas.backends.cpu import CpuTimer
 from fbnas.cli import eval as cli_eval
 from fbnas.cli.latency.common import timer_args
-from fbnas.config import RetrainConfig, SearchConfig, config_from_dict, load_config
+from fbnas.config import (
+    ResumePolicy,
+    RetrainConfig,
+    SearchConfig,
+    config_from_dict,
+    load_config,
+)
 from fbnas.cost_kinds import COST_KINDS, CostKind, is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here
@@ -32,7 +38,6 @@ from fbnas.search.modes import MODES, TAU, get_mode, ignored_note, ignored_setti
 from fbnas.settings import DEVICES, setting, setting_choices, settings_of
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
-from fbnas.training.resume import ResumePolicy
 
 # ---- 1. what a resumed run may change ---------------------------------------------------------
 # The sets ResumePolicy listed by hand before the settings declared them.
@@ -121,7 +126,7 @@ def test_a_new_setting_declared_resumable_or_added_reaches_the_policy(monkeypatc
         moved: str = setting("here", "str", resumable=True)
         new: int = setting(4, "int", added=3)
 
-    monkeypatch.setattr(resume_mod, "section_types", lambda: {"extra": Section})
+    monkeypatch.setattr(config_mod, "section_types", lambda: {"extra": Section})
     p = ResumePolicy(compared=("extra",))
     assert p.resumable == {("extra", "moved")} and p.added == {("extra", "new"): 3}
     saved, where = {"extra": {"kept": 1, "moved": "here"}}, Path("ckpt")

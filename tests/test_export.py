@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import TINY_SPACE
 
-from fbnas.arch import arch_from_indices, build_child, load_child
+from fbnas.arch import arch_from_indices, build_child
 from fbnas.backends import FORMATS
 from fbnas.backends.export import (
     check_equivalence,
@@ -19,7 +19,7 @@ from fbnas.backends.export import (
 from fbnas.cli import main
 from fbnas.errors import FbnasError
 from fbnas.search_space import SearchSpace
-from fbnas.training.checkpoint import save_checkpoint
+from fbnas.training.checkpoint import load_child, save_checkpoint
 
 # The ONNX tests need the onnx extra, which the dev extra includes: without it they fail
 # (with the one-line error naming the extra) rather than skip.

@@ -2,8 +2,9 @@
 fbnas/ (at the top and inside functions; imports of other packages, optional or not, are not
 looked at): each module imports only from its own floor or the floors below, and no import
 cycle exists among fbnas modules (importing `fbnas.a.b` also runs the package `fbnas.a`, so
-that counts as an import of it). The floor table is the one in docs/architecture.md (the
-```floors block), read here, so the picture and the check cannot drift apart."""
+that counts as an import of it), nor among the packages taken as wholes. The floor table is
+the one in docs/architecture.md (the ```floors block), read here, so the picture and the check
+cannot drift apart."""
 
 from __future__ import annotations
 
@@ -140,6 +141,30 @@ def test_no_import_cycle():
     assert cycles(graph()) == []
 
 
+def packages(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph of fbnas's top-level names (a package with all its modules, or a module):
+    `a -> b` where a module of `a` imports one of `b`. `fbnas/__init__.py` is left out (it
+    names the public API, imported lazily from every package)."""
+    def top(m: str) -> str | None:
+        parts = m.split(".")
+        return parts[1] if len(parts) > 1 else None
+
+    out: dict[str, set[str]] = {}
+    for m, targets in g.items():
+        a = top(m)
+        if a is None:
+            continue
+        out.setdefault(a, set())
+        out[a] |= {b for t in targets if (b := top(t)) is not None and b != a}
+    return out
+
+
+def test_no_package_level_cycle():
+    """Each package is one concern below or above another, never both: no two top-level
+    packages (or modules) import each other, however indirectly."""
+    assert cycles(packages(graph())) == []
+
+
 @pytest.mark.parametrize("source, expect", [
     ("from fbnas.loss import LOSSES\n", {"fbnas.loss"}),
     ("from fbnas.backends import cpu\n", {"fbnas.backends", "fbnas.backends.cpu"}),
@@ -162,3 +187,10 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
                                          f"fbnas.cli.train (floor {floors['cli/']})"]
     found = cycles(g)
     assert found and all("fbnas.errors -> fbnas.cli.train -> " in c for c in found)
+
+
+def test_the_package_check_catches_a_cycle_between_packages():
+    g = graph()
+    g["fbnas.runs.files"] = g["fbnas.runs.files"] | {"fbnas.fit.select"}  # runs <-> fit
+    found = cycles(packages(g))
+    assert found and any("runs -> fit" in c or "fit -> runs" in c for c in found)

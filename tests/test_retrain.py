@@ -10,12 +10,13 @@ import torch
 import yaml
 from conftest import digits_run_config
 
-from fbnas.arch import arch_from_indices, load_child
+from fbnas.arch import arch_from_indices
 from fbnas.cli import main
 from fbnas.config import RetrainConfig, config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.retrain import ChildTrainer
 from fbnas.supernet import supernet_child_state
+from fbnas.training.checkpoint import load_child
 from fbnas.training.logs import close_logger
 from fbnas.training.loop import Interrupted
 

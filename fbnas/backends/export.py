@@ -25,7 +25,6 @@ from fbnas.arch import Architecture
 from fbnas.backends import FORMATS, Format
 from fbnas.errors import FbnasError, first_line
 from fbnas.io import atomic_write
-from fbnas.runs.files import RunFiles
 
 VERIFY_SEED = 0          # the verification inputs are N(0, 1) from this seed, not the global RNG
 VERIFY_EXTRA_BATCH = 3   # verify also at batch + this, to exercise a dynamic batch axis
@@ -50,12 +49,6 @@ def format_of(path: str | os.PathLike) -> str:
 
 def _format(path: Path, fmt: str | None) -> Format:
     return FORMATS.get(check_format(fmt) if fmt else format_of(path))
-
-
-def default_out(checkpoint: str | os.PathLike, fmt: str, quantize: str = "none") -> Path:
-    """`<run_dir>/model.ts`, `model.onnx`, ... next to the checkpoint (or in the run
-    directory); a quantized program `model_int8.pte` (so it does not replace the fp32 one)."""
-    return RunFiles.of(checkpoint).dir / program_name(fmt, quantize)
 
 
 def program_name(fmt: str, quantize: str = "none") -> str:

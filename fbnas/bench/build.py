@@ -54,9 +54,15 @@ from fbnas.io import clock
 from fbnas.latency import space_hash
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table
 from fbnas.retrain import ChildTrainer
-from fbnas.runs.provenance import check_same_code, code_record, describe_code
+from fbnas.runs.provenance import (
+    check_same_code,
+    code_record,
+    describe_code,
+    driver_code,
+    import_ray,
+    worker_env,
+)
 from fbnas.settings import TIMING_ROUNDS
-from fbnas.sweep.ray_tasks import driver_code, import_ray, worker_env
 from fbnas.training.logs import close_logger
 from fbnas.training.rng import rng_state, set_rng_state
 

@@ -60,11 +60,11 @@ from fbnas.bench.table import Bench
 from fbnas.config import Config, load_config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
+from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import cannot_time_here, fit_measurer
 from fbnas.io import atomic_write
 from fbnas.retrain import search_cost_of, train_child
 from fbnas.runs.files import RunFiles
-from fbnas.runs.search_run import SearchRun
 from fbnas.search_space import SearchSpace
 from fbnas.settings import LATENCY_TOLERANCE
 from fbnas.training.loop import torch_threads

@@ -59,12 +59,12 @@ from typing import Any
 import torch
 from scipy import stats
 
+from fbnas.bench.fidelity import supernet_accuracy
 from fbnas.bench.table import Bench, check_space
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import near_or_nearest
-from fbnas.runs.search_run import SearchRun
+from fbnas.fit.search_run import SearchRun
 from fbnas.settings import LATENCY_TOLERANCE
-from fbnas.sweep.fidelity import supernet_accuracy
 
 TRUTH = "test_acc"  # what regret and percentile judge by (mean over seeds, full budget)
 

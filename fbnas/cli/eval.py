@@ -38,10 +38,10 @@ def run(args) -> int:
 
     import torch
 
-    from fbnas.arch import load_child
     from fbnas.backends.export import ExportedModel
     from fbnas.config import apply_overrides, config_from_dict, load_config
     from fbnas.data import build_eval_data
+    from fbnas.training.checkpoint import load_child
     from fbnas.training.evaluate import evaluate
     from fbnas.training.loop import resolve_device
 

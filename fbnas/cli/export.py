@@ -44,7 +44,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.arch import load_child
     from fbnas.backends.export import (
         check_format,
         export_child,
@@ -53,6 +52,7 @@ def run(args) -> int:
         require_quantization,
     )
     from fbnas.retrain import checkpoint_calibration
+    from fbnas.training.checkpoint import load_child
 
     formats: list[str] = []
     for item in args.formats:
@@ -105,10 +105,12 @@ def run(args) -> int:
 
 def _outputs(out: str | None, checkpoint: str, formats: list[str], quantize: str
              ) -> dict[str, Path]:
-    from fbnas.backends.export import default_out, program_name
+    from fbnas.backends.export import program_name
+    from fbnas.runs.files import RunFiles
 
-    if out is None:
-        return {fmt: default_out(checkpoint, fmt, quantize) for fmt in formats}
+    if out is None:  # beside the checkpoint, in its run folder
+        return {fmt: RunFiles.of(checkpoint).dir / program_name(fmt, quantize)
+                for fmt in formats}
     if Path(out).is_file():
         raise FbnasError(f"--out: {out} is a file; give the folder to write "
                          f"{', '.join(program_name(f, quantize) for f in formats)} into")

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fbnas.sweep.fidelity import Fidelity
+    from fbnas.bench.fidelity import Fidelity
 
     n = args.n if args.n is not None or args.bench else 10
     Fidelity(args.run_dir, n=n, seed=args.seed, retrain_epochs=args.retrain_epochs,

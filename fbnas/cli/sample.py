@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from fbnas.fit.sample import described, hard_arch, near_target_bundle, pick_measured, soft_archs
-    from fbnas.runs.search_run import SearchRun
+    from fbnas.fit.search_run import SearchRun
 
     run_dir = Path(args.run_dir)
     run = SearchRun.open(run_dir)

@@ -70,9 +70,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from fbnas.runs.provenance import import_ray
     from fbnas.sweep.driver import Sweep
     from fbnas.sweep.grid import parse_axis, parse_values
-    from fbnas.sweep.ray_tasks import RaySweep, import_ray
+    from fbnas.sweep.ray_tasks import RaySweep
     from fbnas.training.loop import Interrupted
 
     grid = [parse_axis(g) for g in args.grid]

@@ -31,12 +31,12 @@ from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import Round, choose, near_target
+from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import refit as refit_run
 from fbnas.fit.select import table_fit
 from fbnas.io import write_json_atomic
 from fbnas.latency.bundle import RUNTIMES, network_latencies_us, read_results, write_bundle
 from fbnas.runs.files import ARCH
-from fbnas.runs.search_run import SearchRun
 from fbnas.search.cost_model import predicted_cost
 
 NEAR_TARGET = "near_target_bundle.json"  # which bundle `--near-target` wrote for the run

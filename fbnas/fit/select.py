@@ -40,9 +40,9 @@ from fbnas.fit.onto_target import (
     likeliest_in_band,
     measured_fit,
 )
+from fbnas.fit.search_run import SearchRun
 from fbnas.latency import LatencyTable
 from fbnas.latency.end_to_end import fit_panel, panel, time_archs
-from fbnas.runs.search_run import SearchRun
 from fbnas.search.cost_model import cost_lists, predicted_cost
 
 Measurer = Callable[[list[int]], tuple[float, float]]

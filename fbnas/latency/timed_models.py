@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fbnas.arch import Architecture, build_child, load_child
+from fbnas.arch import Architecture, build_child
 from fbnas.backends import FORMATS, Timer
 from fbnas.backends.base import input_chw
 from fbnas.backends.worker import under_allocator
 from fbnas.errors import FbnasError
 from fbnas.latency.measure import Measurement, Protocol, measure
+from fbnas.training.checkpoint import load_child
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """Which fbnas code made a file: the commit of the git checkout fbnas is imported from (where
 there is one), the version, and a hash of the package's sources, which names the same code
-wherever it sits (a Ray worker checks it against its driver's: fbnas.sweep.ray_tasks)."""
+wherever it sits (a Ray worker checks it against its driver's: `driver_code`, `worker_env`)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,27 @@ def check_same_code(expected: dict[str, Any], what: str) -> None:
         f"not the code of the process that started it ({expected.get('package')}, sources "
         f"{str(expected.get('source_hash'))[:12]}); start it where both import the same "
         "fbnas (`python -m fbnas` from the checkout's root, or PYTHONPATH=<checkout>)")
+
+
+# ---- Ray workers running this same code (fbnas sweep, fbnas bench build) ----------------------
+def import_ray(what: str) -> Any:
+    """The `ray` module, or a one-line error saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise FbnasError(f"{what} needs Ray: pip install 'fbnas[ray]'") from None
+    return ray
+
+
+def worker_env() -> dict[str, Any]:
+    """The runtime_env of a local Ray this process starts: the workers' PYTHONPATH led by the
+    folder this process imports fbnas from. Ray also puts the driver's working folder first on
+    a worker's path, so a worker started from another checkout's root imports that one's
+    fbnas: `check_same_code` (each task's first step) refuses that in one line."""
+    path = [str(PACKAGE.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(path)}}
+
+
+def driver_code() -> dict[str, Any]:
+    """What a task checks its worker's fbnas against (`check_same_code`)."""
+    return {"source_hash": source_hash(), "package": str(PACKAGE)}

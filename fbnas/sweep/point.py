@@ -9,11 +9,11 @@ from typing import Any
 
 from fbnas.arch import Architecture
 from fbnas.config import Config, apply_overrides, config_from_dict
+from fbnas.fit.search_run import SearchRun
 from fbnas.io import load_json
 from fbnas.retrain import ChildTrainer
 from fbnas.runs.files import RunFiles
 from fbnas.runs.results import load_results
-from fbnas.runs.search_run import SearchRun
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
 

@@ -48,40 +48,17 @@ from fbnas.config import Config
 from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs
+from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import refit
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.runs.files import RunFiles
-from fbnas.runs.provenance import PACKAGE, check_same_code, source_hash
-from fbnas.runs.search_run import SearchRun
+from fbnas.runs.provenance import check_same_code, driver_code, import_ray, worker_env
 from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
 from fbnas.sweep.point import retrain_point, search_done, search_point
 from fbnas.training.loop import Interrupted
 
 KILL_ENV = "FBNAS_SWEEP_KILL"
 TASKS = ".tasks"  # OUT/.tasks/<phase>-<label>.json: the pid and host running that task
-
-
-def import_ray(what: str) -> Any:
-    """The `ray` module, or a one-line error saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise FbnasError(f"{what} needs Ray: pip install 'fbnas[ray]'") from None
-    return ray
-
-
-def worker_env() -> dict[str, Any]:
-    """The runtime_env of a local Ray this process starts: the workers' PYTHONPATH led by the
-    folder this process imports fbnas from. Ray also puts the driver's working folder first on
-    a worker's path, so a worker started from another checkout's root imports that one's
-    fbnas: `check_same_code` (each task's first step) refuses that in one line."""
-    path = [str(PACKAGE.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {"env_vars": {"PYTHONPATH": os.pathsep.join(path)}}
-
-
-def driver_code() -> dict[str, Any]:
-    """What a task checks its worker's fbnas against (`check_same_code`)."""
-    return {"source_hash": source_hash(), "package": str(PACKAGE)}
 
 
 def _kill_at_first_checkpoint(run: Path) -> None:

@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, safe loads (torch.load(weights_only=True)).
+"""Checkpoints: atomic writes, safe loads (torch.load(weights_only=True)), and a retrain's
+checkpoint opened as its network (`load_child`).
 
 A checkpoint holds only tensors, numbers, strings, lists and dicts, so it loads with
 `weights_only=True` and executes no code.
@@ -14,8 +15,10 @@ from typing import Any
 
 import torch
 
+from fbnas.arch import Architecture, ChildNet, build_child
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, check_schema, show
+from fbnas.runs.files import RunFiles
 
 CHECKPOINT_SCHEMA = 1
 
@@ -99,3 +102,20 @@ def _why_unloadable(p: Path, e: Exception) -> str:
         return "not a complete torch checkpoint archive: truncated, damaged or another format"
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     return first[:160]
+
+
+def load_child(path: str | Path, device: str | torch.device = "cpu"
+               ) -> tuple[Architecture, ChildNet, dict[str, Any]]:
+    """(architecture, child network with the checkpoint's weights in eval mode, raw state)
+    from a retrain checkpoint (a file, or a retrain run directory holding checkpoint.pt)."""
+    p = RunFiles.checkpoint_of(path)
+    state = load_checkpoint(p, kind="child")
+    arch = Architecture.from_dict(state["arch"], f"{p}: arch")
+    model = build_child(arch)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise FbnasError(f"{p}: weights do not fit architecture {arch.short_hash} "
+                         f"({first[:160]})") from None
+    return arch, model.to(device).eval(), state

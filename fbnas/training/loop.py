@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -48,7 +48,6 @@ from fbnas.training.logs import (
     run_log_handlers,
 )
 from fbnas.training.precision import Precision
-from fbnas.training.resume import ResumePolicy
 from fbnas.training.step import PhaseSums, StepFigures, Stepper, host_values
 
 
@@ -83,6 +82,13 @@ def torch_threads(n: int | None):
         torch.set_num_threads(saved)
 
 
+class ResumeCheck(Protocol):
+    """What a resumed run may change (`fbnas.config.ResumePolicy`): raises if the checkpoint's
+    resolved config `saved` and the run's `now` differ where they must not."""
+
+    def check(self, saved: dict[str, Any], now: dict[str, Any], where: Path) -> None: ...
+
+
 class EpochRunner:
     """Base of the search and retrain trainers (see the module docstring)."""
 
@@ -90,7 +96,7 @@ class EpochRunner:
     SECTION: ClassVar[str]  # the config section of the trainer: "search" or "retrain"
     RESUME_CMD: ClassVar[str]  # how a user continues a run: "fbnas train --resume"
     NEW_RUN_HINT: ClassVar[str]  # how a user starts another run: "run.dir" or "--out"
-    POLICY: ClassVar[ResumePolicy]
+    POLICY: ClassVar[ResumeCheck]
 
     def __init__(self, cfg: Any, run_dir: str | Path, log: logging.Logger | None = None,
                  dist: DistContext | None = None, **setup: Any):

@@ -18,7 +18,13 @@ from conftest import TINY_SPACE, latency_space
 
 from fbnas.arch import arch_from_indices, build_child
 from fbnas.backends import FORMATS, TIMERS, make_timer
-from fbnas.backends.export import check_format, default_out, export_child, format_of, load_exported
+from fbnas.backends.export import (
+    check_format,
+    export_child,
+    format_of,
+    load_exported,
+    program_name,
+)
 from fbnas.backends.fake import FakeTimer
 from fbnas.backends.torchscript import TorchScriptFormat
 from fbnas.cli import main
@@ -40,7 +46,8 @@ def test_every_registered_backend_is_reachable_by_name():
     for name, fmt in FORMATS.items():
         assert fmt.name == name and check_format(name.upper()) == name
         assert format_of(f"model{fmt.suffix}") == name
-        assert default_out("run/checkpoint.pt", name) == Path("run") / f"model{fmt.suffix}"
+        assert program_name(name) == f"model{fmt.suffix}"
+        assert program_name(name, "int8") == f"model_int8{fmt.suffix}"
     assert set(COST_KINDS) == {"latency", "flops", "params"}
 
 

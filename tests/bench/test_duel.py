@@ -273,7 +273,7 @@ def test_equal_cost_random_times_networks_as_the_measured_fit_does(tmp_path, mon
     """On a finished search on the fake device, the random side times each kept network with
     the fit's measurer (in the run's units, within the tolerance of its target) and trains
     only those measured inside; with search.fit_measure off it says why it times none."""
-    from fbnas.runs.search_run import SearchRun
+    from fbnas.fit.search_run import SearchRun
     from tests.fit.measured import fake_run, run_search
 
     cfg = fake_run(tmp_path, fit_tolerance=0.1)

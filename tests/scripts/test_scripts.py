@@ -536,7 +536,7 @@ def test_band_ranking(tiny, tmp_path, capsys):
     accuracy made to follow θ's log-probability): τ of θ's log-probability reads +1."""
     from fbnas.arch import log_prob
     from fbnas.cli import main as fbnas_main
-    from fbnas.runs.search_run import SearchRun
+    from fbnas.fit.search_run import SearchRun
     from scripts.band_ranking import band
 
     run_dir = tmp_path / "run"

@@ -15,11 +15,11 @@ from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import width_costs
 from fbnas.fit.onto_target import fit_with_widths
+from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import refit
 from fbnas.latency import build_cost_table
 from fbnas.latency.signature import space_signatures
 from fbnas.latency.table import space_hash
-from fbnas.runs.search_run import SearchRun
 from fbnas.search.modes import MODES
 from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace

@@ -12,11 +12,11 @@ import torch
 
 from fbnas.arch import Architecture, sample_hard
 from fbnas.errors import FbnasError
+from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import refit
 from fbnas.runs import files as run_files
 from fbnas.runs.files import RunFiles
 from fbnas.runs.results import FIELDS, load_results, results_record, write_results
-from fbnas.runs.search_run import SearchRun
 from tests.fit.measured import fake_run, run_search
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fbnas"

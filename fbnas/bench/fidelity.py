@@ -44,10 +44,10 @@ from fbnas.bench.table import Bench, check_space
 from fbnas.config import Config, apply_overrides, config_from_dict, with_retrain_epochs
 from fbnas.data.loaders import take_images
 from fbnas.errors import FbnasError
+from fbnas.fit.search_run import SearchRun
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.retrain import ChildTrainer
 from fbnas.runs.files import RunFiles
-from fbnas.runs.search_run import SearchRun
 from fbnas.supernet import Supernet
 from fbnas.training.evaluate import path_sums
 from fbnas.training.logs import close_logger
