@@ -132,7 +132,11 @@ def ungroup(d: Any, where: str = "search") -> Any:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """The alternating trainer (paper defaults).
+    """The alternating trainer. Its defaults are the recommended search (docs/search_modes.md,
+    "A supernet that learns"): shared superkernels, θ by score function over sampled single
+    paths (`reinforce`), weight steps on one θ-drawn path and one uniform path. FBNet's own
+    search is `mode: full`, `weights: separate`, `weight_sampling: mode`, `uniform_paths: 0`
+    (configs/fbnet_*.yaml).
 
     mode: how each step samples and computes paths (docs/search_modes.md): `full` computes
     every candidate (FBNet; `hard` picks one-hot straight-through samples), `two_path` only
@@ -171,7 +175,7 @@ class SearchConfig:
     nan_policy: str = setting("stop", "str", choices=NAN_POLICIES)
     # re-estimate BN stats of the argmax path before validation
     bn_calib_samples: int = setting(1024, "int", min=0)
-    mode: str = setting("full", "str", choices=MODES, added="full")
+    mode: str = setting("reinforce", "str", choices=MODES, added="full")
     checkpoint_activations: bool | str = setting(False, "raw", resumable=True, added=False,
                                                  convert=check_checkpoint_setting)
     precision: str = setting("float32", "str", choices=PRECISIONS, added="float32")
@@ -184,12 +188,12 @@ class SearchConfig:
     # which paths the weight steps train on after the warm-up: as `mode` samples them, or as
     # another registered mode does (e.g. `single_path`: each weight step trains one path drawn
     # from softmax(θ) while the θ steps use `mode`'s relaxation; GDAS / TF-NAS)
-    weight_sampling: str = setting("mode", "str", choices=("mode", *MODES), added="mode")
+    weight_sampling: str = setting("single_path", "str", choices=("mode", *MODES), added="mode")
     # each weight step that trains the mode's sampled path also trains this many uniformly
     # drawn single paths (gradients summed; TF-NAS's bi-sampling is 1): the paths θ does not
     # favour keep training, so the supernet can still rank them. Needs single-path weight
     # sampling (single_path or reinforce)
-    uniform_paths: int = setting(0, "int", min=0, max=8, added=0)
+    uniform_paths: int = setting(1, "int", min=0, max=8, added=0)
     # with a loss.target: move the final argmax onto the target (fbnas.fit.onto_target), within
     # ±tol. The fit settings are resumable: the fit is applied from θ after the last epoch
     fit_target: bool = setting(True, "bool", resumable=True)
@@ -239,7 +243,7 @@ class SearchConfig:
     compile_backend: str = setting("inductor", "str", resumable=True, added="inductor")
     # `separate`: each candidate its own weights (FBNet); `shared`: a layer's plain IRF
     # candidates are slices of one superkernel (fbnas.blocks.shared, docs/search_modes.md)
-    weights: str = setting("separate", "str", choices=WEIGHT_SHARING, added="separate")
+    weights: str = setting("shared", "str", choices=WEIGHT_SHARING, added="separate")
     # with shared weights, what a weight step moves of a superkernel: `used`, only the entries
     # a path of the step read (weight decay and momentum too); `all`, the whole tensor, so that
     # decay and momentum shrink entries no path read (what runs before `used` did;

@@ -374,6 +374,24 @@ def test_shipped_configs_set_nothing_their_mode_ignores(path):
     assert ignored_note(cfg.search.mode, cfg.search.weight_sampling, given) is None
 
 
+RECOMMENDED = {"mode": "reinforce", "weights": "shared", "weight_sampling": "single_path",
+               "uniform_paths": 1}
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs")
+                                        .glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_do_not_repeat_the_recommended_search(path):
+    """The recommended search is SearchConfig's defaults: a shipped config that uses it says
+    nothing, and one that does not (FBNet's own search) gives every key it changes."""
+    cfg = load_config(path)
+    assert {k: getattr(SearchConfig(), k) for k in RECOMMENDED} == RECOMMENDED
+    given = {k for sec, k in cfg.given if sec == "search"}
+    repeated = {k for k in given & set(RECOMMENDED) if getattr(cfg.search, k) == RECOMMENDED[k]}
+    assert repeated == set()
+    changed = {k for k in RECOMMENDED if getattr(cfg.search, k) != RECOMMENDED[k]}
+    assert changed in (set(), set(RECOMMENDED)), changed
+
+
 def test_shared_numbers_are_one_declaration():
     """±3%, 30 timing rounds and 12 probes: each one constant (fbnas.settings) that the
     settings, the library's defaults and the command line's flags all read."""

@@ -11,7 +11,7 @@ from conftest import TINY_SPACE, count_candidate_calls, digits_run_config
 from scipy import stats
 
 from fbnas import supernet as supernet_mod
-from fbnas.config import config_from_dict
+from fbnas.config import SearchConfig, config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.search.modes import MODES, get_mode, theta_modes
 from fbnas.search_space import SearchSpace
@@ -225,6 +225,11 @@ def test_bad_mode_is_an_error_naming_the_key(tiny_space):
 
 
 def test_config_defaults_and_round_trip():
+    """The defaults are the recommended search (shared weights, θ by score function, single
+    weight paths and a uniform one beside them); the tests' configs pin FBNet's own."""
+    s = SearchConfig()
+    assert (s.mode, s.weights, s.weight_sampling, s.uniform_paths) == (
+        "reinforce", "shared", "single_path", 1)
     cfg = config_from_dict(copy.deepcopy(TINY))
     assert cfg.search.mode == "full" and cfg.search.checkpoint_activations is False
     d = copy.deepcopy(TINY)
