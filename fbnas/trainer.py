@@ -49,7 +49,7 @@ from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import CostSource, shared_costs
 from fbnas.fit.onto_target import range_warning
-from fbnas.fit.select import cannot_time_here, pick_candidates, select
+from fbnas.fit.select import Selector, cannot_time_here
 from fbnas.io import write_json_atomic
 from fbnas.latency.end_to_end import timing_seconds
 from fbnas.retrain import probe_training, train_child
@@ -247,7 +247,7 @@ class SearchTrainer(EpochRunner):
         draws = given.get("final_band_draws", budgets.BAND_DRAWS)
         probe = dataclasses.replace(self.cfg, search=dataclasses.replace(
             s, final_candidates=cands, final_band_draws=draws))
-        found = len(pick_candidates(probe, list(self.net.theta), self.costs, target))
+        found = len(Selector(probe, self.net.theta, self.costs, target).candidates())
         return min(cands, found), max(0, found - cands)
 
     def _fit_times(self) -> bool:
@@ -614,11 +614,19 @@ class SearchTrainer(EpochRunner):
         loss's target by the table, the final pick among the most probable networks of that
         cost by their paths on the supernet, then the measured fit; rank 0 times networks,
         the other ranks receive its choice)."""
-        sel = select(self.cfg, list(self.net.theta), self.costs,
-                     getattr(self.loss, "target", None), self.log.info, str(self.run_dir),
-                     score_paths=self.score_paths if self.data.val_loader is not None else None,
-                     train=None if self.dist.distributed else self.train_path, dist=self.dist)
+        sel = Selector(self.cfg, self.net.theta, self.costs, getattr(self.loss, "target", None),
+                       self.log.info, str(self.run_dir), dist=self.dist).select(judge=self)
         return sel.architecture(self.cfg, f"{self.cfg.space.name}_search", run=str(self.run_dir))
+
+    # the final pick's judge (fbnas.fit.select.PathJudge): paths scored on the validation
+    # split where there is one; children trained where the search is not under torchrun
+    @property
+    def can_score(self) -> bool:
+        return self.data.val_loader is not None
+
+    @property
+    def can_train(self) -> bool:
+        return not self.dist.distributed
 
     def train_path(self, indices: list[int]) -> dict[str, float]:
         """`search.final_train`: the network trained from scratch with the retrain section

@@ -28,7 +28,7 @@ from fbnas.arch import arch_from_indices
 from fbnas.bench.score import percentile, regret, truth
 from fbnas.bench.table import Bench
 from fbnas.fit.search_run import SearchRun
-from fbnas.fit.select import pick_candidates, rank_paths, select, table_fit
+from fbnas.fit.select import Selector, rank_paths
 from fbnas.sweep.grid import searched_runs
 from fbnas.training.distributed import DistContext
 from fbnas.training.evaluate import validate_weights
@@ -42,8 +42,7 @@ def final_pick(run: SearchRun, cfg, target: float) -> list[list[int]]:
     if cfg.search.final_pick != "path":
         return []
     net, data, cpu = run.supernet(), run.search_data(cfg), torch.device("cpu")
-    cands = pick_candidates(cfg, run.theta, run.costs, target,
-                            table_fit(cfg, run.theta, run.costs, target))
+    cands = Selector(cfg, run.theta, run.costs, target).candidates()
     ranked, _ = rank_paths(cands, [validate_weights(net, data, cpu, *net.path(c),
                                                     cfg.search.bn_calib_samples, DistContext())
                                    for c in cands])
@@ -68,8 +67,8 @@ def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str,
         def measure(idx, rng=rng):
             return t[key(idx)]["latency"] * math.exp(rng.gauss(0, sigma)), 0.02
 
-        sel = select(cfg, run.theta, run.costs, target, lambda s: None, str(run_dir),
-                     recorded=prefer, fit_measure="on", measure=measure)
+        sel = Selector(cfg, run.theta, run.costs, target, lambda s: None, str(run_dir),
+                       fit_measure="on", measure=measure).select(recorded=prefer)
         k = key(sel.indices)
         regs.append(100 * regret(t, k))
         top.append(percentile(t, k, 0.03) >= 90)

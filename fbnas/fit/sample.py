@@ -32,8 +32,8 @@ from fbnas.cost_kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import Round, choose, near_target
 from fbnas.fit.search_run import SearchRun
+from fbnas.fit.select import Selector
 from fbnas.fit.select import refit as refit_run
-from fbnas.fit.select import table_fit
 from fbnas.io import write_json_atomic
 from fbnas.latency.bundle import RUNTIMES, network_latencies_us, read_results, write_bundle
 from fbnas.runs.files import ARCH
@@ -142,8 +142,9 @@ def near_target_bundle(run: SearchRun, k: int, near: float, bundle: str | None,
                          "(0, 1)")
     costs, target = run.costs, run.target
     # a width-searched run's networks at the widths the table's fit chooses for the target
-    _, widths, rows, fixed = table_fit(cfg, theta, costs, target)
-    picks = near_target(theta[:len(rows)], rows, fixed, target, k, near)
+    tf = Selector(cfg, theta, costs, target).table_fit()
+    widths = tf.widths
+    picks = near_target(theta[:len(tf.rows)], tf.rows, tf.fixed, target, k, near)
     archs = [arch_from_indices(cfg.space, [*idx, *widths], f"near_{i + 1}")
              for i, idx in enumerate(picks)]
     purpose = {"near_target": {"run": str(run_dir.resolve()), "target": target,
@@ -155,7 +156,7 @@ def near_target_bundle(run: SearchRun, k: int, near: float, bundle: str | None,
     write_json_atomic(run_dir / NEAR_TARGET, {"bundle": man["bundle_id"],
                                               "folder": str(Path(bundle).resolve())})
     for a, idx in zip(archs, picks, strict=True):
-        log(f"  {a.name}: predicted {predicted_cost(rows, fixed, idx):.1f} "
+        log(f"  {a.name}: predicted {predicted_cost(tf.rows, tf.fixed, idx):.1f} "
             f"{costs.unit}, p={math.exp(arch_log_prob(cfg.space, theta, a)):.3g}  "
             f"{' '.join(a.ops)}")
     return archs

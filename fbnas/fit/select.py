@@ -2,18 +2,19 @@
 
     argmax      θ's most probable network (no target, or `search.fit_target: false`: returned)
     table fit   θ fitted onto the loss's target by the cost table (`table_fit`)
-    pick        `search.final_pick: path`: the most probable networks near that cost, ranked by
-                their paths on the supernet (`pick_candidates`; a finished run's recorded
-                ranking is read back instead); with `search.final_train: K`, the K best
-                of them trained from scratch and ranked first by that (`train_ranked`)
+    pick        `search.final_pick: path`: the most probable networks near that cost
+                (`candidates`), ranked by their paths on the supernet (a finished run's
+                recorded ranking is read back instead); with `search.final_train: K`, the K
+                best of them trained from scratch and ranked first by that (`train_ranked`)
     measured fit
                 the first of them timed end to end and re-fitted until it measures within
                 `search.fit_tolerance`, where `search.fit_measure` allows and this machine can
-                time the table's device (`final_fit`)
+                time the table's device (`measured_fit`)
 
-`select` runs them for the trainer (and `refit` for a finished run: `fbnas sample`, the
-sweep); the trainer supplies only what ranks must agree on (each rank scores paths, rank 0
-times networks).
+A `Selector` is made once per search with its config, θ, costs and target; its methods are
+those steps and `select` runs them, for the trainer (which lends the pick a `PathJudge`: each
+rank scores paths, rank 0 trains and times networks) and for a finished run (`refit`: `fbnas
+sample`, the sweep).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -88,103 +89,6 @@ def fit_measurer(cfg: Config, table: LatencyTable, widths: Sequence[int] = (),
         return s["median_us"], s["rel_iqr"]
 
     return measure
-
-
-TableFit = tuple[Fit, tuple[int, ...], list[list[float]], float]
-
-
-def table_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float
-              ) -> TableFit:
-    """θ fitted onto `target` by the table: (the fit over the ops, the widths chosen, and the
-    per-(layer, op) rows and fixed cost at those widths); a width-searched space fits ops and
-    widths (`fit_with_widths`), an op-only one ops at its one width."""
-    tol = cfg.search.fit_tolerance
-    if costs.widths is not None:
-        fit, widths = fit_with_widths(theta, costs.widths, target, tol)
-        return (fit, tuple(widths), *costs.widths.rows_at(widths))
-    rows = cost_lists(costs.rows, cfg.space.layer_candidates())
-    return fit_to_target(theta, rows, costs.fixed, target, tol), (), rows, costs.fixed
-
-
-def pick_candidates(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
-                    fitted: TableFit | None = None) -> list[list[int]]:
-    """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
-    `target`, then the most probable ones predicted between target·(1 − 2·fit_tolerance) and
-    target·(1 + fit_tolerance), exactly in a space of up to 200,000 networks
-    (`likeliest_in_band`). The band reaches further on the cheap side because a table's error
-    is of the order of the tolerance (on the second benchmark space, networks predicted 5%
-    under the target measure 2-3% under it), and a path's accuracy favours the dearer
-    networks of a band, which pulls the choice up towards the target; the measured fit then
-    judges it by its time. Where the fit lies outside that band (a gap of the space's costs),
-    the band is the fit's cost ± fit_tolerance, no slower than the fit or the band's top.
-    At most `search.final_candidates` (decision indices; a width-searched space's at the
-    fit's widths), then `search.final_band_draws` more drawn uniformly from the same band
-    (`drawn_in_band`, seeded by `search.seed`). `fitted`: `table_fit`'s result, where the
-    caller has it already."""
-    s = cfg.search
-    tol = s.fit_tolerance
-    fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
-    ops = theta[:len(rows)]
-    lo, hi = target * (1 - 2 * tol), target * (1 + tol)
-    if not lo <= fit.cost <= hi:  # in a gap: around the fit's cost
-        lo, hi = fit.cost * (1 - tol), min(fit.cost * (1 + tol), max(hi, fit.cost) * (1 + 1e-9))
-    near = likeliest_in_band(ops, rows, fixed, lo, hi, s.final_candidates)
-    out = ([list(fit.indices)] + [i for i in near if i != list(fit.indices)])[:s.final_candidates]
-    if s.final_band_draws:
-        seen = {tuple(i) for i in out}
-        rng = random.Random(f"fbnas-final-pick:{s.seed}")
-        out += [i for i in drawn_in_band(rows, fixed, lo, hi, s.final_band_draws + len(out), rng)
-                if tuple(i) not in seen][:s.final_band_draws]
-    return [[*i, *widths] for i in out]
-
-
-def final_fit(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float,
-              log: Callable[[str], None], run: str = "RUN", fit_measure: str | None = None,
-              prefer: Sequence[Sequence[int]] = (), fitted: TableFit | None = None,
-              measure: Measurer | None = None, trained: int = 0
-              ) -> tuple[list[int], dict[str, Any]]:
-    """The architecture a search returns for `target`: θ's argmax fitted onto the target by
-    the table (`fit_to_target`), then, where `search.fit_measure` allows and this machine can
-    time the table's device, timed end to end and re-fitted until it measures within
-    `search.fit_tolerance` (`measured_fit`). Returns its op indices and what to record in its
-    meta (target, predicted, measured, every timed round). `prefer`: the final pick's networks,
-    best first (decision indices, one choice of widths): the first is returned instead of
-    the table's fit and timed first, and the measured fit prefers them (`measured_fit`).
-    `fitted`: `table_fit`'s result, where the caller has it already; `measure`: times a
-    network instead of `fit_measurer` (a simulation); `trained`: the first so many of
-    `prefer` were ranked by training them (`measured_fit`)."""
-    s = cfg.search
-    fit, widths, rows, fixed = fitted or table_fit(cfg, theta, costs, target)
-    n = len(rows)
-    log(fit.describe(cfg.loss.target, target, costs.unit))
-    first = list(prefer[0]) if prefer else None
-    if first is not None:
-        fitted = [*fit.indices, *widths]
-        widths = tuple(first[n:])
-        rows, fixed = costs.model(cfg.space).rows_at(widths)
-        cost = predicted_cost(rows, fixed, first[:n])
-        fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
-            first, [int(t.argmax()) for t in theta], strict=True)),
-            abs(cost / target - 1) <= s.fit_tolerance, s.fit_tolerance)
-        if list(first) != fitted:
-            log(f"returned: the final pick's network, predicted {cost:.1f} {costs.unit} "
-                f"({cost / target - 1:+.1%} from the target)")
-    full, theta = theta, theta[:n]
-    meta: dict[str, Any] = {"target": float(target), "predicted": round(fit.cost, 3),
-                            "cost_unit": costs.unit, "fitted_layers": fit.changes}
-    if _measured_fit_mode(cfg, costs, fit_measure, log, run):
-        t0 = time.perf_counter()
-        measure = measure or fit_measurer(cfg, costs.table, widths, near_us=target)
-        with reused_workers():  # one timing process for all of the fit's measurements
-            mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance,
-                              s.fit_rounds, first=fit.indices,
-                              prefer=[list(p[:n]) for p in prefer], trained=trained)
-            meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
-        chosen = [*mf.fit.indices, *widths]
-        meta["fitted_layers"] = sum(a != int(t.argmax()) for a, t in zip(chosen, full,
-                                                                          strict=True))
-        return chosen, meta
-    return [*fit.indices, *widths], meta
 
 
 def _measured_fit_mode(cfg: Config, costs: CostSource, fit_measure: str | None,
@@ -290,32 +194,113 @@ def train_ranked(prefer: list[list[int]], train: Callable[[list[int]], dict[str,
     return [top[i] for i in order] + rest, rec
 
 
-def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: float | None,
-           log: Callable[[str], None], run: str = "RUN", *,
-           score_paths: Callable[[list[list[int]]], list[dict[str, float]]] | None = None,
-           train: Callable[[list[int]], dict[str, float]] | None = None,
-           recorded: Sequence[Sequence[int]] = (), recorded_trained: int = 0,
-           fit_measure: str | None = None, measure: Measurer | None = None,
-           dist: Any = None) -> Selection:
-    """The network a search returns for `target` (module docstring: argmax, table fit, pick,
-    measured fit). `score_paths(cands)`: each candidate path's validation {acc, ce} on the
-    supernet (the pick; called on every rank); `train(indices)`: a child trained from
-    scratch, its {val_acc, val_ce} (`search.final_train`: the best-ranked ones re-ranked by
-    it; None where it cannot run, e.g. under torchrun); `recorded`: a finished run's ranked
-    pick, used instead (its first `recorded_trained` ranked by training them);
-    `fit_measure` overrides `search.fit_measure`; `measure` times a network instead of the
-    clock (a simulation); `dist`: rank 0 times, the other ranks receive its choice."""
-    s = cfg.search
-    if target is None or not s.fit_target:
-        return Selection([int(t.argmax()) for t in theta])
-    fitted = table_fit(cfg, theta, costs, target)
-    meta: dict[str, Any] = {}
-    prefer: list[list[int]] = [list(p) for p in recorded]
-    trained = recorded_trained  # how many of `prefer`, first, were ranked by training
-    if not prefer and s.final_pick == "path" and score_paths is not None:
-        cands = pick_candidates(cfg, theta, costs, target, fitted)
-        scores = score_paths(cands)
-        ranked, meta["final_pick"] = rank_paths(cands, scores)
+@dataclass(frozen=True)
+class TableFit:
+    """θ fitted onto the target by the table: the fit over the ops, the widths chosen (a
+    width-searched space), and the per-(layer, op) cost rows and fixed cost at those widths."""
+
+    fit: Fit
+    widths: tuple[int, ...]
+    rows: list[list[float]]
+    fixed: float
+
+
+class PathJudge(Protocol):
+    """What the search trainer lends the final pick: its supernet's verdict on paths (each
+    candidate's validation {acc, ce}, BN re-estimated; every rank scores) and a child trained
+    from scratch with the retrain section ({val_acc, val_ce, seconds}; rank 0).
+    `can_score`: there is a validation split; `can_train`: children can be trained here (not
+    under torchrun)."""
+
+    can_score: bool
+    can_train: bool
+
+    def score_paths(self, cands: list[list[int]]) -> list[dict[str, float]]: ...
+
+    def train_path(self, indices: list[int]) -> dict[str, float]: ...
+
+
+class Selector:
+    """The network one search returns for `target`, by the steps the module docstring names:
+    `argmax`, `table_fit`, `pick` (the candidates, `candidates`, ranked by a `PathJudge`),
+    `measured_fit`; `select` runs them. `fit_measure` overrides `search.fit_measure`;
+    `measure` times a network instead of the clock (a simulation); `dist`: rank 0 times, the
+    other ranks receive its choice."""
+
+    def __init__(self, cfg: Config, theta: Sequence[torch.Tensor], costs: CostSource,
+                 target: float | None, log: Callable[[str], None] = print, run: str = "RUN",
+                 *, fit_measure: str | None = None, measure: Measurer | None = None,
+                 dist: Any = None):
+        self.cfg, self.theta, self.costs, self.target = cfg, list(theta), costs, target
+        self.log, self.run = log, run
+        self.fit_measure, self.measure, self.dist = fit_measure, measure, dist
+        self._fitted: TableFit | None = None
+
+    @property
+    def fits(self) -> bool:
+        """Whether the search fits a target (else it returns θ's argmax)."""
+        return self.target is not None and self.cfg.search.fit_target
+
+    def argmax(self) -> list[int]:
+        """θ's most probable network (decision indices)."""
+        return [int(t.argmax()) for t in self.theta]
+
+    def table_fit(self) -> TableFit:
+        """θ fitted onto the target by the table (once); a width-searched space fits ops and
+        widths (`fit_with_widths`), an op-only one ops at its one width."""
+        if self._fitted is None:
+            cfg, costs, target = self.cfg, self.costs, float(self.target)
+            tol = cfg.search.fit_tolerance
+            if costs.widths is not None:
+                fit, widths = fit_with_widths(self.theta, costs.widths, target, tol)
+                self._fitted = TableFit(fit, tuple(widths), *costs.widths.rows_at(widths))
+            else:
+                rows = cost_lists(costs.rows, cfg.space.layer_candidates())
+                self._fitted = TableFit(fit_to_target(self.theta, rows, costs.fixed, target,
+                                                      tol), (), rows, costs.fixed)
+        return self._fitted
+
+    def candidates(self) -> list[list[int]]:
+        """The networks `search.final_pick: path` chooses among: the table's fit of θ onto
+        the target, then the most probable ones predicted between target·(1 − 2·fit_tolerance)
+        and target·(1 + fit_tolerance), exactly in a space of up to 200,000 networks
+        (`likeliest_in_band`). The band reaches further on the cheap side because a table's
+        error is of the order of the tolerance (on the second benchmark space, networks
+        predicted 5% under the target measure 2-3% under it), and a path's accuracy favours
+        the dearer networks of a band, which pulls the choice up towards the target; the
+        measured fit then judges it by its time. Where the fit lies outside that band (a gap
+        of the space's costs), the band is the fit's cost ± fit_tolerance, no slower than the
+        fit or the band's top. At most `search.final_candidates` (decision indices; a
+        width-searched space's at the fit's widths), then `search.final_band_draws` more
+        drawn uniformly from the same band (`drawn_in_band`, seeded by `search.seed`)."""
+        s, target = self.cfg.search, float(self.target)
+        tol = s.fit_tolerance
+        tf = self.table_fit()
+        fit, rows, fixed = tf.fit, tf.rows, tf.fixed
+        ops = self.theta[:len(rows)]
+        lo, hi = target * (1 - 2 * tol), target * (1 + tol)
+        if not lo <= fit.cost <= hi:  # in a gap: around the fit's cost
+            lo, hi = fit.cost * (1 - tol), min(fit.cost * (1 + tol),
+                                               max(hi, fit.cost) * (1 + 1e-9))
+        near = likeliest_in_band(ops, rows, fixed, lo, hi, s.final_candidates)
+        out = ([list(fit.indices)] + [i for i in near if i != list(fit.indices)]
+               )[:s.final_candidates]
+        if s.final_band_draws:
+            seen = {tuple(i) for i in out}
+            rng = random.Random(f"fbnas-final-pick:{s.seed}")
+            out += [i for i in drawn_in_band(rows, fixed, lo, hi, s.final_band_draws + len(out),
+                                             rng) if tuple(i) not in seen][:s.final_band_draws]
+        return [[*i, *tf.widths] for i in out]
+
+    def pick(self, judge: PathJudge) -> tuple[list[list[int]], dict[str, Any], int]:
+        """`search.final_pick: path`: the candidates ranked by their paths on the supernet;
+        with `search.final_train: K`, the K best-ranked predicted within the tolerance
+        trained from scratch and put first by that. (ranked candidates, the arch file's
+        meta.final_pick, how many of the first were ranked by training)."""
+        s, log, target = self.cfg.search, self.log, float(self.target)
+        cands = self.candidates()
+        scores = judge.score_paths(cands)
+        ranked, rec = rank_paths(cands, scores)
         best = ranked[0]
         log(f"final pick: of {len(cands)} networks near the fitted cost"
             + (f" (θ's most probable and up to {s.final_band_draws} drawn across the band)"
@@ -323,40 +308,99 @@ def select(cfg: Config, theta: list[torch.Tensor], costs: CostSource, target: fl
             f"supernet reads val acc {scores[best]['acc']:.3f} (the table fit's "
             f"{scores[0]['acc']:.3f})" + (": the fit's own" if best == 0 else ""))
         prefer = [cands[i] for i in ranked]
-        if s.final_train and train is not None:
+        trained = 0
+        if s.final_train and judge.can_train:
             # only networks the table predicts within the tolerance: a trained network the
             # measured fit cannot return would be a training spent for nothing
-            model = costs.model(cfg.space)
-            prefer, meta["final_pick"]["trained"] = train_ranked(
-                prefer, train, s.final_train, log, s.final_train_distinct,
+            model = self.costs.model(self.cfg.space)
+            prefer, rec["trained"] = train_ranked(
+                prefer, judge.train_path, s.final_train, log, s.final_train_distinct,
                 lambda p: abs(model.of(list(p)) / target - 1) <= s.fit_tolerance)
             pos = {tuple(c): i for i, c in enumerate(cands)}
-            meta["final_pick"]["ranked"] = [pos[tuple(p)] for p in prefer]
-            trained = len(meta["final_pick"]["trained"])
-            meta["final_pick"]["chosen"] = meta["final_pick"]["ranked"][0]
+            rec["ranked"] = [pos[tuple(p)] for p in prefer]
+            trained = len(rec["trained"])
+            rec["chosen"] = rec["ranked"][0]
         elif s.final_train:
             log("search.final_train skipped: the final pick cannot train networks here "
                 "(under torchrun)")
-    main = dist is None or dist.is_main
-    distributed = dist is not None and dist.distributed
-    got: tuple = ()
-    if main:
-        try:
-            got = ("ok", *final_fit(cfg, theta, costs, target, log, run, fit_measure,
-                                    prefer=prefer, fitted=fitted, measure=measure,
-                                    trained=trained))
-        except FbnasError as e:
-            got = ("error", str(e))
-            if distributed:
-                dist.broadcast_object(got)
-            raise
-    if distributed:
-        got = dist.broadcast_object(got)
-    if got[0] == "error":
-        raise FbnasError(f"rank 0: {got[1]}")
-    _, indices, fit_meta = got
-    meta.update(fit_meta)
-    return Selection(list(indices), meta)
+        return prefer, rec, trained
+
+    def measured_fit(self, prefer: Sequence[Sequence[int]] = (), trained: int = 0
+                     ) -> tuple[list[int], dict[str, Any]]:
+        """The table's fit (or `prefer`'s first: the final pick's networks, best first, one
+        choice of widths), then, where `search.fit_measure` allows and this machine can time
+        the table's device, timed end to end and re-fitted until it measures within
+        `search.fit_tolerance` (`fbnas.fit.onto_target.measured_fit`, which prefers
+        `prefer`'s networks; the first `trained` of them were ranked by training them).
+        Returns its decision indices and what to record in its meta (target, predicted,
+        measured, every timed round)."""
+        cfg, costs, log, target = self.cfg, self.costs, self.log, float(self.target)
+        s = cfg.search
+        tf = self.table_fit()
+        fit, widths, rows, fixed = tf.fit, tf.widths, tf.rows, tf.fixed
+        n = len(rows)
+        log(fit.describe(cfg.loss.target, target, costs.unit))
+        first = list(prefer[0]) if prefer else None
+        if first is not None:
+            fitted = [*fit.indices, *widths]
+            widths = tuple(first[n:])
+            rows, fixed = costs.model(cfg.space).rows_at(widths)
+            cost = predicted_cost(rows, fixed, first[:n])
+            fit = Fit(list(first[:n]), cost, sum(a != b for a, b in zip(
+                first, self.argmax(), strict=True)),
+                abs(cost / target - 1) <= s.fit_tolerance, s.fit_tolerance)
+            if list(first) != fitted:
+                log(f"returned: the final pick's network, predicted {cost:.1f} {costs.unit} "
+                    f"({cost / target - 1:+.1%} from the target)")
+        full, theta = self.theta, self.theta[:n]
+        meta: dict[str, Any] = {"target": target, "predicted": round(fit.cost, 3),
+                                "cost_unit": costs.unit, "fitted_layers": fit.changes}
+        if _measured_fit_mode(cfg, costs, self.fit_measure, log, self.run):
+            t0 = time.perf_counter()
+            measure = self.measure or fit_measurer(cfg, costs.table, widths, near_us=target)
+            with reused_workers():  # one timing process for all of the fit's measurements
+                mf = measured_fit(theta, rows, fixed, target, measure, s.fit_tolerance,
+                                  s.fit_rounds, first=fit.indices,
+                                  prefer=[list(p[:n]) for p in prefer], trained=trained)
+                meta.update(_measured_meta(cfg, mf, measure, target, costs.unit, log, t0))
+            chosen = [*mf.fit.indices, *widths]
+            meta["fitted_layers"] = sum(a != int(t.argmax()) for a, t in zip(chosen, full,
+                                                                              strict=True))
+            return chosen, meta
+        return [*fit.indices, *widths], meta
+
+    def select(self, judge: PathJudge | None = None, recorded: Sequence[Sequence[int]] = (),
+               recorded_trained: int = 0) -> Selection:
+        """The steps in order: θ's argmax where the search fits no target; else the pick
+        (by `judge`, or a finished run's `recorded` ranking, its first `recorded_trained`
+        ranked by training them) and the measured fit, on rank 0 (the other ranks receive
+        its choice)."""
+        if not self.fits:
+            return Selection(self.argmax())
+        meta: dict[str, Any] = {}
+        prefer: list[list[int]] = [list(p) for p in recorded]
+        trained = recorded_trained  # how many of `prefer`, first, were ranked by training
+        if (not prefer and self.cfg.search.final_pick == "path" and judge is not None
+                and judge.can_score):
+            prefer, meta["final_pick"], trained = self.pick(judge)
+        dist = self.dist
+        distributed = dist is not None and dist.distributed
+        got: tuple = ()
+        if dist is None or dist.is_main:
+            try:
+                got = ("ok", *self.measured_fit(prefer, trained))
+            except FbnasError as e:
+                got = ("error", str(e))
+                if distributed:
+                    dist.broadcast_object(got)
+                raise
+        if distributed:
+            got = dist.broadcast_object(got)
+        if got[0] == "error":
+            raise FbnasError(f"rank 0: {got[1]}")
+        _, indices, fit_meta = got
+        meta.update(fit_meta)
+        return Selection(list(indices), meta)
 
 
 def refit(run: SearchRun, fit_measure: str | None = None,
@@ -370,8 +414,9 @@ def refit(run: SearchRun, fit_measure: str | None = None,
         a = sample_hard(cfg.space, run.theta, name=name)
         return Architecture(a.macro, a.ops, a.name, a.space).with_meta(run=where)
     prefer, pick = run.recorded_pick
-    sel = select(cfg, run.theta, run.costs, run.target, log, where, recorded=prefer,
-                 recorded_trained=len((pick or {}).get("trained", [])), fit_measure=fit_measure)
+    sel = Selector(cfg, run.theta, run.costs, run.target, log, where,
+                   fit_measure=fit_measure).select(
+        recorded=prefer, recorded_trained=len((pick or {}).get("trained", [])))
     if pick is not None:
         sel.meta = {"final_pick": pick, **sel.meta}
     return sel.architecture(cfg, name, run=where)

@@ -26,7 +26,7 @@ from fbnas.fit.onto_target import (
     measured_fit,
     near_target,
 )
-from fbnas.fit.select import final_fit, pick_candidates
+from fbnas.fit.select import Selector
 from fbnas.retrain import ChildTrainer
 from fbnas.search.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
@@ -327,13 +327,13 @@ def test_a_table_from_another_device_skips_the_measured_fit_in_one_line(tmp_path
     close_logger(t.log)
     _imported(t)
     lines: list[str] = []
-    idx, meta = final_fit(cfg, list(t.net.theta), t.costs, 300.0, lines.append, "RUN")
+    idx, meta = Selector(cfg, t.net.theta, t.costs, 300.0, lines.append, "RUN").measured_fit()
     skipped = [ln for ln in lines if "measured fit skipped" in ln]
     assert len(skipped) == 1 and "Kryo 585" in skipped[0]
     assert "fbnas sample RUN --near-target" in skipped[0] and "--pick" in skipped[0]
     assert "measured" not in meta
     with pytest.raises(FbnasError, match="search.fit_measure: on, but .*another device"):
-        final_fit(cfg, list(t.net.theta), t.costs, 300.0, lines.append, fit_measure="on")
+        Selector(cfg, t.net.theta, t.costs, 300.0, lines.append, fit_measure="on").measured_fit()
 
 
 @pytest.mark.parametrize("raw, want", [("off", "off"), ("on", "on"), ("auto", "auto")])
@@ -477,10 +477,10 @@ def test_the_measured_fit_times_the_final_pick_first(tmp_path):
     t = SearchTrainer(cfg, tmp_path / "run")
     close_logger(t.log)
     target = t.loss.target
-    cands = pick_candidates(cfg, list(t.net.theta), t.costs, target)
+    cands = Selector(cfg, t.net.theta, t.costs, target).candidates()
     assert len(cands) > 1
     pick = cands[-1]  # not the table's own fit
-    idx, meta = final_fit(cfg, list(t.net.theta), t.costs, target, [].append, prefer=[pick])
+    idx, meta = Selector(cfg, t.net.theta, t.costs, target, [].append).measured_fit([pick])
     names = cfg.space.layer_candidates()
     assert meta["fit_rounds"][0]["ops"] == [c[i] for c, i in zip(names, pick, strict=True)]
     if meta["fit_rounds"][0]["inside"] and len({tuple(r["ops"]) for r in meta["fit_rounds"]}) == 1:

@@ -20,7 +20,7 @@ from fbnas.config import config_from_dict
 from fbnas.fit.band import band_members, drawn_in_band
 from fbnas.fit.onto_target import fit_to_target, likeliest_in_band
 from fbnas.fit.search_run import SearchRun
-from fbnas.fit.select import distinct_top, pick_candidates, train_ranked
+from fbnas.fit.select import Selector, distinct_top, train_ranked
 from fbnas.search.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
@@ -180,7 +180,7 @@ def test_the_final_picks_band_reaches_6_percent_under_the_target_but_only_3_over
             th.zero_()
             th[j] = 4.95
             th[i] = 5.0
-    cands = pick_candidates(t.cfg, list(t.net.theta), t.costs, target)
+    cands = Selector(t.cfg, t.net.theta, t.costs, target).candidates()
     assert cands[0] == list(a) and list(b) in cands
     assert all(-0.06 - 1e-9 <= nets[tuple(c)] <= 0.03 + 1e-9 for c in cands)
 
@@ -192,7 +192,7 @@ def test_the_final_pick_returns_the_best_path_among_the_likeliest_networks_of_th
     try:
         t.fit()
         target = t.loss.target
-        cands = pick_candidates(t.cfg, list(t.net.theta), t.costs, target)
+        cands = Selector(t.cfg, t.net.theta, t.costs, target).candidates()
         arch = t.final_arch()
     finally:
         close_logger(t.log)
@@ -292,7 +292,7 @@ def test_band_draws_add_networks_drawn_across_the_pick_band(tmp_path):
     def with_draws(n: int, seed: int = 0) -> list[list[int]]:
         cfg = dataclasses.replace(t.cfg, search=dataclasses.replace(
             t.cfg.search, final_band_draws=n, seed=seed))
-        return pick_candidates(cfg, theta, t.costs, target)
+        return Selector(cfg, theta, t.costs, target).candidates()
 
     plain, drawn = with_draws(0), with_draws(20)
     first = fit_to_target(theta, rows, fixed, target, 0.03)
@@ -342,3 +342,42 @@ def test_final_train_takes_the_best_ranked_networks_that_differ_enough():
     assert seen == [[0, 0, 0], [1, 1, 0], [0, 1, 1]]
     assert order == [[1, 1, 0], [0, 1, 1], [0, 0, 0], [0, 0, 1], [2, 2, 2]]
     assert [r["supernet_rank"] for r in rec] == [0, 2, 3]
+
+
+class _Judge:
+    """A PathJudge whose verdict is given: path scores by a rule, trainings recorded."""
+
+    def __init__(self, can_score=True, can_train=True):
+        self.can_score, self.can_train, self.trained = can_score, can_train, []
+
+    def score_paths(self, cands):
+        return [{"acc": 0.5 + 0.01 * (i % 7), "ce": 1.0} for i in range(len(cands))]
+
+    def train_path(self, indices):
+        self.trained.append(list(indices))
+        return {"val_acc": 0.9 - 0.01 * len(self.trained), "val_ce": 0.5, "seconds": 0.0}
+
+
+def test_the_selector_asks_its_judge_only_what_it_can_answer(tmp_path):
+    """The pick is ranked by the judge's path scores, trained where it can train, skipped
+    (and said so) where it cannot; no judge, or one without a validation split, leaves the
+    table's fit to the measured fit."""
+    t = _trainer(tmp_path, loss={"kind": "target", "target": "0.5x", "lambda": 1.0},
+                 search={"epochs": 2, "warmup_epochs": 1, "final_candidates": 5,
+                         "final_train": 2, "fit_measure": "off"}, space=PICK_SPACE)
+    close_logger(t.log)
+    lines: list[str] = []
+    sel = Selector(t.cfg, t.net.theta, t.costs, t.loss.target, lines.append)
+    cands = sel.candidates()
+    judge = _Judge()
+    got = sel.select(judge)
+    pick = got.meta["final_pick"]
+    assert pick["candidates"] == len(cands) and len(judge.trained) == len(pick["trained"]) >= 1
+    assert got.indices == judge.trained[0]  # the best training first
+    quiet = _Judge(can_train=False)
+    sel.select(quiet)
+    assert quiet.trained == [] and any("final_train skipped" in m for m in lines)
+    plain = Selector(t.cfg, t.net.theta, t.costs, t.loss.target, lines.append)
+    assert plain.select(_Judge(can_score=False)).indices == plain.table_fit().fit.indices
+    assert "final_pick" not in plain.select(None).meta
+    assert Selector(t.cfg, t.net.theta, t.costs, None).select(judge).indices == sel.argmax()

@@ -378,11 +378,11 @@ def test_a_near_target_bundle_of_a_width_search_carries_the_fits_widths(tmp_path
     n = len(space.layer_candidates())
     widths = {tuple(arch_indices(space, a)[n:]) for a in nets}
     from fbnas.fit.costs import run_costs
-    from fbnas.fit.select import table_fit
+    from fbnas.fit.select import Selector
     cfg = config_from_dict(d, "w")
     theta = [torch.tensor(t) for t in json.loads((run / "theta.json").read_text())["theta"]]
-    fitted = table_fit(cfg, theta, run_costs(cfg, table),
-                       wrote["purpose"]["near_target"]["target"])[1]
+    fitted = Selector(cfg, theta, run_costs(cfg, table),
+                      wrote["purpose"]["near_target"]["target"]).table_fit().widths
     assert len(nets) == 3 and widths == {tuple(fitted)}  # one choice of widths: the fit's
     for a in nets:
         a.check_fits(space)
