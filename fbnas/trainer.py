@@ -447,7 +447,7 @@ class SearchTrainer(EpochRunner):
         without noise (`relaxed_acc` / `_ce`); each after re-estimating BatchNorm statistics
         on (un-augmented) weight-split images."""
         indices = self.net.argmax_indices()
-        out = {"predicted": float(self.net.expected_cost(self.net.path(indices)[0]))}
+        out = {"predicted": self.costs.model(self.cfg.space).of(indices)}
         if self.data.val_loader is None:  # val_fraction 0: no selection split
             return out
         s, net = self.cfg.search, self.net

@@ -25,6 +25,7 @@ from fbnas.cost_kinds import COST_KINDS, is_measured
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.signature import layer_width_signatures, stem_signature
+from fbnas.latency.table import calibrated
 from fbnas.runs.files import RunFiles
 from fbnas.search.cost_model import OpCosts, cost_lists
 from fbnas.search.width_costs import WidthCosts
@@ -58,12 +59,12 @@ def width_costs(space, table) -> WidthCosts | None:
     if not space.searches_widths:
         return None
     table.require(space)
-    cal = table.calibration
-    a, b = (float(cal["a"]), float(cal["b"])) if cal else (1.0, 0.0)
-    rows, heads = layer_width_signatures(space)
-    return WidthCosts(space, [{k: a * table.value(s) for k, s in row.items()} for row in rows],
-                      [a * table.value(s) for s in heads],
-                      a * table.value(stem_signature(space.macro)) + b)
+    sig_rows, heads = layer_width_signatures(space)
+    rows = [{k: table.value(s) for k, s in row.items()} for row in sig_rows]
+    head = {i: table.value(s) for i, s in enumerate(heads)}  # times a, as the blocks
+    rows, stem = calibrated(table.calibration, [*rows, head],
+                            table.value(stem_signature(space.macro)))  # times a, plus b
+    return WidthCosts(space, rows[:-1], list(rows[-1].values()), stem)
 
 
 def _source(cfg: Config, table, description: str) -> CostSource:

@@ -52,6 +52,18 @@ from fbnas.settings import Fields
 
 SCHEMA = 1
 MODELS = ("auto", "raw", "calibrated", "fitted")
+
+
+def calibrated(cal: dict[str, Any] | None, rows: list[dict[Any, float]], fixed: float
+               ) -> tuple[list[dict[Any, float]], float]:
+    """The one place a table's affine calibration (measured ≈ a·predicted + b: `calibration`,
+    or the `corrections` fit's own a and b) is applied: each block's cost times a, the fixed
+    cost (stem + head) times a plus b, so that every network's sum is a·(its raw sum) + b.
+    `cal` None: as given."""
+    if not cal:
+        return rows, fixed
+    a, b = float(cal["a"]), float(cal["b"])
+    return [{k: a * v for k, v in row.items()} for row in rows], a * fixed + b
 # The meta keys that change what the numbers mean (the fingerprint covers these).
 MEANINGFUL_META = ("backend", "device_name", "cpu_model", "gpu_name", "threads", "batch",
                    "dtype", "memory_format", "quantization", "mode", "torch_version", "clock")
@@ -224,10 +236,8 @@ class LatencyTable:
                  + self.entries[head_signature(space.macro).key()].value)
         which = self._pick_model(space, model)
         if which in ("calibrated", "fitted"):
-            cal = self.calibration if which == "calibrated" else self.corrections
-            a, b = float(cal["a"]), float(cal["b"])
-            rows = [{op: a * v for op, v in row.items()} for row in rows]
-            fixed = a * fixed + b
+            rows, fixed = calibrated(self.calibration if which == "calibrated"
+                                     else self.corrections, rows, fixed)
         if which == "fitted":
             deltas = self.corrections["rows"]
             if len(deltas) != len(rows):
@@ -256,7 +266,7 @@ class LatencyTable:
             return fixed + sum(r[op] for r, op in zip(rows, arch.ops, strict=True))
         total = sum(self.entries[s.key()].value for s in sigs)
         if which == "calibrated":
-            total = float(self.calibration["a"]) * total + float(self.calibration["b"])
+            _, total = calibrated(self.calibration, [], total)
         return total
 
     # ---- identity ----------------------------------------------------------------------------

@@ -140,6 +140,31 @@ def test_the_expected_cost_is_exact_over_both_neighbours_widths():
     assert wc.of(wc.dearest()) == pytest.approx(max(costs))
 
 
+def test_a_calibrated_table_predicts_one_figure_whichever_way_it_is_asked():
+    """The calibration (measured ≈ a·predicted + b) is applied in one place: a network's cost
+    from the table, from the width cost model and from the op cost model agree."""
+    s = _space()
+    table = build_cost_table(s, "flops")
+    table.calibration = {"a": 0.8, "b": 123.0}
+    wc = width_costs(s, table)
+    for idx in ([0, 1, 2, 3, 0, 1], [2, 2, 2, 2, 2, 1], [1, 0, 3, 2, 1, 0]):
+        arch = arch_from_indices(s, idx)
+        raw = table.predict(arch)
+        assert table.predict(arch, "calibrated", s) == pytest.approx(0.8 * raw + 123.0)
+        assert wc.of(idx) == pytest.approx(0.8 * raw + 123.0)
+
+
+def test_a_calibrated_table_predicts_one_figure_for_an_op_search_too(tiny_space):
+    table = build_cost_table(tiny_space, "flops")
+    table.calibration = {"a": 0.8, "b": 123.0}
+    rows, fixed = table.costs_for(tiny_space, "calibrated")
+    for idx in ([0, 1, 2], [2, 0, 1]):
+        arch = arch_from_indices(tiny_space, idx)
+        by_rows = fixed + sum(r[o] for r, o in zip(rows, arch.ops, strict=True))
+        assert by_rows == pytest.approx(table.predict(arch, "calibrated", tiny_space))
+        assert by_rows == pytest.approx(0.8 * table.predict(arch) + 123.0)
+
+
 def test_the_table_holds_every_signature_the_widths_produce():
     s = _space()
     sigs = {x.key() for x in space_signatures(s)}
