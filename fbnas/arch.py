@@ -49,7 +49,7 @@ META_FIELDS: dict[str, tuple[str, str]] = {
     "measured": ("num", "the network timed end to end, once more after it was chosen"),
     "measured_rel_iqr": ("num", "that timing's interquartile range over its median"),
     "measured_inside": ("bool", "whether that timing is within search.fit_tolerance"),
-    "measured_on": ("str", "the device a bundle's figures came from"),
+    "measured_on": ("map", "the device a bundle's figures came from (its description)"),
     "bundle": ("str", "the bundle whose timings picked it"),
     "selection_measured": ("num", "the timing that chose it"),
     "selection_rel_iqr": ("num", "that timing's interquartile range over its median"),
