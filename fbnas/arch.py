@@ -49,7 +49,7 @@ META_FIELDS: dict[str, tuple[str, str]] = {
     "measured": ("num", "the network timed end to end, once more after it was chosen"),
     "measured_rel_iqr": ("num", "that timing's interquartile range over its median"),
     "measured_inside": ("bool", "whether that timing is within search.fit_tolerance"),
-    "measured_on": ("map", "the device a bundle's figures came from (its description)"),
+    "measured_on": ("any", "the device a bundle's figures came from, as its results say"),
     "bundle": ("str", "the bundle whose timings picked it"),
     "selection_measured": ("num", "the timing that chose it"),
     "selection_rel_iqr": ("num", "that timing's interquartile range over its median"),
@@ -68,6 +68,7 @@ _META_KINDS = {
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "list": (lambda v: isinstance(v, list), "a list"),
     "map": (lambda v: isinstance(v, dict), "a mapping"),
+    "any": (lambda v: True, "anything"),
 }
 
 

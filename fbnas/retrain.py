@@ -227,7 +227,7 @@ class ChildTrainer(EpochRunner):
             rec.update({"val_top1": v["top1"], "val_top5": v["top5"], "val_ce": v["ce"]})
         return rec
 
-    def fit(self) -> dict[str, Any]:
+    def train(self) -> dict[str, Any]:
         """Train to the last epoch, then evaluate on test and write results.json. Ctrl-C saves
         the exact position and raises Interrupted; `fbnas retrain --resume` continues."""
 
@@ -333,7 +333,7 @@ def train_child(cfg: Config, arch: Architecture, seed: int, work: str | Path,
     try:
         t = ChildTrainer(c, arch, run, log=quiet)
         try:
-            res = t.fit()
+            res = t.train()
         finally:
             close_logger(t.log)
     finally:

@@ -501,7 +501,7 @@ class SearchTrainer(EpochRunner):
                     "entropy": self.model.entropy().cpu().tolist()})
         return rec
 
-    def fit(self) -> dict[str, Any]:
+    def train(self) -> dict[str, Any]:
         """Run to the last epoch. Ctrl-C finishes the current step, saves the exact position
         and raises Interrupted; `--resume` continues from there."""
         s = self.cfg.search

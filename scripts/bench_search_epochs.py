@@ -2,7 +2,7 @@
 
 The small-supernet figure: a quickstart-size supernet (6 layers x 7 ops) on 28x28 grey
 images, images/s over whole search epochs, where per-kernel launches, host reads and the data
-loader (not arithmetic) set the pace. Each --code checkout runs `SearchTrainer.fit` in its own
+loader (not arithmetic) set the pace. Each --code checkout runs `SearchTrainer.train` in its own
 process, whose PYTHONPATH names that checkout (alternating, --repeats times, so drift hits all
 alike) on the same config; printed
 per checkout: each θ-active epoch's seconds and images/s (weight + θ steps x batch / epoch
@@ -44,7 +44,7 @@ from fbnas.trainer import SearchTrainer
 cfg = load_config(sys.argv[1], sys.argv[3:])
 t = SearchTrainer(cfg, cfg.run.dir)
 try:
-    t.fit()
+    t.train()
 finally:  # the trainer's log files closed; no fbnas name for it (checkouts differ)
     for h in list(t.log.handlers):
         h.close()

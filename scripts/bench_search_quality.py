@@ -85,7 +85,7 @@ def search_once(config: str, sets: list[str], run: Path, retrain: int | None) ->
     cfg = run_config(config, [f"run.dir={run}", *QUIET, *sets])
     t0 = time.perf_counter()
     with closing([search_trainer(cfg, theta_active=False)]) as (t,):
-        res = t.fit()
+        res = t.train()
     seconds = time.perf_counter() - t0
     hist = res["history"]
     steps_per_epoch = len(t.data.w_loader)
@@ -104,7 +104,7 @@ def search_once(config: str, sets: list[str], run: Path, retrain: int | None) ->
             f"run.dir={run}/retrain", *QUIET, "retrain.measure_latency=false",
             f"retrain.epochs={retrain}", f"retrain.warmup_epochs={min(1, retrain - 1)}", *sets])
         with closing([ChildTrainer(rcfg, a, run / "retrain")]) as (c,):
-            row["retrained"] = float(c.fit()["val_top1"])
+            row["retrained"] = float(c.train()["val_top1"])
     return row
 
 

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                         resume = files.checkpoint.is_file()  # a search cut short
                         with closing([search_trainer(cfg, theta_active=False,
                                                      resume=resume)]) as (tr,):
-                            tr.fit()
+                            tr.train()
                         costs = tr.costs
                         arch = Architecture.load(files.arch)
                     t_us = run_target(cfg, costs)

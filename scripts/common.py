@@ -500,7 +500,7 @@ def train(job: tuple[Config, dict, int]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t = ChildTrainer(c, arch, Path(tmp) / "run", log=quiet)
         try:
-            res = t.fit()
+            res = t.train()
         finally:
             close_logger(t.log)
     return {"name": arch.name, "ops": list(arch.ops), "seed": seed, "test": res["top1"],

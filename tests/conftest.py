@@ -86,13 +86,13 @@ def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
     try:
         if policy == "stop":
             with pytest.raises(NonFiniteLoss, match=match):
-                t.fit()
+                t.train()
             state = load_checkpoint(t.run_dir / "checkpoint.pt", kind="search")
             assert (state["epoch"], state["phase"], state["step"]) == position
             assert all(torch.isfinite(v).all() for v in state["model"].values()
                        if v.is_floating_point())
         else:
-            t.fit()
+            t.train()
             assert t.skipped_steps == 1
             assert all(torch.isfinite(p).all() for p in t.model.parameters())
     finally:

@@ -24,7 +24,7 @@ def _run(tmp_path, name: str, mode: str, compile_: bool) -> SearchTrainer:
     cfg = config_from_dict(d, "tiny.yaml")
     t = SearchTrainer(cfg, cfg.run.dir)
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     return t

@@ -356,7 +356,7 @@ def test_settings_the_run_ignores_leave_theta_and_history_as_they_were(tmp_path)
         d["run"]["dir"] = str(tmp_path / name)
         t = SearchTrainer(config_from_dict(d, "t.yaml"), tmp_path / name)
         try:
-            t.fit()
+            t.train()
         finally:
             close_logger(t.log)
         hist = json.loads((tmp_path / name / "history.json").read_text())

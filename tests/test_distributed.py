@@ -105,15 +105,15 @@ DRIVER = textwrap.dedent('''
     SearchTrainer.weight_step = weight_step
 
     def dumping(cls, kind, what):
-        orig = cls.fit
+        orig = cls.train
 
-        def fit(self):
+        def train(self):
             try:
                 return orig(self)
             finally:
                 torch.save(what(self), os.path.join(OUT, f"{kind}_rank{RANK}.pt"))
 
-        cls.fit = fit
+        cls.train = train
 
     dumping(SearchTrainer, "search", lambda t: {
         "theta": [p.detach().clone() for p in t.net.theta], "model": t.net.state_dict()})

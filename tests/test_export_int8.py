@@ -115,7 +115,7 @@ def test_int8_programs_check_against_their_fake_quantized_model_and_eval_reads_t
     arch = arch_from_indices(cfg.space, [1, 0], "tiny_child")
     t = ChildTrainer(cfg, arch, tmp_path / "rt")
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     run = tmp_path / "rt"

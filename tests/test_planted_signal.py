@@ -89,7 +89,7 @@ def _search(tmp_path, mode, weights, epochs=6, bad="test_zero"):
     d["run"]["dir"] = str(tmp_path / "run")
     t = SearchTrainer(config_from_dict(copy.deepcopy(d), "planted.yaml"), tmp_path / "run")
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     return [p.tolist() for p in t.model.probabilities()]

@@ -113,10 +113,10 @@ def test_bf16_forward_and_gradients_match_float32(tmp_path):
 def test_bf16_search_runs_resumes_bitwise_and_stays_near_float32(tmp_path):
     small = {"limit": 100, "batch_size": 40}  # bf16 kernels are slow on CPUs without bf16
     full = trainer(tmp_path, "full", small, precision="bf16")
-    full.fit()
+    full.train()
     close_logger(full.log)
     ref = trainer(tmp_path, "f32", small)
-    ref.fit()
+    ref.train()
     close_logger(ref.log)
     # interrupted after the first epoch, resumed: the same θ, bit for bit
     cut = trainer(tmp_path, "cut", small, precision="bf16")
@@ -125,7 +125,7 @@ def test_bf16_search_runs_resumes_bitwise_and_stays_near_float32(tmp_path):
     close_logger(cut.log)
     cfg = make_cfg(tmp_path, "cut", {"precision": "bf16"}, data=small)
     res = SearchTrainer(cfg, cfg.run.dir, resume=True)
-    res.fit()
+    res.train()
     close_logger(res.log)
     for t_full, t_res, t_ref in zip(full.net.theta, res.net.theta, ref.net.theta, strict=True):
         assert torch.isfinite(t_full).all()
@@ -146,7 +146,7 @@ def test_precision_cannot_change_on_resume_but_layout_can(tmp_path):
         SearchTrainer(cfg, cfg.run.dir, resume=True)
     cfg = make_cfg(tmp_path, search={"channels_last": True})
     res = SearchTrainer(cfg, cfg.run.dir, resume=True)
-    res.fit()
+    res.train()
     close_logger(res.log)
     assert res.epoch == 2
 
@@ -177,8 +177,8 @@ def test_channels_last_layout_and_equal_results(tmp_path):
     x = torch.randn(2, 3, 4, 4)
     assert b.prec.input(x).is_contiguous(memory_format=torch.channels_last)
     assert not x.is_contiguous(memory_format=torch.channels_last)
-    a.fit()
-    b.fit()
+    a.train()
+    b.train()
     for ta, tb in zip(a.net.theta, b.net.theta, strict=True):
         torch.testing.assert_close(tb, ta, atol=1e-4, rtol=1e-4)
     key = "argmax_path_acc"
@@ -208,7 +208,7 @@ def test_retrain_step_matches_float32(tmp_path, opts, tol):
     for (n, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert pb.dtype == torch.float32
         torch.testing.assert_close(pb, pa, atol=max(tol, 1e-5) * 0.1, rtol=0.05, msg=n)
-    b.fit()
+    b.train()
     res = b.finish()
     assert 0.0 <= res["top1"] <= 1.0
     assert ChildTrainer(make_cfg(tmp_path, retrain=opts), None, tmp_path / "b",
@@ -220,7 +220,7 @@ def test_retrain_step_matches_float32(tmp_path, opts, tol):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 autocast needs CUDA")
 def test_fp16_on_cuda_scales_and_saves_the_scalers(tmp_path):
     tr = trainer(tmp_path, precision="fp16", device="cuda")
-    tr.fit()
+    tr.train()
     st = load_checkpoint(tmp_path / "run" / "checkpoint.pt", kind="search")
     assert len(st["scalers"]) == 2 and all(s["scale"] > 0 for s in st["scalers"])
     assert all(torch.isfinite(t).all() for t in tr.net.theta)

@@ -39,9 +39,9 @@ def tiny_arch(cfg, idx=(1, 0)):
     return arch_from_indices(cfg.space, list(idx), "tiny_child")
 
 
-def fit(t: ChildTrainer):
+def train_and_close(t: ChildTrainer):
     try:
-        return t.fit()
+        return t.train()
     finally:
         close_logger(t.log)
 
@@ -83,12 +83,12 @@ def test_retrain_threads_hold_while_training_and_testing_then_are_restored(tmp_p
     torch.set_num_threads(2)
     try:
         cfg = make_cfg(tmp_path, retrain={"epochs": 2, "threads": 1})
-        fit(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r"))
+        train_and_close(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r"))
         assert seen and all(n == 1 for _, n in seen) and ("eval", 1) in seen[-1:]
         assert torch.get_num_threads() == 2  # restored
         seen.clear()
         cfg = make_cfg(tmp_path, retrain={"epochs": 1, "warmup_epochs": 0})  # unset: as it was
-        fit(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r2"))
+        train_and_close(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r2"))
         assert seen and all(n == 2 for _, n in seen)
     finally:
         torch.set_num_threads(saved)
@@ -110,7 +110,7 @@ def test_retrain_trains_and_writes_results(tmp_path):
     arch = tiny_arch(cfg)
     t = ChildTrainer(cfg, arch, tmp_path / "r")
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
-    res = fit(t)
+    res = train_and_close(t)
     run = tmp_path / "r"
     for f in ("arch.yaml", "config.yaml", "checkpoint.pt", "history.json", "results.json"):
         assert (run / f).is_file(), f
@@ -135,15 +135,15 @@ def test_resume_mid_epoch_is_exact(tmp_path, stop_epoch, stop_step):
     cfg = make_cfg(tmp_path)
     arch = tiny_arch(cfg)
     straight = ChildTrainer(cfg, arch, tmp_path / "a")
-    fit(straight)
+    train_and_close(straight)
     t = ChildTrainer(cfg, arch, tmp_path / "b")
     stop_after_steps(t, stop_epoch, stop_step)
     with pytest.raises(Interrupted):
-        fit(t)
+        train_and_close(t)
     state = torch.load(tmp_path / "b/checkpoint.pt", weights_only=True)
     assert (state["epoch"], state["step"]) == (stop_epoch, stop_step)
     resumed = ChildTrainer(cfg, None, tmp_path / "b", resume=True)
-    fit(resumed)
+    train_and_close(resumed)
     for k, v in straight.model.state_dict().items():
         assert torch.equal(v, resumed.model.state_dict()[k]), k
     a = json.loads((tmp_path / "a/results.json").read_text())
@@ -195,7 +195,7 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
     from fbnas.trainer import SearchTrainer
 
     s = SearchTrainer(cfg, tmp_path / "search")
-    s.fit()
+    s.train()
     close_logger(s.log)
     assert main(["eval", "--checkpoint", str(tmp_path / "search/checkpoint.pt")]) == 2
     assert "is a 'search' checkpoint, expected 'child'" in capsys.readouterr().err
@@ -206,7 +206,7 @@ def test_init_from_supernet_copies_the_chosen_paths(tmp_path):
     from fbnas.trainer import SearchTrainer
 
     s = SearchTrainer(cfg, tmp_path / "search")
-    s.fit()
+    s.train()
     close_logger(s.log)
     arch = tiny_arch(cfg, (1, 0))
     t = ChildTrainer(cfg, arch, tmp_path / "r", init_from=tmp_path / "search")
@@ -242,14 +242,14 @@ def test_results_report_predicted_and_measured_latency(tmp_path):
     cfg = make_cfg(tmp_path, retrain={"epochs": 2, "measure_latency": True},
                    latency={"table": str(table_path)})
     arch = tiny_arch(cfg)
-    res = fit(ChildTrainer(cfg, arch, tmp_path / "r"))
+    res = train_and_close(ChildTrainer(cfg, arch, tmp_path / "r"))
     assert res["predicted_us"] > 0 and res["latency_table"] == str(table_path)
     assert res["measured_us"] > 0 and "fake" in res["latency_device"]
 
 
 def test_load_child_rejects_weights_of_another_architecture(tmp_path):
     cfg = make_cfg(tmp_path, retrain={"epochs": 2})
-    fit(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r"))
+    train_and_close(ChildTrainer(cfg, tiny_arch(cfg), tmp_path / "r"))
     state = torch.load(tmp_path / "r/checkpoint.pt", weights_only=True)
     state["arch"] = tiny_arch(cfg, (0, 1)).to_dict()
     torch.save(state, tmp_path / "bad.pt")
@@ -260,7 +260,7 @@ def test_load_child_rejects_weights_of_another_architecture(tmp_path):
 def test_latency_measure_times_the_trained_child_and_its_export(tmp_path, capsys):
     cfg = make_cfg(tmp_path, retrain={"epochs": 2})
     arch = tiny_arch(cfg)
-    fit(ChildTrainer(cfg, arch, tmp_path / "r"))
+    train_and_close(ChildTrainer(cfg, arch, tmp_path / "r"))
     assert main(["export", "--checkpoint", str(tmp_path / "r"), "--format", "torchscript",
                  "--out", str(tmp_path / "exp")]) == 0
     js = tmp_path / "lat.json"
@@ -284,9 +284,9 @@ def test_what_the_search_spent_reaches_results_and_fbnas_runs(tmp_path, capsys):
     cfg = make_cfg(tmp_path, retrain={"epochs": 2})
     arch = tiny_arch(cfg)
     spent = {**arch.meta, "search_cost": {"seconds": 42.5, "trainings": 1.75, "budget": 2}}
-    fit(ChildTrainer(cfg, arch.__class__(arch.macro, arch.ops, arch.name, arch.space, spent),
-                     tmp_path / "runs" / "searched"))
-    fit(ChildTrainer(cfg, arch, tmp_path / "runs" / "plain"))
+    searched = arch.__class__(arch.macro, arch.ops, arch.name, arch.space, spent)
+    train_and_close(ChildTrainer(cfg, searched, tmp_path / "runs" / "searched"))
+    train_and_close(ChildTrainer(cfg, arch, tmp_path / "runs" / "plain"))
     got = {p: json.loads((tmp_path / "runs" / p / "results.json").read_text())
            for p in ("searched", "plain")}
     assert (got["searched"]["search_seconds"], got["searched"]["search_trainings"]) == (42.5, 1.75)

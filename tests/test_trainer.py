@@ -36,7 +36,7 @@ def trainer_for(cfg, resume=False) -> SearchTrainer:
 def run_to_end(cfg, resume=False) -> SearchTrainer:
     t = trainer_for(cfg, resume)
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     return t
@@ -79,7 +79,7 @@ def interrupt_after_first_epoch(cfg) -> None:
     t = trainer_for(cfg)
     stop_after_epoch(t, 1)
     with pytest.raises(Interrupted):
-        t.fit()
+        t.train()
     close_logger(t.log)
 
 
@@ -162,7 +162,7 @@ def test_resume_gives_the_same_theta_as_an_uninterrupted_run(tmp_path, stop_at, 
     if phase == "epoch_end":
         stop_after_epoch(t, when)
     with pytest.raises(Interrupted):
-        t.fit()
+        t.train()
     close_logger(t.log)
     assert len(t.data.w_loader) == 6 and len(t.data.theta_loader) == 1
     assert t.epoch < cfg.search.epochs
@@ -450,7 +450,7 @@ def test_a_search_with_its_data_on_the_device_resumes_exactly(tmp_path):
 
     t.weight_step = step
     with pytest.raises(Interrupted):
-        t.fit()
+        t.train()
     close_logger(t.log)
     resumed = run_to_end(cfg, resume=True)
     for a, b in zip(straight.model.arch_parameters(), resumed.model.arch_parameters(),

@@ -122,7 +122,7 @@ def train_one(cfg: Config, arch: Architecture, seed: int, budgets: Sequence[int]
     try:
         t = BudgetTrainer(c, arch, run, log=quiet, budgets=budgets)
         try:
-            t.fit()
+            t.train()
         finally:
             close_logger(t.log)
     finally:

@@ -162,7 +162,7 @@ class Fidelity:
             "fidelity")
         t = ChildTrainer(cfg, arch, run, resume=RunFiles(run).checkpoint.is_file())
         try:
-            return t.fit()
+            return t.train()
         finally:
             close_logger(t.log)
 

@@ -31,7 +31,7 @@ def search_point(cfg: Config) -> Architecture:
     files = RunFiles(cfg.run.dir)
     t = SearchTrainer(cfg, files.dir, resume=files.checkpoint.is_file())
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     return Architecture.load(files.arch)
@@ -53,6 +53,6 @@ def retrain_point(cfg: Config, arch: Architecture, extra: dict[str, Any]) -> dic
     t = ChildTrainer(cfg, arch, files.dir, resume=files.checkpoint.is_file(),
                      extra={"sweep": extra})
     try:
-        return load_json(files.results) if done else t.fit()
+        return load_json(files.results) if done else t.train()
     finally:
         close_logger(t.log)

@@ -446,13 +446,14 @@ class EpochRunner:
 def run_trainer(make: Callable[[DistContext], Any], device: str, backend: str
                 ) -> tuple[DistContext, Any]:
     """The `fbnas train` / `fbnas retrain` run: join the torchrun process group (a single
-    process otherwise), build the trainer with `make(ctx)`, fit it, close its log and the group.
-    Returns (context, fit's result), or (context, None) when Ctrl-C/SIGTERM stopped it."""
+    process otherwise), build the trainer with `make(ctx)`, train it, close its log and the
+    group. Returns (context, the training's result), or (context, None) when Ctrl-C/SIGTERM
+    stopped it."""
     ctx = init_from_env(device=device, backend=backend)
     try:
         trainer = make(ctx)
         try:
-            return ctx, trainer.fit()
+            return ctx, trainer.train()
         except Interrupted:
             return ctx, None
         finally:

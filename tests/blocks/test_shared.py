@@ -108,7 +108,7 @@ def _tiny_search(tmp_path, **search):
     cfg = config_from_dict(copy.deepcopy(d), "tiny.yaml")
     t = SearchTrainer(cfg, tmp_path / "run")
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     return t

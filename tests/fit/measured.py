@@ -56,7 +56,7 @@ def slow_networks(monkeypatch, factor: float) -> None:
 def run_search(cfg, tmp_path):
     t = SearchTrainer(cfg, tmp_path / "run")
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     path = tmp_path / "run" / "arch_hard.yaml"

@@ -292,7 +292,7 @@ def test_the_target_prediction_and_measurement_are_reported_side_by_side(tmp_pat
         retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu"})
     c = ChildTrainer(config_from_dict(d, "r.yaml"), arch, tmp_path / "child")
     try:
-        res = c.fit()
+        res = c.train()
     finally:
         close_logger(c.log)
     assert res["target_us"] == pytest.approx(arch.meta["target"])

@@ -121,7 +121,7 @@ def test_sampled_modes_do_not_end_all_skip_under_a_target(tmp_path, mode):
     t = _trainer(tmp_path, loss={"kind": "target", "target": "0.6x", "lambda": 3.0},
                  search={"mode": mode, "epochs": 3, "warmup_epochs": 1, "theta_lr": 0.5})
     try:
-        t.fit()
+        t.train()
         arch = t.final_arch()
     finally:
         close_logger(t.log)
@@ -190,7 +190,7 @@ def test_the_final_pick_returns_the_best_path_among_the_likeliest_networks_of_th
                  search={"mode": "reinforce", "weights": "shared", "epochs": 2,
                          "warmup_epochs": 1, "final_candidates": 5}, space=PICK_SPACE)
     try:
-        t.fit()
+        t.train()
         target = t.loss.target
         cands = Selector(t.cfg, t.net.theta, t.costs, target).candidates()
         arch = t.final_arch()
@@ -227,7 +227,7 @@ def test_the_final_pick_returns_the_best_path_among_the_likeliest_networks_of_th
                   search={"mode": "reinforce", "weights": "shared", "epochs": 2,
                           "warmup_epochs": 1, "final_pick": "theta"}, space=PICK_SPACE)
     try:
-        t2.fit()
+        t2.train()
         a2 = t2.final_arch()
         want = fit_to_target(list(t2.net.theta), rows, t2.costs.fixed, t2.loss.target, 0.03)
     finally:
@@ -259,7 +259,7 @@ def test_final_train_trains_the_best_ranked_networks_and_returns_the_best_traine
                          "warmup_epochs": 1, "final_candidates": 5, "final_train": 2},
                  retrain={"epochs": 1, "warmup_epochs": 0}, space=PICK_SPACE)
     try:
-        t.fit()  # returns arch_hard.yaml through the final pick
+        t.train()  # returns arch_hard.yaml through the final pick
     finally:
         close_logger(t.log)
     arch = SearchRun.open(tmp_path / "run").arch

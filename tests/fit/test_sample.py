@@ -117,7 +117,7 @@ def test_sample_hard_fits_as_the_search_did(tmp_path):
     d["loss"] = {"kind": "target", "target": "0.3x", "lambda": 3.0}
     t = SearchTrainer(config_from_dict(d, "test"), tmp_path / "run")
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     run = tmp_path / "run"

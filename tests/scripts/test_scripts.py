@@ -375,7 +375,7 @@ def test_bench_int8(tmp_path, capsys):
     cfg = config_from_dict(d, "tiny.yaml")
     t = ChildTrainer(cfg, arch_from_indices(cfg.space, [1, 0], "c"), tmp_path / "rt")
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     out = run_main("bench_int8", ["--checkpoint", str(tmp_path / "rt"), "--calibration-images",

@@ -144,7 +144,7 @@ def test_a_budgeted_search_spends_what_its_plan_predicts(tmp_path, monkeypatch, 
     try:
         plan = t.budget_plan
         predicted = sum(plan["stages_s"].values())
-        res = t.fit()
+        res = t.train()
     finally:
         close_logger(t.log)
     assert plan["costs"]["w_step"] == W and plan["costs"]["theta_step"] == THETA
@@ -171,7 +171,7 @@ def test_a_budgeted_search_prints_its_plan_and_reports_an_override(tmp_path, mon
                       tmp_path / "run", clock=clock)
     try:
         assert t.cfg.search.epochs == 3
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     log = capsys.readouterr().err
@@ -250,7 +250,7 @@ def test_a_budgeted_search_interrupted_resumes_on_its_plan(tmp_path, monkeypatch
 
     t.weight_step = stopping
     with pytest.raises(Interrupted):
-        t.fit()
+        t.train()
     close_logger(t.log)
     replanned, spent_before = t.cfg.search.epochs, t.search_cost()["seconds"]
     assert replanned == planned  # the fake clock's epochs are what the probe read
@@ -262,7 +262,7 @@ def test_a_budgeted_search_interrupted_resumes_on_its_plan(tmp_path, monkeypatch
         (tmp_path / "run" / "config.yaml").read_text()), "resumed"), tmp_path / "run",
         resume=True, clock=clock)
     try:
-        res = resumed.fit()
+        res = resumed.train()
     finally:
         close_logger(resumed.log)
     assert probes["n"] == 0 and resumed.budget_plan == t.budget_plan

@@ -21,7 +21,7 @@ def test_the_log_and_history_name_what_each_figure_measures(tmp_path, mode, rela
     d["run"]["dir"] = str(tmp_path / "run")
     t = SearchTrainer(config_from_dict(copy.deepcopy(d), "t.yaml"), tmp_path / "run")
     try:
-        result = t.fit()
+        result = t.train()
     finally:
         close_logger(t.log)
     log = (tmp_path / "run" / "train.log").read_text()

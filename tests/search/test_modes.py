@@ -388,7 +388,7 @@ def test_a_tiny_search_runs_end_to_end(tmp_path, mode, ckpt):
     cfg = make_cfg(tmp_path, mode=mode, checkpoint_activations=ckpt)
     t = SearchTrainer(cfg, cfg.run.dir)
     try:
-        result = t.fit()
+        result = t.train()
     finally:
         close_logger(t.log)
     assert t.model.checkpoint_activations is ckpt
@@ -407,7 +407,7 @@ def test_checkpointed_search_ends_where_the_plain_one_does(tmp_path):
         cfg = make_cfg(tmp_path / str(ckpt), mode="two_path", checkpoint_activations=ckpt)
         t = SearchTrainer(cfg, cfg.run.dir)
         try:
-            t.fit()
+            t.train()
         finally:
             close_logger(t.log)
         runs.append(t.model)

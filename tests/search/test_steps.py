@@ -81,7 +81,7 @@ def test_a_finished_single_path_run_is_read_but_an_unfinished_one_not_resumed(tm
     it says it cannot be and to start a new run."""
     t = _trainer(tmp_path, mode="reinforce")
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     ck = tmp_path / "run" / "checkpoint.pt"

@@ -39,7 +39,7 @@ def _trainer(tmp_path: Path, name: str, check: str, loss: dict | None = None,
 
 def _fit(t: SearchTrainer) -> SearchTrainer:
     try:
-        t.fit()
+        t.train()
     finally:
         close_logger(t.log)
     return t
@@ -111,7 +111,7 @@ def test_a_deferred_stop_saves_the_state_from_before_the_bad_step(tmp_path):
         t.loss.ce = ce
         try:
             with pytest.raises(NonFiniteLoss, match=r"ce at epoch 1/2, w step 3"):
-                t.fit()
+                t.train()
         finally:
             close_logger(t.log)
         saved[check] = load_checkpoint(tmp_path / check / "checkpoint.pt", kind="search")
