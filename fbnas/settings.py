@@ -144,6 +144,9 @@ def suggest(name: Any, known: Iterable[str], what: str = "known keys") -> str:
 SECTIONS = ("space", "data", "latency", "loss", "search", "retrain", "run")
 # the devices a network trains on (retrain.device, search.device, `fbnas eval --device`)
 DEVICES = ("auto", "cpu", "cuda")
+# how a latency table turns its entries into a network's cost (fbnas.latency.table): as
+# measured, with its affine calibration, or with the per-(layer, op) corrections on top of it
+COST_MODELS = ("auto", "raw", "calibrated", "corrected")
 # whether a search's fit to its target times networks (search.fit_measure, `fbnas sample
 # --fit-measure`): auto does where this machine can time the table's device
 FIT_MEASURES = ("auto", "on", "off")

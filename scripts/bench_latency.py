@@ -13,7 +13,7 @@ Steps (all in one run, on the same machine state):
    `globals()`
 3. validate: >= 50 spanning architectures, each timed end to end twice (drift-compensated)
                                                                   -> repeat r, Spearman/Kendall,
-   ratio, MAPE, within 10%, FLOPs proxy, calibration and fitted model held out
+   ratio, MAPE, within 10%, FLOPs proxy, calibration and corrected model held out
 4. rebuild the table from scratch                                 -> per-entry change median/p90
 """
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"[3/4] validating on {n} architectures (2 end-to-end passes each) ...")
     t0 = time.perf_counter()
     archs = sample_spanning(space, n, rows, seed=args.seed)
-    rep = validate(space, table, timer, protocol=vproto, repeats=2, fit_model=True,
+    rep = validate(space, table, timer, protocol=vproto, repeats=2, corrections=True,
                    archs=archs, seed=args.seed, log=log)
     res["validate_seconds"] = time.perf_counter() - t0
     res["validation"] = public_report(rep)

@@ -54,7 +54,7 @@ def corrections(report: dict, space, table) -> list[tuple[float, str]]:
     """(|fitted correction| / the entry's calibrated value, 'layer L op') per (layer, op).
     The value is floored at 1% of the median network (a 1 µs `skip` entry would make any
     correction look huge; one-hot columns also trade a constant with the intercept)."""
-    fit = report["fitted_model"]["_fit"]
+    fit = report["corrected_model"]["_fit"]
     rows, _ = table.costs_for(space, "raw")
     floor = 0.01 * float(np.median([a["measured_us"] for a in report["archs"]]))
     out, col = [], 0
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 built = time.perf_counter() - t0
                 for seed in [int(s) for s in args.seeds.split(",")]:
                     rep = validate(space, table, make_timer(args.device, **kw), n=args.n,
-                                   seed=seed, repeats=2, fit_model=True,
+                                   seed=seed, repeats=2, corrections=True,
                                    protocol=Protocol(rounds=args.val_rounds))
                     t, f, c = rep["table"], rep["flops_proxy"], rep["calibration"]["held_out"]
                     worst = corrections(rep, space, table)

@@ -6,7 +6,7 @@
 
 Submodules: `signature` (keys), `measure` (interleaved, reference-normalised rounds), `table`
 (the file format), `build` (measure missing entries), `counted` (FLOPs / params tables), `validate`
-(end-to-end agreement, calibration, fitted cost model), `bundle` (tables measured on a device
+(end-to-end agreement, calibration, corrected cost model), `bundle` (tables measured on a device
 that cannot run fbnas). The timers are `fbnas.backends`' (`Timer` and `make_timer` are
 re-exported here). The package depends only on blocks, search_space, arch, cost_kinds and
 backends; see docs/latency.md.

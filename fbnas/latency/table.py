@@ -19,9 +19,9 @@ whole network can be predicted. Schema (version 1):
                        "value": number, "stats": {...} | absent}}}
 
 Which estimate `costs_for` and `predict` use is chosen by `model`: "raw" (the entries),
-"calibrated" (affine calibration applied), "fitted" (the per-(layer, op) corrections fitted
+"calibrated" (affine calibration applied), "corrected" (the per-(layer, op) corrections fitted
 from end-to-end measurements, see `fbnas.latency.validate`), or "auto" (the best available:
-fitted if fitted for this space, else calibrated if calibrated, else raw).
+corrected if corrections were fitted for this space, else calibrated if calibrated, else raw).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from fbnas.latency.signature import (
     stem_signature,
 )
 from fbnas.search_space import SearchSpace
-from fbnas.settings import Fields
+from fbnas.settings import COST_MODELS, Fields
 
 SCHEMA = 1
-MODELS = ("auto", "raw", "calibrated", "fitted")
+MODELS = COST_MODELS
 
 
 def calibrated(cal: dict[str, Any] | None, rows: list[dict[Any, float]], fixed: float
@@ -206,20 +206,20 @@ class LatencyTable:
             raise FbnasError(f"cost model must be one of {', '.join(MODELS)}; got {model!r}")
         # corrections are per (layer, op) at one width: a width-searched space uses the
         # calibration (fbnas.fit.costs.width_costs)
-        fitted_ok = (self.corrections is not None and space is not None
+        corrected_ok = (self.corrections is not None and space is not None
                      and not space.searches_widths
                      and self.corrections.get("space_hash") == space_hash(space))
-        if model == "fitted" and not fitted_ok:
-            why = ("has no fitted corrections" if self.corrections is None else
+        if model == "corrected" and not corrected_ok:
+            why = ("has no corrections" if self.corrections is None else
                    f"has corrections fitted for space '{self.corrections.get('space')}', "
                    "not for this one")
             raise FbnasError(f"{self._name()}: {why}; fit them with: fbnas latency validate "
-                             "--config CONFIG.yaml --table TABLE --fit-model --save")
+                             "--config CONFIG.yaml --table TABLE --corrections --save")
         if model == "calibrated" and self.calibration is None:
             raise FbnasError(f"{self._name()}: has no calibration; fit one with: fbnas latency "
                              "validate --config CONFIG.yaml --table TABLE --save")
         if model == "auto":
-            return "fitted" if fitted_ok else "calibrated" if self.calibration else "raw"
+            return "corrected" if corrected_ok else "calibrated" if self.calibration else "raw"
         return model
 
     def costs_for(self, space: SearchSpace, model: str = "auto",
@@ -235,10 +235,10 @@ class LatencyTable:
         fixed = (self.entries[stem_signature(space.macro).key()].value
                  + self.entries[head_signature(space.macro).key()].value)
         which = self._pick_model(space, model)
-        if which in ("calibrated", "fitted"):
+        if which in ("calibrated", "corrected"):
             rows, fixed = calibrated(self.calibration if which == "calibrated"
                                      else self.corrections, rows, fixed)
-        if which == "fitted":
+        if which == "corrected":
             deltas = self.corrections["rows"]
             if len(deltas) != len(rows):
                 raise FbnasError(f"{self._name()}: corrections.rows has {len(deltas)} rows but "
@@ -251,7 +251,7 @@ class LatencyTable:
         """Whole-network cost of an Architecture: fixed (stem + head) + its chosen blocks.
 
         With `model` other than "raw", the stored calibration (or, given the `space` the
-        corrections were fitted on, the fitted model) is applied.
+        corrections were fitted on, the corrected model) is applied.
         """
         sigs = arch_signatures(arch)
         missing = [s.key() for s in sigs if s.key() not in self.entries]
@@ -261,8 +261,8 @@ class LatencyTable:
                              f"{len(uniq)} signature(s) the table lacks: {'; '.join(uniq)}; "
                              f"measure them with: {self.build_command()}")
         which = self._pick_model(space, model)
-        if which == "fitted":
-            rows, fixed = self.costs_for(space, "fitted")
+        if which == "corrected":
+            rows, fixed = self.costs_for(space, "corrected")
             return fixed + sum(r[op] for r, op in zip(rows, arch.ops, strict=True))
         total = sum(self.entries[s.key()].value for s in sigs)
         if which == "calibrated":

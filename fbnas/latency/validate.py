@@ -1,4 +1,4 @@
-"""How well does a table predict real end-to-end latency? And a fitted cost model on top.
+"""How well does a table predict real end-to-end latency? And a corrected cost model on top.
 
 `validate` samples architectures that span the space's latency range, times each child
 network end to end with the same drift-compensated protocol as the table (twice, in two
@@ -10,7 +10,7 @@ independent passes, to measure how repeatable the ground truth itself is), and r
   share within ±10%;
 - an affine calibration measured ≈ a·predicted + b (weighted toward relative error), with its
   error on held-out architectures (k-fold cross-validation);
-- optionally (`fit_model=True`) the TuNAS-style fitted cost model: per-(layer, op) corrections
+- optionally (`corrections=True`) the TuNAS-style corrected cost model: per-(layer, op) corrections
   δ on top of the calibrated table, ridge-regularised toward 0 (i.e. toward the table's
   values), its ridge strength chosen by leave-one-out within each training fold, and its
   held-out error compared with the calibrated table's.
@@ -61,7 +61,7 @@ def metrics(pred, meas) -> dict[str, float]:
     return {**rank_metrics(pred, meas), **error_metrics(pred, meas)}
 
 
-# ---- calibration and the fitted model --------------------------------------------------------
+# ---- calibration and the corrected model -----------------------------------------------------
 def fit_affine(pred: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
     """(a, b) minimising Σ ((a·pred + b - meas) / meas)²: least squares in relative error."""
     w = 1.0 / np.asarray(meas, float)
@@ -116,8 +116,8 @@ def _folds(n: int, k: int, seed: int) -> list[np.ndarray]:
 
 
 def cross_validate(X: np.ndarray, pred: np.ndarray, meas: np.ndarray, k: int = 5,
-                   seed: int = 0, fitted: bool = True) -> dict[str, Any]:
-    """Held-out predictions (k-fold) of the affine calibration and of the fitted model."""
+                   seed: int = 0, corrected: bool = True) -> dict[str, Any]:
+    """Held-out predictions (k-fold) of the affine calibration and of the corrected model."""
     cal = np.zeros_like(meas)
     fit = np.zeros_like(meas)
     lams = []
@@ -125,16 +125,16 @@ def cross_validate(X: np.ndarray, pred: np.ndarray, meas: np.ndarray, k: int = 5
         train = np.setdiff1d(np.arange(len(meas)), test)
         a, b = fit_affine(pred[train], meas[train])
         cal[test] = a * pred[test] + b
-        if fitted:
+        if corrected:
             c = fit_corrections(X[train], pred[train], meas[train])
             fit[test] = c["a"] * pred[test] + c["b"] + X[test] @ c["delta"]
             lams.append(c["lambda"])
     out: dict[str, Any] = {"folds": k, "calibrated": metrics(cal, meas),
                            "calibrated_predictions": cal.tolist()}
-    if fitted:
-        out["fitted"] = metrics(fit, meas)
-        out["fitted_predictions"] = fit.tolist()
-        out["fitted_lambdas"] = lams
+    if corrected:
+        out["corrected"] = metrics(fit, meas)
+        out["corrected_predictions"] = fit.tolist()
+        out["corrected_lambdas"] = lams
     return out
 
 
@@ -142,12 +142,12 @@ def cross_validate(X: np.ndarray, pred: np.ndarray, meas: np.ndarray, k: int = 5
 @under_allocator
 def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
              seed: int = 0, protocol: Protocol | None = None, repeats: int = 2,
-             fit_model: bool = False, folds: int = 5, archs: Sequence[Architecture] | None = None,
+             corrections: bool = False, folds: int = 5, archs: Sequence[Architecture] | None = None,
              progress=None, log=None, others: Sequence[LatencyTable] = ()) -> dict[str, Any]:
     """Measure `n` spanning architectures end to end and compare them with `table`.
 
     Returns the report (a JSON-ready dict). Does not modify `table`; `apply_report` stores
-    the calibration (and the fitted corrections) in it. `progress`: a callback (done, total,
+    the calibration (and the corrections) in it. `progress`: a callback (done, total,
     key) per pass, or True for `MeasureProgress` on stderr (a bar on a terminal, else a plain
     line every 30 s; made where the measuring runs, an allocator's worker included).
 
@@ -230,23 +230,23 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
     if others:
         report["others"] = [other_table(o, space, archs, rows, pred, meas) for o in others]
     X = one_hot(space, archs)
-    cv = cross_validate(X, pred, meas, k=min(folds, len(archs)), seed=seed, fitted=fit_model)
+    cv = cross_validate(X, pred, meas, k=min(folds, len(archs)), seed=seed, corrected=corrections)
     a, b = fit_affine(pred, meas)
     report["calibration"] = {"a": a, "b": b, "n": len(archs), "in_sample": metrics(
         a * pred + b, meas), "held_out": cv["calibrated"]}
-    if fit_model:
+    if corrections:
         c = fit_corrections(X, pred, meas)
-        f_mape, c_mape = cv["fitted"]["mape"], cv["calibrated"]["mape"]
+        f_mape, c_mape = cv["corrected"]["mape"], cv["calibrated"]["mape"]
         verdict = ("beats" if f_mape < 0.98 * c_mape else
                    "does not beat" if f_mape > 1.02 * c_mape else "ties with")
-        report["fitted_model"] = {
-            "lambda": c["lambda"], "held_out": cv["fitted"], "verdict": verdict,
+        report["corrected_model"] = {
+            "lambda": c["lambda"], "held_out": cv["corrected"], "verdict": verdict,
             "beats_calibrated_table": verdict == "beats", "_fit": c}
     report["archs"] = [
         {"name": a.name, "hash": a.short_hash, "predicted_us": float(pred[i]),
          "measured_us": float(meas[i]), "passes_us": [float(q[i]) for q in passes],
          "flops": float(flops[i]), "calibrated_cv_us": cv["calibrated_predictions"][i],
-         **({"fitted_cv_us": cv["fitted_predictions"][i]} if fit_model else {})}
+         **({"corrected_cv_us": cv["corrected_predictions"][i]} if corrections else {})}
         for i, a in enumerate(archs)]
     return report
 
@@ -273,12 +273,12 @@ def other_table(other: LatencyTable, space: SearchSpace, archs: Sequence[Archite
 
 
 def apply_report(table: LatencyTable, space: SearchSpace, report: dict[str, Any]) -> None:
-    """Store the report's calibration (and fitted corrections, if any) in `table`."""
+    """Store the report's calibration (and corrections, if any) in `table`."""
     cal = report["calibration"]
     table.calibration = {"a": cal["a"], "b": cal["b"], "n": cal["n"], "space": space.name,
                          "held_out_mape": cal["held_out"]["mape"],
                          "held_out_within_10pct": cal["held_out"]["within_10pct"]}
-    fm = report.get("fitted_model")
+    fm = report.get("corrected_model")
     if fm is not None:
         c = fm["_fit"]
         cands = space.layer_candidates()
@@ -294,8 +294,8 @@ def apply_report(table: LatencyTable, space: SearchSpace, report: dict[str, Any]
 def public_report(report: dict[str, Any]) -> dict[str, Any]:
     """The report without private fitting arrays (what is written as JSON)."""
     out = dict(report)
-    if "fitted_model" in out:
-        out["fitted_model"] = {k: v for k, v in out["fitted_model"].items() if k != "_fit"}
+    if "corrected_model" in out:
+        out["corrected_model"] = {k: v for k, v in out["corrected_model"].items() if k != "_fit"}
     return out
 
 
@@ -327,11 +327,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     h = c["held_out"]
     lines.append(f"calibration measured = {c['a']:.3f} x predicted + {c['b']:.0f} us; held out: "
                  f"MAPE {100 * h['mape']:.1f}%  within 10% {100 * h['within_10pct']:.0f}%")
-    if "fitted_model" in report:
-        fm = report["fitted_model"]
+    if "corrected_model" in report:
+        fm = report["corrected_model"]
         h2 = fm["held_out"]
         verdict = fm["verdict"]
-        lines.append(f"fitted model (lambda {fm['lambda']:g}): held out MAPE "
+        lines.append(f"corrected model (lambda {fm['lambda']:g}): held out MAPE "
                      f"{100 * h2['mape']:.2f}%  within 10% {100 * h2['within_10pct']:.0f}%  "
                      f"Spearman {h2['spearman']:.3f} — {verdict} the calibrated table "
                      f"(held out MAPE {100 * h['mape']:.2f}%)")

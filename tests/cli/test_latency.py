@@ -51,11 +51,11 @@ def test_build_show_predict_measure_validate(files, capsys):
     assert json.loads(open(js).read())["results"][0]["predicted_us"] > 0
     rep, png = str(d / "rep.json"), str(d / "rep.png")
     assert main(["latency", "validate", "--config", cfg, "--table", out, "-n", "8",
-                 "--fit-model", "--save", "--json", rep, "--plot", png, *FAST]) == 0
+                 "--corrections", "--save", "--json", rep, "--plot", png, *FAST]) == 0
     text = capsys.readouterr().out
-    assert "Spearman" in text and "FLOPs proxy" in text and "fitted model" in text
+    assert "Spearman" in text and "FLOPs proxy" in text and "corrected model" in text
     r = json.loads(open(rep).read())
-    assert r["n"] == 8 and "_fit" not in r["fitted_model"]
+    assert r["n"] == 8 and "_fit" not in r["corrected_model"]
     assert open(png, "rb").read(4) == b"\x89PNG"
     saved = LatencyTable.load(out)
     assert saved.calibration is not None and saved.corrections is not None

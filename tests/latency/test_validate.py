@@ -29,7 +29,7 @@ def test_sampled_architectures_span_the_range(built):
 def test_validate_reports_and_calibrates(built, tmp_path):
     space, table = built
     table = LatencyTable.from_dict(table.to_dict())
-    rep = validate(space, table, fake(noise=0.02, seed=5), n=12, protocol=FAST, fit_model=True)
+    rep = validate(space, table, fake(noise=0.02, seed=5), n=12, protocol=FAST, corrections=True)
     assert rep["n"] == 12 and rep["repeats"] == 2
     for k in ("spearman", "kendall", "mape", "within_10pct", "median_ratio"):
         assert k in rep["table"]
@@ -37,8 +37,8 @@ def test_validate_reports_and_calibrates(built, tmp_path):
     assert "spearman" in rep["flops_proxy"]
     assert rep["calibration"]["held_out"]["mape"] >= 0
     assert 0.5 < rep["calibration"]["a"] < 2
-    assert "beats_calibrated_table" in rep["fitted_model"]
-    rep2 = validate(space, table, fake(noise=0.02, seed=5), n=12, protocol=FAST, fit_model=True)
+    assert "beats_calibrated_table" in rep["corrected_model"]
+    rep2 = validate(space, table, fake(noise=0.02, seed=5), n=12, protocol=FAST, corrections=True)
     assert rep2["table"] == rep["table"]  # deterministic with the fake backend
     apply_report(table, space, rep)
     p = tmp_path / "cal.json"
@@ -48,13 +48,13 @@ def test_validate_reports_and_calibrates(built, tmp_path):
     raw = t.predict(arch, "raw")
     cal = t.predict(arch, "calibrated")
     assert cal == pytest.approx(t.calibration["a"] * raw + t.calibration["b"])
-    rows, fixed = t.costs_for(space)  # auto: the fitted corrections for this space
-    assert t.predict(arch, "fitted", space) == pytest.approx(
+    rows, fixed = t.costs_for(space)  # auto: the corrections for this space
+    assert t.predict(arch, "corrected", space) == pytest.approx(
         fixed + sum(r[op] for r, op in zip(rows, arch.ops, strict=True)), rel=1e-3)
     assert t.corrections["space_hash"] == space_hash(space)
     other = tiny_space(candidates=["ir_k3_e1", "skip"])  # same signatures, other layers
     with pytest.raises(FbnasError, match="fitted for space 'tiny'"):
-        t.costs_for(other, "fitted")
+        t.costs_for(other, "corrected")
 
 
 def test_validate_ranks_by_other_tables_and_gives_their_ratio_per_op(built, tmp_path):

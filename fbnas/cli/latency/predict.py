@@ -1,9 +1,10 @@
 """`fbnas latency predict`: an architecture's cost from a table (raw, and calibrated or
-fitted where the table stores those)."""
+corrected where the table stores those)."""
 
 from __future__ import annotations
 
 from fbnas.cli.latency.common import fmt
+from fbnas.settings import COST_MODELS
 
 
 def run(args) -> int:
@@ -34,8 +35,8 @@ def add_parser(actions) -> None:
     r = actions.add_parser("predict", help="predict an architecture's cost from a table")
     r.add_argument("--arch", required=True, nargs="+", help="architecture YAML file(s)")
     r.add_argument("--table", required=True, help="table file")
-    r.add_argument("--config", help="the search space (needed for fitted corrections)")
-    r.add_argument("--cost-model", default="auto", choices=("auto", "raw", "calibrated", "fitted"),
-                   help="also print the calibrated or fitted estimate (default: best stored)")
+    r.add_argument("--config", help="the search space (needed for its corrections)")
+    r.add_argument("--cost-model", default="auto", choices=COST_MODELS,
+                   help="also print the calibrated or corrected estimate (default: best stored)")
     r.add_argument("-v", "--verbose", action="store_true", help="per-entry breakdown")
     r.set_defaults(func=run)

@@ -1,5 +1,5 @@
 """`fbnas latency validate`: a table against end-to-end measurements of sampled child
-networks (rank agreement, calibration, optionally a fitted per-(layer, op) cost model)."""
+networks (rank agreement, calibration, optionally per-(layer, op) corrections)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def run(args) -> int:
         proto.rounds = max(10, proto.rounds // 2)
     # progress: a bar on a terminal, else a plain line every 30 s (MeasureProgress)
     rep = validate(space, table, t, n=args.n, seed=args.seed, protocol=proto,
-                   repeats=args.repeats, fit_model=args.fit_model, log=log,
+                   repeats=args.repeats, corrections=args.corrections, log=log,
                    progress=not args.quiet, others=others)
     for line in summary_lines(rep):
         print(line)
@@ -44,7 +44,7 @@ def run(args) -> int:
     if args.save:
         apply_report(table, space, rep)
         table.save(args.table)
-        print(f"{args.table}: calibration{' and fitted corrections' if args.fit_model else ''} "
+        print(f"{args.table}: calibration{' and corrections' if args.corrections else ''} "
               "stored")
     return 0
 
@@ -57,8 +57,9 @@ def add_parser(actions) -> None:
     v.add_argument("--seed", type=int, default=0, help="the seed of the architectures drawn")
     v.add_argument("--repeats", type=int, default=2,
                    help="independent end-to-end passes (>= 2 reports repeat agreement)")
-    v.add_argument("--fit-model", action="store_true",
-                   help="also fit per-(layer, op) corrections (TuNAS-style cost model)")
+    v.add_argument("--corrections", action="store_true",
+                   help="also fit per-(layer, op) corrections on the calibrated table "
+                        "(TuNAS-style; cost model `corrected`)")
     v.add_argument("--save", action="store_true",
                    help="store the calibration (and corrections) in the table file")
     v.add_argument("--json", metavar="FILE", help="the report (default: TABLE.validate.json)")
