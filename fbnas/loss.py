@@ -232,7 +232,7 @@ class TargetLoss(_TargetLoss):
     the unit nor the range: a 10% miss costs 0.1·λ, either side."""
 
     on_expected = True
-    defaults: ClassVar[dict[str, Any]] = {"lambda": 1.0}  # scripts/bench_target.py
+    defaults: ClassVar[dict[str, Any]] = {"lambda": 1.0}  # scripts/search/target.py
 
     def cost_term(self, cost: torch.Tensor) -> torch.Tensor:
         return self.lam * torch.abs(cost / self.target - 1.0)

@@ -6,7 +6,7 @@ Every script runs from the repository root as `python -m scripts.NAME`; none edi
 A script that times another checkout's fbnas starts a child process whose PYTHONPATH names
 that checkout (`with_code`).
 
-The fbnas names imported here exist in older checkouts too (scripts/bench_gpu.py --code runs
+The fbnas names imported here exist in older checkouts too (scripts/speed/gpu.py --code runs
 this module under a baseline's fbnas).
 """
 
@@ -168,7 +168,7 @@ def configured_mode(mode: str) -> str:
     """The search.mode to configure for timing `mode`'s steps: `mode` itself, or, for one that
     search.mode refuses as the θ mode (single_path), reinforce, whose trainer
     `search_trainer(sampler=mode)` then switches to `mode`'s sampler (θ steps through its
-    relaxation, as GDAS runs them). An older checkout (bench_gpu --code) knows no refusal."""
+    relaxation, as GDAS runs them). An older checkout (speed.gpu --code) knows no refusal."""
     try:
         from fbnas.search.modes import get_mode
     except ImportError:  # a checkout from before fbnas/search/ (e4987fe): nothing refused
@@ -469,7 +469,7 @@ def run_module_with_code(code: Path, module: str, argv: Sequence[str]) -> int:
                               ).returncode
 
 
-# ---- a band of networks trained with the child recipe (pilot_task, recipe_convergence) ----
+# ---- a band of networks trained with the child recipe (pilot_task, recipe_convergence) -----
 def band(cfg: Config, flops: float | None, at: float, width: float, n: int, draw: int
          ) -> tuple[float, list[tuple[Architecture, float]], int]:
     """(centre, the drawn networks with their FLOPs, how many the band holds): every network
@@ -508,9 +508,9 @@ def train(job: tuple[Config, dict, int]) -> dict:
 
 
 def band_arguments(ap, networks: int, seeds: str) -> None:
-    """The flags pilot_task and recipe_convergence share: the config and its overrides, the
-    band's networks, seeds, width, centre and draw, the worker processes, the resumable --out
-    file and --report."""
+    """The flags search.pilot_task and search.recipe_convergence share: the config and its
+    overrides, the band's networks, seeds, width, centre and draw, the worker processes, the
+    resumable --out file and --report."""
     ap.add_argument("--config", default="configs/cluttered_digits.yaml")
     ap.add_argument("--set", action="append", default=[], dest="sets",
                     help="a config override, as fbnas's --set (repeatable)")

@@ -195,7 +195,7 @@ class PteFormat(Format):
 
     quantizations = QUANTIZATIONS
     # the int8 program (XNNPACK's int8 kernels) against the PT2E fake-quantized module it was
-    # lowered from: requantization rounds differently; measured in scripts/bench_int8.py
+    # lowered from: requantization rounds differently; measured in scripts/latency/int8.py
     int8_tolerance = (0.05, 0.02)  # atol: a fraction of the largest |logit|
 
     def export(self, model, example, arch, record, opset=None):

@@ -44,7 +44,7 @@ class OnnxFormat(Format):
     suffixes = (".onnx",)
     # onnxruntime folds BN into the convolutions and uses its own kernels: max abs diff 3.6e-7
     # at logits of magnitude up to ~0.6, max rel diff 3.6e-6 (on the 22-layer CIFAR space:
-    # 1.8e-7 and 1.6e-5), measured with scripts/bench_export.py
+    # 1.8e-7 and 1.6e-5), measured with scripts/latency/export.py
     tolerance = (1e-4, 1e-4)
     has_opset = True
 
@@ -56,7 +56,7 @@ class OnnxFormat(Format):
 
     quantizations = QUANTIZATIONS
     # onnxruntime's int8 kernels (fused QDQ) against the same QDQ model run node by node in
-    # float: measured in scripts/bench_int8.py
+    # float: measured in scripts/latency/int8.py
     int8_tolerance = (0.05, 0.02)  # atol: a fraction of the largest |logit|
 
     def export(self, model, example, arch, record, opset=None):

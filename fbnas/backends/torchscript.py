@@ -22,7 +22,7 @@ class TorchScriptFormat(ArchiveFormat):
 
     name = "torchscript"
     suffixes = (".ts", ".pt", ".pth", ".torchscript")
-    # reproduces eager bit for bit (max abs diff 0 in scripts/bench_export.py), since it runs
+    # reproduces eager bit for bit (max abs diff 0 in scripts/latency/export.py), since it runs
     # the same ATen kernels
     tolerance = (1e-5, 1e-5)
 

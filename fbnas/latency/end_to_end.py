@@ -123,7 +123,8 @@ def measure_child(model: torch.nn.Module, arch: Architecture, lat: LatencyConfig
 def timer_for_table(lat: LatencyConfig, table: LatencyTable | None) -> Timer:
     """The latency section's timer, under the allocator `table` was measured with unless the
     section names one: end-to-end figures then follow the table's protocol, so that they
-    compare with its predictions (a child's measured latency, a sweep's, bench_target's)."""
+    compare with its predictions (a child's measured latency, a sweep's, the target benchmark's:
+    scripts.search.target)."""
     timer = lat.make_timer()
     if lat.allocator is None and table is not None and is_measured(table.cost) and \
             table.meta.get("backend") == timer.backend:

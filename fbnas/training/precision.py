@@ -16,7 +16,7 @@ channels_last: the network's 4-D weights and every input batch in `torch.channel
 memory format (NHWC), which cuDNN's and oneDNN's fastest convolution kernels prefer. Values are
 the same up to float rounding; checkpoints load into either layout.
 
-docs/search_modes.md lists the measured effect of each (scripts/bench_precision.py).
+docs/search_modes.md lists the measured effect of each (scripts/speed/precision.py).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Precision:
         """A line to log when the setting will likely be slower than float32 here."""
         if self.precision == "bf16" and self.device.type == "cpu" and not cpu_has_bf16():
             return (f"{where}.precision bf16: this CPU has no native bf16 (AVX512-BF16 / AMX); "
-                    "bf16 steps will be slower than float32 here (scripts/bench_precision.py)")
+                    "bf16 steps will be slower than float32 here (scripts/speed/precision.py)")
         return None
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -5,7 +5,7 @@ first command its module docstring (and scripts/README.md) shows, on the shipped
 only its sizes cut down (epochs, rounds, samples, batch, networks) through the script's own
 flags or `--set`, and checks that it exits 0 and that its figures are printed and parse.
 tests/scripts/test_scripts.py runs the scripts on a tiny test config instead; these run what a
-user runs. Slow: seconds to two minutes each on 2 cores, bench_runtimes about ten (it lowers
+user runs. Slow: seconds to two minutes each on 2 cores, latency.runtimes about ten (it lowers
 every entry of the CIFAR space for ExecuTorch and ONNX Runtime); `python -m pytest -m slow -n 0
 tests/scripts/test_default_commands.py`, about 22 minutes in all.
 
@@ -87,8 +87,8 @@ def worktree(tmp_path):
 
 # ---- the speed suite and its parts ----------------------------------------------------------
 def test_bench():
-    # `python -m scripts.bench`; --quick is its own "every part with tiny sizes"
-    out = run("bench", "--quick")
+    # `python -m scripts.speed.suite`; --quick is its own "every part with tiny sizes"
+    out = run("speed.suite", "--quick")
     for title in ("== 1. search modes", "== 2. data loader", "== 3. distributed",
                   "== 4. mixed precision"):
         assert title in out, title
@@ -101,8 +101,8 @@ def test_bench():
 
 
 def test_bench_modes():
-    # `python -m scripts.bench_modes`: fbnet_cifar10, every layer; batch and rounds cut
-    out = run("bench_modes", "--batch", "2", "--repeats", "1", "--mem-samples", "1")
+    # `python -m scripts.speed.modes`: fbnet_cifar10, every layer; batch and rounds cut
+    out = run("speed.modes", "--batch", "2", "--repeats", "1", "--mem-samples", "1")
     assert "fbnet_cifar10, 22 searchable layers x 9 candidates, batch 2" in out
     for mode in ("single_path", "two_path"):
         m = line(out, rf"^{mode} speed-up over full:\s+({NUM})x\s+activation memory ({NUM}) "
@@ -113,17 +113,9 @@ def test_bench_modes():
     assert float(m[1]) > 0
 
 
-def test_bench_supernet():
-    # `python -m scripts.bench_supernet`: fbnet_cifar10, batch 64 -> 2, 1 round
-    out = run("bench_supernet", "--batch", "2", "--rounds", "1")
-    assert "fbnet_cifar10, batch 2" in out
-    m = line(out, rf"^overhead ratio \(supernet / sum of parts\): median ({NUM})")
-    assert float(m[1]) > 0
-
-
 def test_bench_precision():
-    # `python -m scripts.bench_precision`: fbnet_cifar10 cut to 8 layers; batch, rounds cut
-    out = run("bench_precision", "--batch", "4", "--repeats", "1", "--steps", "1")
+    # `python -m scripts.speed.precision`: fbnet_cifar10 cut to 8 layers; batch, rounds cut
+    out = run("speed.precision", "--batch", "4", "--repeats", "1", "--steps", "1")
     assert "fbnet_cifar10-8layers" in out
     for variant in ("float32", "float32+channels_last", "bf16", "bf16+channels_last"):
         row = numbers(line(out, rf"^{re.escape(variant)}\s+{NUM} \[").string[len(variant):])
@@ -132,8 +124,8 @@ def test_bench_precision():
 
 
 def test_bench_ddp():
-    # `OMP_NUM_THREADS=1 python -m scripts.bench_ddp`: 1 process; 2 processes, K = 1 and 4
-    out = run("bench_ddp", "--steps", "4", "--warmup", "4", "--repeats", "1", "--batch", "8",
+    # `OMP_NUM_THREADS=1 python -m scripts.speed.ddp`: 1 process; 2 processes, K = 1 and 4
+    out = run("speed.ddp", "--steps", "4", "--warmup", "4", "--repeats", "1", "--batch", "8",
               "--samples", "512")
     rows = [numbers(ln) for ln in out.splitlines()[2:]]
     assert [r[:2] for r in rows] == [[1, 1], [2, 1], [2, 4]]
@@ -142,9 +134,9 @@ def test_bench_ddp():
 
 
 def test_bench_compile(tmp_path):
-    # `python -m scripts.bench_compile`: quickstart's all-ir_k5_e6 child, inductor; 1 block of
+    # `python -m scripts.speed.compile`: quickstart's all-ir_k5_e6 child, inductor; 1 block of
     # 1 step, batch 4 (compiling is most of the time); inductor's cache in tmp_path
-    out = run("bench_compile", "--blocks", "1", "--steps", "1", "--batch", "4",
+    out = run("speed.compile", "--blocks", "1", "--steps", "1", "--batch", "4",
               env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
     m = line(out, rf"^compiled / eager throughput: median x({NUM})")
     assert float(m[1]) > 0
@@ -154,9 +146,9 @@ def test_bench_compile(tmp_path):
 def test_bench_gpu_on_cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    # `python -m scripts.bench_gpu --device cuda`: fbnet_imagenet, every mode and precision;
+    # `python -m scripts.speed.gpu --device cuda`: fbnet_imagenet, every mode and precision;
     # batch 96 -> 8, 1 round of 1 step, a smaller copy for the bandwidth
-    out = run("bench_gpu", "--device", "cuda", "--batch", "8", "--steps", "1", "--rounds", "1",
+    out = run("speed.gpu", "--device", "cuda", "--batch", "8", "--steps", "1", "--rounds", "1",
               "--copy-gib", "0.25")
     _check_bench_gpu(out, ["full", "two_path", "single_path"], ["float32", "bf16"], cuda=True)
 
@@ -164,7 +156,7 @@ def test_bench_gpu_on_cuda():
 def test_bench_gpu_default_config_on_the_cpu():
     # the same command with --device cpu: the shipped ImageNet config (data.classes: 100)
     # with synthetic data; single_path only (full on 224x224 takes minutes a step on a CPU)
-    out = run("bench_gpu", "--device", "cpu", "--batch", "2", "--modes", "single_path",
+    out = run("speed.gpu", "--device", "cpu", "--batch", "2", "--modes", "single_path",
               "--steps", "1", "--rounds", "1", "--copy-gib", "0.01")
     _check_bench_gpu(out, ["single_path"], ["float32", "bf16"], cuda=False)
 
@@ -187,10 +179,10 @@ def _check_bench_gpu(out: str, modes: list[str], precisions: list[str], cuda: bo
 
 def test_bench_search_epochs(worktree):
     # `git worktree add /tmp/base e4987fe` (before issue 14, and before search.mode: reinforce
-    # in the quickstart), then `python -m scripts.bench_search_epochs --code /tmp/base --code .`;
+    # in the quickstart), then `python -m scripts.speed.search_epochs --code /tmp/base --code .`;
     # 64 images of 8x8, batch 16, 2 epochs, 1 repeat
     old = worktree("e4987fe").resolve()
-    out = run("bench_search_epochs", "--code", str(old), "--code", ".", "--size", "64",
+    out = run("speed.search_epochs", "--code", str(old), "--code", ".", "--size", "64",
               "--batch", "16", "--epochs", "2", "--repeats", "1", "--input-size", "8")
     assert "config: the space of" in out and "configs/quickstart.yaml" in out
     for code in (old, ROOT):
@@ -207,7 +199,7 @@ def test_compare_runs(worktree):
     # "some mode differs" (a later change of the search's results, not of this script): then
     # each mode's line names the field; a checkout that cannot run prints no mode line
     old = worktree("af3d295")
-    out = run("compare_runs", "--code", str(old), "--code", ".", "--config",
+    out = run("search.compare_runs", "--code", str(old), "--code", ".", "--config",
               "configs/quickstart.yaml", "--modes", "full,two_path", "--set",
               "latency.cost=flops", "--set", "search.epochs=2", "--set",
               "search.warmup_epochs=1", "--set", "data.limit=64", ok=(0, 1))
@@ -219,15 +211,15 @@ def test_compare_runs(worktree):
 
 
 def test_bench_search_quality(table_cache):
-    # `python -m scripts.bench_search_quality weights --steps 600` (600 -> 5 steps), then
+    # `python -m scripts.search.quality weights --steps 600` (600 -> 5 steps), then
     # `... search --seeds 0,1,2 --modes reinforce,full --retrain 20` (seed 0, 2 epochs of 300
     # digits, 1 retrain epoch) on the quickstart with its latency table
-    out = run("bench_search_quality", "weights", "--steps", "5", "--set", "data.limit=300",
+    out = run("search.quality", "weights", "--steps", "5", "--set", "data.limit=300",
               "--set", f"latency.cache_dir={table_cache}")
     for weights in ("separate", "shared"):
         row = numbers(line(out, rf"^{weights}\s+{NUM}").string[len(weights):])
         assert len(row) == 6 and all(0 <= a <= 1 for a in row[1:]), row
-    out = run("bench_search_quality", "search", "--seeds", "0", "--modes", "reinforce,full",
+    out = run("search.quality", "search", "--seeds", "0", "--modes", "reinforce,full",
               "--retrain", "1", "--set", "search.epochs=2", "--set", "search.warmup_epochs=1",
               "--set", "data.limit=300", "--set", f"latency.cache_dir={table_cache}")
     for mode in ("reinforce", "full"):
@@ -237,9 +229,9 @@ def test_bench_search_quality(table_cache):
 
 
 def test_bench_target(table_cache):
-    # `python -m scripts.bench_target` (3 modes x 3 targets x 3 seeds): one search (full,
+    # `python -m scripts.search.target` (3 modes x 3 targets x 3 seeds): one search (full,
     # 0.5x, seed 0) of 2 epochs, 1 random network, 2 rounds per re-measurement
-    out = run("bench_target", "--modes", "full", "--targets", "0.5x", "--seeds", "0",
+    out = run("search.target", "--modes", "full", "--targets", "0.5x", "--seeds", "0",
               "--epochs", "2", "--random", "1", "--rounds", "2", "--set",
               "search.warmup_epochs=1", "--set", "data.limit=300", "--set",
               f"latency.cache_dir={table_cache}")
@@ -254,9 +246,9 @@ def test_bench_target(table_cache):
 
 
 def test_bench_regret(table_cache):
-    # `python -m scripts.bench_regret` (reinforce, shared, 3 seeds x 3 targets, on the shipped
+    # `python -m scripts.search.regret` (reinforce, shared, 3 seeds x 3 targets, on the shipped
     # benchmark): one search (seed 0, 0.5x) of 2 epochs on 300 digits, its τ over all 256
-    out = run("bench_regret", "--seeds", "0", "--targets", "0.5x", "--jobs", "1",
+    out = run("search.regret", "--seeds", "0", "--targets", "0.5x", "--jobs", "1",
               "--set", "search.epochs=2", "--set", "search.warmup_epochs=1", "--set",
               "data.limit=300", "--set", f"latency.cache_dir={table_cache}")
     m = line(out, rf"^reinforce\s+shared\s+0\s+0.5x\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})")
@@ -266,19 +258,19 @@ def test_bench_regret(table_cache):
 
 
 def test_bench_reproduce():
-    # `python -m scripts.bench_reproduce --n 5 --seed 7`: one network, 2 retrain epochs
-    out = run("bench_reproduce", "--n", "1", "--seed", "7", "--set", "retrain.epochs=2",
+    # `python -m scripts.search.reproduce --n 5 --seed 7`: one network, 2 retrain epochs
+    out = run("search.reproduce", "--n", "1", "--seed", "7", "--set", "retrain.epochs=2",
               "--set", "retrain.warmup_epochs=0")
     assert line(out, rf"bench_digits.json.gz: seed-to-seed sd test {NUM} pt")
     assert line(out, r"^within 2 seed-sd \(test and val\): [01] of 1$")
 
 
 def test_pilot_task(tmp_path):
-    # `python -m scripts.pilot_task --config configs/cluttered_digits.yaml --workers 2 --at 0.3
-    # --log /tmp/pilot.log --out /tmp/pilot.jsonl`: 2 networks, 2 seeds, 1 epoch, one canvas
-    # per source
+    # `python -m scripts.search.pilot_task --config configs/cluttered_digits.yaml --workers 2
+    # --at 0.3 --log /tmp/pilot.log --out /tmp/pilot.jsonl`: 2 networks, 2 seeds, 1 epoch, one
+    # canvas per source
     log = tmp_path / "pilot.log"
-    out = run("pilot_task", "--config", "configs/cluttered_digits.yaml", "--workers", "2",
+    out = run("search.pilot_task", "--config", "configs/cluttered_digits.yaml", "--workers", "2",
               "--at", "0.3", "--log", str(log), "--out", str(tmp_path / "pilot.jsonl"),
               "--networks", "2", "--seeds", "0,1", "--set",
               "retrain.epochs=1", "--set", "retrain.warmup_epochs=0", "--set",
@@ -289,10 +281,10 @@ def test_pilot_task(tmp_path):
 
 
 def test_bench_sweep(tmp_path):
-    # `python -m scripts.bench_sweep` (targets 0.3x, 0.5x, 0.8x; 5 random; 15 retrain epochs):
+    # `python -m scripts.search.sweep` (targets 0.3x, 0.5x, 0.8x; 5 random; 15 retrain epochs):
     # one target, 1 random network, 2 search epochs and 1 retrain epoch on 300 digits; a fresh
     # latency table in --out, as the script does
-    out = run("bench_sweep", "--values", "0.5x", "--random", "1", "--retrain-epochs", "1",
+    out = run("search.sweep", "--values", "0.5x", "--random", "1", "--retrain-epochs", "1",
               "--set", "search.epochs=2", "--set", "search.warmup_epochs=1", "--set",
               "data.limit=300", "--out", str(tmp_path / "sweep"))
     assert line(out, r"^== fbnas sweep .*quickstart.yaml: target = 0.5x")
@@ -304,10 +296,10 @@ def test_bench_sweep(tmp_path):
 
 # ---- latency tables ----------------------------------------------------------------------
 def test_bench_latency(tmp_path):
-    # `python -m scripts.bench_latency`: fbnet_cifar10 on the CPU, 50 networks -> 4, 2 table
+    # `python -m scripts.latency.repeatability`: fbnet_cifar10 on the CPU, 50 networks -> 4, 2 table
     # rounds and validation rounds, 2 probes, 5 timeit runs of the reference protocol; every
     # step (build, reference protocol, validation, rebuild) kept; the JSON in tmp_path
-    out = run("bench_latency", "--n-archs", "4", "--rounds", "2", "--val-rounds", "2",
+    out = run("latency.repeatability", "--n-archs", "4", "--rounds", "2", "--val-rounds", "2",
               "--probes", "2", "--reference-runs", "5", "--out-dir", str(tmp_path))
     assert line(out, r"^== fbnas latency benchmark: fbnet_cifar10, cpu, 1 thread\(s\), batch 1")
     assert line(out, rf"^build: {NUM} s for \d+ entries")
@@ -320,9 +312,9 @@ def test_bench_latency(tmp_path):
 
 
 def test_bench_tables():
-    # `python -m scripts.bench_tables`: every shipped space, allocator retain; 1 build, 1
+    # `python -m scripts.latency.tables`: every shipped space, allocator retain; 1 build, 1
     # seed, 5 networks (validate's least), 2 rounds each
-    out = run("bench_tables", "--builds", "1", "--seeds", "0", "-n", "5", "--val-rounds", "2",
+    out = run("latency.tables", "--builds", "1", "--seeds", "0", "-n", "5", "--val-rounds", "2",
               "--rounds", "2", "--worst", "1")
     medians = out.split("== medians over builds and seeds")[1]
     for space in ("quickstart", "fbnet_cifar10", "fbnet_imagenet"):
@@ -333,12 +325,12 @@ def test_bench_tables():
 
 
 def test_bench_runtimes():
-    # `python -m scripts.bench_runtimes`: fbnet_cifar10, eager + ExecuTorch + ONNX Runtime;
+    # `python -m scripts.latency.runtimes`: fbnet_cifar10, eager + ExecuTorch + ONNX Runtime;
     # 20 networks -> 3, 2 rounds. Lowering every entry of the space for ExecuTorch and ONNX
     # Runtime is most of it (110 entries, minutes), whatever the sizes
     pytest.importorskip("executorch")
     pytest.importorskip("onnxruntime")
-    out = run("bench_runtimes", "-n", "3", "--val-rounds", "2", "--rounds", "2", timeout=3600)
+    out = run("latency.runtimes", "-n", "3", "--val-rounds", "2", "--rounds", "2", timeout=3600)
     for rt in ("cpu", "executorch", "ort"):
         assert line(out, rf"^{rt}: table built in \d+ s")
         m = line(out, rf"^{rt}\s+\d+\s+{NUM}-{NUM}\s+({NUM})\s+({NUM})\s+({NUM})%\s+({NUM})%")
@@ -347,8 +339,8 @@ def test_bench_runtimes():
 
 
 def test_bench_reference():
-    # `python -m scripts.bench_reference`: every block; 60 rounds -> 2, 2 repeats -> 1
-    out = run("bench_reference", "--rounds", "2", "--repeats", "1")
+    # `python -m scripts.latency.reference`: every block; 60 rounds -> 2, 2 repeats -> 1
+    out = run("latency.reference", "--rounds", "2", "--repeats", "1")
     assert line(out, r"^== over 1 repeats x 8 blocks")
     for ref in ("raw", "compute", "res112", "res56", "stream"):
         m = line(out, rf"^{ref}\s+({NUM})% \[{NUM}-{NUM}\]\s+least (\d+)$")
@@ -357,10 +349,10 @@ def test_bench_reference():
 
 # ---- other tools ---------------------------------------------------------------------------
 def test_bench_export():
-    # `python -m scripts.bench_export`: quickstart, every format; 5 archs -> 1, 64 inputs -> 2
+    # `python -m scripts.latency.export`: quickstart, every format; 5 archs -> 1, 64 inputs -> 2
     pytest.importorskip("onnxruntime")
     pytest.importorskip("executorch")
-    out = run("bench_export", "--n-archs", "1", "--inputs", "2")
+    out = run("latency.export", "--n-archs", "1", "--inputs", "2")
     for fmt in ("torchscript", "onnx", "pt2", "pte"):
         m = line(out, rf"^{fmt}\s+max abs diff: median ({NUM})\s+max ({NUM})\s+max rel diff: "
                       rf"median ({NUM})\s+max ({NUM}).*all ok: (True|False)\)$")
@@ -368,9 +360,9 @@ def test_bench_export():
 
 
 def test_theta_signal():
-    # `python -m scripts.theta_signal`: the quickstart; 100 warm-up steps -> 1, 50 draws -> 1
+    # `python -m scripts.search.theta_signal`: the quickstart; 100 warm-up steps -> 1, 50 draws -> 1
     pytest.importorskip("sklearn")
-    out = run("theta_signal", "--warm-steps", "1", "--draws", "1", "--batch", "8")
+    out = run("search.theta_signal", "--warm-steps", "1", "--draws", "1", "--batch", "8")
     assert "configs/quickstart.yaml: 6 layers" in out
     for mode in ("full", "single_path", "two_path"):
         row = re.sub(r"\(.*?\)", "", line(out, rf"^  {mode}\s").string)

@@ -23,8 +23,10 @@ import yaml
 from conftest import digits_run_config, latency_space
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(p.stem for p in (ROOT / "scripts").glob("*.py")
-                 if p.stem not in ("__init__", "common"))
+# every script as its module under scripts/, grouped by what it measures: speed.modes, ...
+GROUPS = ("speed", "latency", "search")
+SCRIPTS = sorted(f"{p.parent.name}.{p.stem}" for g in GROUPS
+                 for p in (ROOT / "scripts" / g).glob("*.py") if p.stem != "__init__")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def imports(path: Path) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("name", [*SCRIPTS, "common"])
 def test_script_imports_public_names_and_no_other_script(name):
-    path = ROOT / "scripts" / f"{name}.py"
+    path = ROOT / "scripts" / f"{name.replace('.', '/')}.py"
     text = path.read_text()
     assert not [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Attribute)
                 and n.attr == "path" and getattr(n.value, "id", "") == "sys"], \
@@ -99,14 +101,20 @@ def test_script_imports_public_names_and_no_other_script(name):
             assert not any(p.startswith("_") for p in parts), f"{path.name}: {module}.{what}"
         if parts[0] == "scripts":
             assert parts[:2] == ["scripts", "common"], f"{path.name} imports {module}.{what}"
-        assert parts[0] not in SCRIPTS, f"{path.name} imports the script {parts[0]}"
     assert f"python -m scripts.{name}" in text or name == "common", \
         f"{path.name}: its usage line should say `python -m scripts.{name}`"
 
 
+def test_every_script_sits_in_its_group():
+    """scripts/ holds the shared harness and the three groups, no loose script."""
+    loose = sorted(p.name for p in (ROOT / "scripts").glob("*.py")
+                   if p.stem not in ("__init__", "common"))
+    assert loose == [] and len(SCRIPTS) >= 25
+
+
 def test_every_script_is_listed_in_the_readme():
     readme = (ROOT / "scripts" / "README.md").read_text()
-    missing = [n for n in SCRIPTS if f"`{n}`" not in readme]
+    missing = [n for n in SCRIPTS if f"`python -m scripts.{n}`" not in readme]
     assert not missing, f"scripts/README.md does not list {missing}"
 
 
@@ -131,7 +139,7 @@ def test_interleave_alternates_and_spread():
 # ---- smoke tests (the slow tier: `python -m pytest -q -m slow -n 0`) -------------------------
 @pytest.mark.slow
 def test_bench_modes(tiny, capsys):
-    out = run_main("bench_modes", ["--config", tiny, "--batch", "4", "--repeats", "1",
+    out = run_main("speed.modes", ["--config", tiny, "--batch", "4", "--repeats", "1",
                                    "--mem-samples", "1"], capsys)
     assert "single_path speed-up over full:" in out and "supernet overhead ratio" in out
 
@@ -141,7 +149,7 @@ def test_bench_mixing(tiny, capsys):
     # no multiply over an activation remains (the tiny space has no squeeze-excite) and a θ
     # step keeps less for backward; computed together, fewer BatchNorm calls than one
     # candidate at a time
-    out = run_main("bench_mixing", ["--config", tiny, "--input-size", "16", "--batch", "2",
+    out = run_main("speed.mixing", ["--config", tiny, "--input-size", "16", "--batch", "2",
                                     "--time", "2"], capsys)
     five = r"\s+(\S+)" * 5
     for step in ("weight step", "θ step"):
@@ -155,7 +163,7 @@ def test_bench_mixing(tiny, capsys):
         assert conv and int(conv[4]) == int(conv[3]) < int(conv[5]), out  # cheap keeps them
     saved = re.search(rf"^θ step\s+saved MiB{five}\s+(\S+)", out, re.M)
     assert saved and float(saved[6]) < 1.0 and saved[4] == saved[5] == "-", out
-    assert "held / peak: run as `python -m scripts.bench_mixing`" in out  # in-process: no RSS
+    assert "held / peak: run as `python -m scripts.speed.mixing`" in out  # in-process: no RSS
     rows = re.findall(r"^  (unfolded|folded|together|cheap|recompute)\s+median\s+(\S+) ms .* "
                       r"median (\S+) \[(\S+), (\S+)\]$", out, re.M)
     assert [r[0] for r in rows] == ["unfolded", "folded", "together", "cheap", "recompute"], out
@@ -166,7 +174,7 @@ def test_bench_mixing(tiny, capsys):
 def test_bench_mixing_memory_held_as_a_script():
     """Run as a script (glibc's mmap threshold fixed by re-executing itself): what a forward
     leaves held matches SavedBytes where both apply, and cheap holds less than together."""
-    out = subprocess.run([sys.executable, "-m", "scripts.bench_mixing", "--config",
+    out = subprocess.run([sys.executable, "-m", "scripts.speed.mixing", "--config",
                           "configs/fbnet_imagenet.yaml", "--input-size", "56", "--batch", "4"],
                          cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
@@ -184,7 +192,7 @@ def test_bench_mixing_memory_held_as_a_script():
 
 @pytest.mark.slow
 def test_bench_widths(capsys):
-    out = run_main("bench_widths", ["--batch", "4", "--repeats", "1", "--mem-samples", "1",
+    out = run_main("speed.widths", ["--batch", "4", "--repeats", "1", "--mem-samples", "1",
                                     "--modes", "full,reinforce"], capsys)
     m = re.search(r"^full\s+.*\s(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)$", out,
                   re.M)
@@ -195,14 +203,8 @@ def test_bench_widths(capsys):
 
 
 @pytest.mark.slow
-def test_bench_supernet(tiny, capsys):
-    out = run_main("bench_supernet", ["--config", tiny, "--batch", "4", "--rounds", "1"], capsys)
-    assert "overhead ratio (supernet / sum of parts): median" in out
-
-
-@pytest.mark.slow
 def test_bench_precision(tiny, capsys):
-    out = run_main("bench_precision", ["--config", tiny, "--batch", "4", "--repeats", "1",
+    out = run_main("speed.precision", ["--config", tiny, "--batch", "4", "--repeats", "1",
                                        "--steps", "1"], capsys)
     assert "bf16+channels_last" in out and "θ-grad cos" in out
 
@@ -212,7 +214,7 @@ def test_bench_gpu_on_the_cpu_for_another_checkout(tiny, tmp_path):
     # another checkout: a copy of the package (its compiled files too, still valid: copy2
     # keeps the times); the table is made in a child process that imports it
     shutil.copytree(ROOT / "fbnas", tmp_path / "fbnas")
-    out = run_module("bench_gpu", ["--code", str(tmp_path), "--config", tiny, "--batch", "4",
+    out = run_module("speed.gpu", ["--code", str(tmp_path), "--config", tiny, "--batch", "4",
                                    "--steps", "1", "--rounds", "1", "--device", "cpu",
                                    "--modes", "full,single_path", "--precisions", "float32",
                                    "--copy-gib", "0.001"])
@@ -224,7 +226,7 @@ def test_bench_gpu_on_the_cpu_for_another_checkout(tiny, tmp_path):
 def test_bench_compile(tiny, capsys, monkeypatch):
     compile_ = torch.compile  # the eager backend: traced by dynamo, not compiled by inductor
     monkeypatch.setattr(torch, "compile", lambda f, **kw: compile_(f, backend="eager"))
-    out = run_main("bench_compile", ["--config", tiny, "--op", "ir_k5_e3", "--batch", "4",
+    out = run_main("speed.compile", ["--config", tiny, "--op", "ir_k5_e3", "--batch", "4",
                                      "--blocks", "1", "--steps", "1"], capsys)
     assert "compiled / eager throughput: median" in out
 
@@ -232,14 +234,14 @@ def test_bench_compile(tiny, capsys, monkeypatch):
 @pytest.mark.slow
 def test_bench_loader(tiny, capsys):
     # its other parts are the scripts tested here, each started as `python -m scripts.NAME`
-    out = run_main("bench", ["--quick", "--skip", "modes", "ddp", "precision", "--config",
+    out = run_main("speed.suite", ["--quick", "--skip", "modes", "ddp", "precision", "--config",
                              tiny], capsys)
     assert "search weight loader, 2 worker(s), image folder" in out
 
 
 @pytest.mark.slow
 def test_bench_ddp():
-    out = run_module("bench_ddp", ["--procs", "2", "--sync-every", "2", "--steps", "1",
+    out = run_module("speed.ddp", ["--procs", "2", "--sync-every", "2", "--steps", "1",
                                    "--warmup", "1", "--repeats", "1", "--batch", "4",
                                    "--samples", "64"])
     assert out.splitlines()[-1].split()[:2] == ["2", "2"]
@@ -247,7 +249,7 @@ def test_bench_ddp():
 
 @pytest.mark.slow
 def test_bench_search_epochs(tiny):
-    out = run_module("bench_search_epochs", ["--code", str(ROOT), "--config", tiny,
+    out = run_module("speed.search_epochs", ["--code", str(ROOT), "--config", tiny,
                                              "--device", "cpu", "--size", "64", "--batch",
                                              "32", "--input-size", "8", "--epochs", "2",
                                              "--repeats", "1"])
@@ -256,7 +258,7 @@ def test_bench_search_epochs(tiny):
 
 @pytest.mark.slow
 def test_compare_runs(tiny):
-    out = run_module("compare_runs", ["--code", str(ROOT), "--code", str(ROOT), "--config",
+    out = run_module("search.compare_runs", ["--code", str(ROOT), "--code", str(ROOT), "--config",
                                       tiny, "--modes", "full", "--set", "search.epochs=1",
                                       "--set", "search.warmup_epochs=0", "--set",
                                       "data.limit=64"])
@@ -265,9 +267,9 @@ def test_compare_runs(tiny):
 
 @pytest.mark.slow
 def test_bench_search_quality(tiny, capsys):
-    out = run_main("bench_search_quality", ["weights", "--config", tiny, "--smoke"], capsys)
+    out = run_main("search.quality", ["weights", "--config", tiny, "--smoke"], capsys)
     assert "separate" in out and "shared" in out
-    out = run_main("bench_search_quality", ["search", "--config", tiny, "--modes", "reinforce",
+    out = run_main("search.quality", ["search", "--config", tiny, "--modes", "reinforce",
                                             "--smoke"], capsys)
     assert out.splitlines()[-1].startswith("reinforce ")
 
@@ -277,7 +279,7 @@ def test_bench_target(tiny, capsys, tmp_path):
     args = ["--config", tiny, "--modes", "full", "--targets", "0.5x", "--seeds", "0",
             "--epochs", "2", "--random", "1", "--rounds", "2", "--set", "latency.cost=latency",
             "--set", f"latency.cache_dir={tmp_path}", "--keep", str(tmp_path / "keep")]
-    out = run_main("bench_target", args, capsys)
+    out = run_main("search.target", args, capsys)
     assert "re-measured right after its search" in out and "random architectures (n=1)" in out
     assert "re-measured at the end, all together: within ±3%: " in out
     assert "end run / right after, median over the networks: " in out
@@ -286,14 +288,14 @@ def test_bench_target(tiny, capsys, tmp_path):
     log = tmp_path / "keep" / "full-0.5x-0" / "train.log"
     searched = log.read_text()
     assert "epoch 2/2" in searched
-    again = run_main("bench_target", args, capsys)  # --keep: the search re-fitted, not re-run
+    again = run_main("search.target", args, capsys)  # --keep: the search re-fitted, not re-run
     assert log.read_text() == searched and "re-measured at the end, all together" in again
     assert "measured fit: " in again
 
 
 @pytest.mark.slow
 def test_bench_sweep(tiny, tmp_path):
-    out = run_module("bench_sweep", ["--config", tiny, "--param", "target", "--values", "0.5x",
+    out = run_module("search.sweep", ["--config", tiny, "--param", "target", "--values", "0.5x",
                                      "--random", "1", "--retrain-epochs", "1", "--out",
                                      str(tmp_path / "sweep")])
     assert "random architectures dominated by a searched one: " in out
@@ -301,7 +303,7 @@ def test_bench_sweep(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_bench_sweep_on_ray_against_serial(tiny, tmp_path):
-    out = run_module("bench_sweep", ["--config", tiny, "--param", "target", "--values", "0.5x",
+    out = run_module("search.sweep", ["--config", tiny, "--param", "target", "--values", "0.5x",
                                      "--sweep-seeds", "0,1", "--random", "0",
                                      "--retrain-epochs", "1", "--threads", "1", "--workers", "2",
                                      "--against-serial", "--out", str(tmp_path / "sweep")])
@@ -311,14 +313,14 @@ def test_bench_sweep_on_ray_against_serial(tiny, tmp_path):
 @pytest.mark.slow
 def test_theta_signal(tiny, capsys):
     pytest.importorskip("sklearn")  # the digits data
-    out = run_main("theta_signal", ["--config", tiny, "--warm-steps", "1", "--draws", "1",
+    out = run_main("search.theta_signal", ["--config", tiny, "--warm-steps", "1", "--draws", "1",
                                     "--batch", "8", "--weight-curve", "2"], capsys)
     assert "two_path" in out and "mean CE per" in out
 
 
 @pytest.mark.slow
 def test_bench_latency(tiny_latency, tmp_path, capsys):
-    out = run_main("bench_latency", ["--config", tiny_latency, "--n-archs", "4", "--rounds",
+    out = run_main("latency.repeatability", ["--config", tiny_latency, "--n-archs", "4", "--rounds",
                                      "2", "--val-rounds", "2", "--probes", "1", "--no-rebuild",
                                      "--no-reference-protocol", "--out-dir", str(tmp_path)],
                    capsys)
@@ -327,7 +329,7 @@ def test_bench_latency(tiny_latency, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_bench_tables(tiny_latency, capsys):
-    out = run_main("bench_tables", ["--spaces", tiny_latency, "--builds", "1", "--seeds", "0",
+    out = run_main("latency.tables", ["--spaces", tiny_latency, "--builds", "1", "--seeds", "0",
                                     "-n", "6", "--val-rounds", "2", "--rounds", "2",
                                     "--worst", "1"], capsys)
     assert "== medians over builds and seeds" in out and "table S" in out
@@ -337,14 +339,14 @@ def test_bench_tables(tiny_latency, capsys):
 def test_bench_runtimes(tiny_latency, capsys, monkeypatch, tmp_path):
     # eager only: the ExecuTorch and ONNX Runtime tables lower every block (tens of seconds)
     monkeypatch.setenv("FBNAS_EXPORT_CACHE", str(tmp_path))  # the script sets its own
-    out = run_main("bench_runtimes", ["--space", tiny_latency, "--runtimes", "cpu", "-n", "3",
+    out = run_main("latency.runtimes", ["--space", tiny_latency, "--runtimes", "cpu", "-n", "3",
                                       "--val-rounds", "2", "--rounds", "2"], capsys)
     assert "cpu: table built" in out and "S/K/MAPE" in out
 
 
 @pytest.mark.slow
 def test_bench_reference(capsys):
-    out = run_main("bench_reference", ["--rounds", "2", "--repeats", "1", "--blocks", "1"],
+    out = run_main("latency.reference", ["--rounds", "2", "--repeats", "1", "--blocks", "1"],
                    capsys)
     assert "least spread:" in out and "stream" in out
 
@@ -354,7 +356,7 @@ def test_bench_reference(capsys):
 def test_bench_export(tiny, formats, capsys):
     if formats == "onnx":
         pytest.importorskip("onnxruntime")  # the optional format (fbnas[onnx])
-    out = run_main("bench_export", ["--config", tiny, "--n-archs", "1", "--inputs", "2",
+    out = run_main("latency.export", ["--config", tiny, "--n-archs", "1", "--inputs", "2",
                                     "--formats", formats], capsys)
     assert all(f"{f} " in out.split("\n\n")[-1] for f in formats.split(","))
     assert "all ok: True" in out
@@ -378,7 +380,7 @@ def test_bench_int8(tmp_path, capsys):
         t.train()
     finally:
         close_logger(t.log)
-    out = run_main("bench_int8", ["--checkpoint", str(tmp_path / "rt"), "--calibration-images",
+    out = run_main("latency.int8", ["--checkpoint", str(tmp_path / "rt"), "--calibration-images",
                                   "16", "--rounds", "2"], capsys)
     assert all(k in out for k in ("pte int8", "onnx int8", "eager fp32"))
     assert "pte: int8 speed-up over fp32" in out and "onnx: int8 speed-up over fp32" in out
@@ -388,7 +390,7 @@ def test_bench_target_counts_a_space_too_big_to_enumerate_from_random_ones(monke
     """What the space offers near a target: counted exactly where the space can be
     enumerated, estimated from random architectures beyond (the ImageNet space, 9^22, once
     asked for 26 GiB), and said so."""
-    bt = importlib.import_module("scripts.bench_target")
+    bt = importlib.import_module("scripts.search.target")
     rows = [[1.0, 2.0, 3.0]] * 6  # 729 architectures; sum 12 has 141 of them
     exact = bt._space_near(rows, 0.0, 12.0)
     assert exact.startswith("141 architectures") and "estimated" not in exact
@@ -405,7 +407,7 @@ def tiny_bench(tiny, tmp_path_factory) -> tuple[str, str]:
     from fbnas.bench.build import build_bench
     from fbnas.config import load_config
 
-    out = tmp_path_factory.mktemp("bench") / "tiny.json.gz"
+    out = tmp_path_factory.mktemp("speed.suite") / "tiny.json.gz"
     build_bench(load_config(tiny, ["data.limit=200", "retrain.threads=1"]), out, seeds=(0, 1),
                 log=lambda s: None)
     return tiny, str(out)
@@ -417,14 +419,14 @@ def test_bench_regret(tiny_bench, tmp_path):
     args = ["--config", tiny, "--bench", bench, "--seeds", "0", "--targets", "0.5x",
             "--jobs", "1", "--set", "data.limit=200", "--set", "search.epochs=2",
             "--set", "search.warmup_epochs=1", "--keep", str(tmp_path / "keep")]
-    out = run_module("bench_regret", args)
+    out = run_module("search.regret", args)
     row = out.splitlines()[-1].split()
     assert row[:3] == ["reinforce", "shared", "1"]  # one run of the shipped mode, summarised
     assert 0 <= float(row[3]) <= 100 and 0 <= int(row[4]) <= 1
-    again = run_module("bench_regret", args)  # --keep: scored again, not searched again
+    again = run_module("search.regret", args)  # --keep: scored again, not searched again
     assert again.splitlines()[-1] == out.splitlines()[-1]
     # the kept run's measured fit, timed by the benchmark's latencies
-    sim = run_module("bench_fit_sim", ["--bench", bench, "--draws", "2",
+    sim = run_module("search.fit_sim", ["--bench", bench, "--draws", "2",
                                        str(tmp_path / "keep" / "sweep")])
     m = re.search(r"^1 runs, 2 draws each \(sigma 1.0%\): median regret ([0-9.]+) pt", sim, re.M)
     assert m and 0 <= float(m[1]) <= 100
@@ -437,7 +439,7 @@ def test_ranking_epochs(tiny_bench, tmp_path, capsys):
     argv = ["--config", tiny, "--bench", bench, "--targets", "0.5x", "--epochs", "2,3",
             "--near", "0.5", "--set", "data.limit=200",
             "--variant", "one-path:search.uniform_paths=0", "--out", str(out_file)]
-    out = run_main("ranking_epochs", argv, capsys)
+    out = run_main("search.ranking_epochs", argv, capsys)
     rows = [json.loads(x) for x in out_file.read_text().splitlines()]
     assert [(r["variant"], r["epochs"]) for r in rows] == [
         ("as-is", 2), ("as-is", 3), ("one-path", 2), ("one-path", 3)]
@@ -445,7 +447,7 @@ def test_ranking_epochs(tiny_bench, tmp_path, capsys):
     assert all(r["networks"] >= 2 and (math.isnan(r["tau"]) or -1 <= r["tau"] <= 1)
                and 0 <= r["recall10"] <= 1 for r in rows), rows
     assert "mean over targets and seeds" in out and "one-path      3 epochs: tau" in out
-    again = run_main("ranking_epochs", argv, capsys)  # resumes: nothing searched again
+    again = run_main("search.ranking_epochs", argv, capsys)  # resumes: nothing searched again
     assert again.splitlines()[-4:] == out.splitlines()[-4:]
 
 
@@ -454,10 +456,10 @@ def test_pilot_task(tiny, tmp_path, capsys):
     out_file = tmp_path / "pilot.jsonl"
     argv = ["--config", tiny, "--networks", "3", "--seeds", "0,1", "--band", "0.6",
             "--set", "data.limit=100", "--out", str(out_file)]
-    out = run_main("pilot_task", argv, capsys)
+    out = run_main("search.pilot_task", argv, capsys)
     assert "networks 3, seeds 2: RMS seed sd" in out and "criterion" in out
     assert len(out_file.read_text().splitlines()) == 6
-    again = run_main("pilot_task", argv, capsys)  # resumes: nothing left to train
+    again = run_main("search.pilot_task", argv, capsys)  # resumes: nothing left to train
     assert len(out_file.read_text().splitlines()) == 6
     assert again.splitlines()[-3:-1] == out.splitlines()[-3:-1]
 
@@ -467,11 +469,11 @@ def test_recipe_convergence(tiny, tmp_path, capsys):
     out_file = tmp_path / "convergence.jsonl"
     argv = ["--config", tiny, "--networks", "2", "--seeds", "0,1", "--band", "0.6",
             "--epochs", "2", "--set", "data.limit=100", "--out", str(out_file)]
-    out = run_main("recipe_convergence", argv, capsys)
+    out = run_main("search.recipe_convergence", argv, capsys)
     assert "2 networks x 2 seeds = 4 pairs" in out and "paired 4-2 epochs:" in out
     assert "2 epochs converged" in out
     assert len(out_file.read_text().splitlines()) == 12  # 2 networks x 2 seeds x 3 recipes
-    again = run_main("recipe_convergence", argv, capsys)  # resumes: nothing left to train
+    again = run_main("search.recipe_convergence", argv, capsys)  # resumes: nothing left to train
     assert len(out_file.read_text().splitlines()) == 12
     assert again.splitlines()[-3:-1] == out.splitlines()[-3:-1]
 
@@ -483,7 +485,7 @@ def test_bench_reproduce(tiny_bench, capsys):
     from fbnas.bench.table import Bench
 
     tiny, bench = tiny_bench
-    out = run_main("bench_reproduce", ["--config", tiny, "--bench", bench, "--n", "1",
+    out = run_main("search.reproduce", ["--config", tiny, "--bench", bench, "--n", "1",
                                        "--seed", "0", "--set", "data.limit=200"], capsys)
     assert out.splitlines()[-1] in ("within 2 seed-sd (test and val): 0 of 1",
                                     "within 2 seed-sd (test and val): 1 of 1")
@@ -495,7 +497,7 @@ def test_bench_reproduce(tiny_bench, capsys):
 
 @pytest.mark.slow
 def test_bench_width_search(tmp_path, capsys):
-    out = run_main("bench_width_search", [
+    out = run_main("search.width_search", [
         "--seeds", "0", "--targets", "0.5x", "--jobs", "2", "--keep", str(tmp_path),
         "--set", "search.epochs=2", "--set", "search.warmup_epochs=1", "--set", "data.limit=200",
         "--set", "retrain.epochs=1", "--set", "retrain.warmup_epochs=0",
@@ -537,7 +539,7 @@ def test_band_ranking(tiny, tmp_path, capsys):
     from fbnas.arch import log_prob
     from fbnas.cli import main as fbnas_main
     from fbnas.fit.search_run import SearchRun
-    from scripts.band_ranking import band
+    from scripts.search.band_ranking import band
 
     run_dir = tmp_path / "run"
     assert fbnas_main(["train", "--config", tiny, "--set", f"run.dir={run_dir}"]) == 0
@@ -549,7 +551,7 @@ def test_band_ranking(tiny, tmp_path, capsys):
     pairs = tmp_path / "pairs.json"
     pairs.write_text(json.dumps({"pairs": {"0.5x/seed0": {
         "target": "0.5x", "seed": 0, "random": {"trained": trained}}}}))
-    out = run_main("band_ranking", [str(run_dir), "--pairs", str(pairs), "--band", "0.5"],
+    out = run_main("search.band_ranking", [str(run_dir), "--pairs", str(pairs), "--band", "0.5"],
                    capsys)
     assert re.search(r"3 with trained truth", out), out
     assert re.search(r"θ log-prob\s+Kendall τ \+1\.000", out), out

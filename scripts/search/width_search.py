@@ -1,7 +1,7 @@
 """Does searching widths return better networks at the same latency than searching ops alone?
 
 For every --seeds x --targets: the op-only search on the benchmark's space (its run from
-`bench_regret --keep DIR`, or run here) and the op+width search on --config
+`search.regret --keep DIR`, or run here) and the op+width search on --config
 (configs/bench_digits_widths.yaml: the same space with its stages' widths searched) under the
 op-only run's target in µs (a relative target means another latency in a space whose range
 differs; op-only searches run here read the width space's table, which holds their entries,
@@ -15,8 +15,8 @@ Printed: per run both networks' measured latency and accuracy; the number of wid
 networks that dominate (at least as accurate and no slower than 1% above) and the median
 accuracy difference.
 
-    python -m scripts.bench_width_search --ops-runs runs/regret --jobs 2
-    python -m scripts.bench_width_search --bench none --ops-config configs/quickstart.yaml \
+    python -m scripts.search.width_search --ops-runs runs/regret --jobs 2
+    python -m scripts.search.width_search --bench none --ops-config configs/quickstart.yaml \
         --config configs/quickstart_widths.yaml --seeds 0 --jobs 2   # the quickstart's space
 """
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--retrain-seeds", default="0,1", help="without a benchmark")
     ap.add_argument("--ops-config", default=str(BENCH_CONFIG))
     ap.add_argument("--config", default=str(WIDTH_CONFIG))
-    ap.add_argument("--ops-runs", help="bench_regret --keep DIR of the op-only searches "
+    ap.add_argument("--ops-runs", help="search.regret --keep DIR of the op-only searches "
                                        "(missing ones are run here)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--targets", default="0.3x,0.5x,0.8x")

@@ -12,8 +12,8 @@ Table: the number of entries (signatures) the space needs with and without its w
 for --table-config (default the FBNetV2 ImageNet config) the same against the op-only FBNet
 ImageNet space.
 
-    python -m scripts.bench_widths                       # configs/quickstart_widths.yaml
-    python -m scripts.bench_widths --repeats 3 --batch 16
+    python -m scripts.speed.widths                       # configs/quickstart_widths.yaml
+    python -m scripts.speed.widths --repeats 3 --batch 16
 """
 
 from __future__ import annotations

@@ -8,13 +8,14 @@ eager table's and FLOPs' rank correlation against it, the runtime/eager speed ra
 of ops XNNPACK delegated, and how many ordered op pairs per layer (ops of one layer ranked by
 their table entry) each runtime orders differently from eager.
 
-    python -m scripts.bench_runtimes [--space fbnet_cifar10] [-n 20] [--runtimes cpu,executorch,ort]
+    python -m scripts.latency.runtimes [--space fbnet_cifar10] [-n 20] \\
+        [--runtimes cpu,executorch,ort]
 
 `--baselines` instead times the published FBNet-A/B/C (configs/archs, 224x224) in eager and in
 each runtime side by side, in one interleaved measurement per repeat, and prints each network's
 time per runtime and its ratio to eager (median and range over `--repeats`):
 
-    python -m scripts.bench_runtimes --baselines [--repeats 3]
+    python -m scripts.latency.runtimes --baselines [--repeats 3]
 
 Run it alone on the machine: the timings share the cores.
 """

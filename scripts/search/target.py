@@ -25,10 +25,10 @@ the stability figure); then the random architectures' measured range. The table 
 config's (the quickstart's cached one by default; `--set latency.device=executorch` for an
 ExecuTorch table, timed in ExecuTorch).
 
-    python -m scripts.bench_target                                  # 3 modes × 3 targets × 3 seeds
-    python -m scripts.bench_target --modes full --targets 0.5x --seeds 0 --epochs 10  # a look
-    python -m scripts.bench_target --set search.fit_measure=off     # the table's fit alone
-    python -m scripts.bench_target --keep /tmp/bt   # keep the searches; run it again with the
+    python -m scripts.search.target                                  # 3 modes × 3 targets × 3 seeds
+    python -m scripts.search.target --modes full --targets 0.5x --seeds 0 --epochs 10  # a look
+    python -m scripts.search.target --set search.fit_measure=off     # the table's fit alone
+    python -m scripts.search.target --keep /tmp/bt   # keep the searches; run it again with the
                                                     # same --keep to re-fit them (no search)
 
 Never run it beside tests or other benchmarks: the timings share the 2 cores.

@@ -7,10 +7,10 @@ as fast and as accurate within noise), and each searched point's measured latenc
 top-1 relative to the all-ir_k5_e6 reference (ratios of figures measured side by side in one
 interleaved run).
 
-    python -m scripts.bench_sweep                      # ~ 10 minutes per seed on 2 cores
-    python -m scripts.bench_sweep --seeds 0,1,2        # one sweep per search seed, then a summary
-    python -m scripts.bench_sweep --param beta --values 0,4   # the FBNet loss instead
-    python -m scripts.bench_sweep --summarize runs/quickstart-sweep   # an existing sweep
+    python -m scripts.search.sweep                      # ~ 10 minutes per seed on 2 cores
+    python -m scripts.search.sweep --seeds 0,1,2        # one sweep per search seed, then a summary
+    python -m scripts.search.sweep --param beta --values 0,4   # the FBNet loss instead
+    python -m scripts.search.sweep --summarize runs/quickstart-sweep   # an existing sweep
 
 With several seeds, each seed N is a separate sweep in OUT/seed-N (search.seed = N and random
 architectures drawn with seed N), sharing one latency table; the last lines give, per seed, how
@@ -20,12 +20,12 @@ Sweeps on Ray (`fbnas sweep --workers N`), against the serial sweep and after ki
 
     # 6 points (3 targets x 2 search seeds in one sweep), serially and on 2 Ray workers, one
     # torch thread per point in both: wall time each, and is every point identical?
-    python -m scripts.bench_sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \\
+    python -m scripts.search.sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \\
         --threads 1 --workers 2 --against-serial --out /tmp/bench_sweep
     # then SIGKILL the driver, and (another sweep) one worker, mid-search; re-run the same
     # command: are the finished points kept, does the killed one resume, and do the results
     # equal OUT/serial's?
-    python -m scripts.bench_sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \\
+    python -m scripts.search.sweep --sweep-seeds 0,1 --retrain-epochs 3 --random 2 \\
         --threads 1 --workers 2 --kill driver,worker --out /tmp/bench_sweep
 
 In these modes every sweep in OUT shares one latency table, measured first (outside the wall

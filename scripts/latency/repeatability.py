@@ -2,9 +2,9 @@
 run side by side in the same process. Prints every figure of the table's checks; writes JSON
 (--out-dir, default runs/bench_latency: bench.json and the two tables).
 
-    python -m scripts.bench_latency                         # CIFAR space, CPU, batch 1, 50 archs
-    python -m scripts.bench_latency --quick                 # smaller, ~1.5 minutes
-    python -m scripts.bench_latency --config configs/fbnet_imagenet.yaml --n-archs 50
+    python -m scripts.latency.repeatability          # CIFAR space, CPU, batch 1, 50 archs
+    python -m scripts.latency.repeatability --quick  # smaller, ~1.5 minutes
+    python -m scripts.latency.repeatability --config configs/fbnet_imagenet.yaml --n-archs 50
 
 Steps (all in one run, on the same machine state):
 1. build the table (timed)                                        -> build time

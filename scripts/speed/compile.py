@@ -7,8 +7,8 @@ steps, so a slow spell of the machine hits both alike; reports images/s of each 
 the median ratio with its spread. Compilation time is reported separately (it is paid once
 per run).
 
-    python -m scripts.bench_compile                 # ~ 3 minutes on 2 cores
-    python -m scripts.bench_compile --blocks 10 --steps 30 --threads 2
+    python -m scripts.speed.compile                 # ~ 3 minutes on 2 cores
+    python -m scripts.speed.compile --blocks 10 --steps 30 --threads 2
 """
 
 from __future__ import annotations

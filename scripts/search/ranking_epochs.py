@@ -10,7 +10,7 @@ benchmark's truth (mean test top-1 over its seeds): Kendall τ, and the recall o
 10% (the share of the true top 10% that the supernet also puts in its top 10%). Prints one row
 per run, then the mean per (variant, epochs) over targets and seeds.
 
-    python -m scripts.ranking_epochs --config configs/cluttered_digits.yaml \\
+    python -m scripts.search.ranking_epochs --config configs/cluttered_digits.yaml \\
         --bench configs/cluttered_digits.json.gz --targets 0.5x,0.8x --epochs 2,4,8,16 \\
         --seeds 0,1 --variant one-path:search.uniform_paths=0 --out /tmp/ranking.jsonl
 

@@ -1,6 +1,6 @@
 """What does a measuring run return on the benchmark?
 
-`bench_regret` fits by the table alone (concurrent searches cannot time networks). This
+`search.regret` fits by the table alone (concurrent searches cannot time networks). This
 re-runs each kept run's final pick and measured fit (`search.fit_measure: on`) with the timing
 drawn from the benchmark instead of a clock: a network measures its end-to-end latency in the
 benchmark times exp(N(0, --sigma)) (the VM's re-measurement sd is about 1%), under --draws
@@ -9,9 +9,9 @@ the share of draws in the top 10% of its latency, its measured offset from the t
 the share whose next re-measurement falls outside ±fit_tolerance; then the median and mean
 regret over the runs. No timing, so it can share the machine.
 
-    python -m scripts.bench_regret --keep runs/regret
-    python -m scripts.bench_fit_sim runs/regret/*
-    python -m scripts.bench_fit_sim --bench configs/bench_digits_b.json.gz runs/regret-b/*
+    python -m scripts.search.regret --keep runs/regret
+    python -m scripts.search.fit_sim runs/regret/*
+    python -m scripts.search.fit_sim --bench configs/bench_digits_b.json.gz runs/regret-b/*
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def simulate(bench: Bench, run_dir: Path, draws: int, sigma: float) -> dict[str,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="run directories kept by bench_regret, or its "
+    ap.add_argument("runs", nargs="+", help="run directories kept by search.regret, or its "
                                             "sweep folder")
     ap.add_argument("--bench", default=str(BENCH_FILE))
     ap.add_argument("--draws", type=int, default=20, help="noise seeds per run")

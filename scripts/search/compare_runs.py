@@ -3,8 +3,8 @@ checkouts (each imported from its own folder), then θ and every epoch's figures
 exactly (wall-clock seconds aside).
 
     git worktree add /tmp/base af3d295    # the commit before fbnas/ was regrouped by concern
-    python -m scripts.compare_runs --code /tmp/base --code . --config configs/quickstart.yaml \\
-        --modes full,two_path,reinforce --set latency.cost=flops
+    python -m scripts.search.compare_runs --code /tmp/base --code . \\
+        --config configs/quickstart.yaml --modes full,two_path,reinforce --set latency.cost=flops
 
 Every checkout runs the same config file (--config, read from here), so a checkout older than a
 key that file sets refuses it and the comparison stops with that checkout's error (the shipped

@@ -10,7 +10,7 @@ of the path CE (negated) and of θ's log-probability; the percentile, among thos
 networks, of the one the supernet ranks first and the mean of its first three; the path
 accuracy of the band's best, 90th percentile and median, and of the final pick's candidates.
 
-    python -m scripts.band_ranking runs/duel/runs/0.5x-seed0 runs/duel/runs/0.8x-seed0 \\
+    python -m scripts.search.band_ranking runs/duel/runs/0.5x-seed0 runs/duel/runs/0.8x-seed0 \\
         --pairs results/duel/cluttered_digits-2026-11-27.json [--sample 100]
 
 Counted on the validation split with one thread; nothing is timed.

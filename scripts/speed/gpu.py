@@ -18,16 +18,16 @@ layout it ran), each its own trainer. Variants are timed in interleaved rounds
   x bound      step s / bound s: how far the step is from that bound
   x first      the first variant's step time / this one's (speed-up)
 
-    python -m scripts.bench_gpu --device cuda                       # ImageNet space, batch 96
-    python -m scripts.bench_gpu --device cpu --batch 2 --modes single_path --steps 1 \\
+    python -m scripts.speed.gpu --device cuda                       # ImageNet space, batch 96
+    python -m scripts.speed.gpu --device cpu --batch 2 --modes single_path --steps 1 \\
         --rounds 1 --copy-gib 0.01                   # the same config on a CPU (~1 minute)
-    python -m scripts.bench_gpu --config configs/quickstart.yaml --batch 32 --steps 2 \\
+    python -m scripts.speed.gpu --config configs/quickstart.yaml --batch 32 --steps 2 \\
         --rounds 3 --device cpu                                 # a quick check on a CPU
-    python -m scripts.bench_gpu --compile both                     # search.compile off / on
-    python -m scripts.bench_gpu --nan-check both   # the per-step NaN read against the deferred
-    python -m scripts.bench_gpu --code /tmp/base   # the same table for a baseline checkout
-    python -m scripts.bench_gpu --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
-    python -m scripts.bench_gpu --modes full --precisions float32 --layouts nchw,channels_last
+    python -m scripts.speed.gpu --compile both                     # search.compile off / on
+    python -m scripts.speed.gpu --nan-check both   # the per-step NaN read against the deferred
+    python -m scripts.speed.gpu --code /tmp/base   # the same table for a baseline checkout
+    python -m scripts.speed.gpu --batch 32 --modes full --profile 15   # bf16 vs fp32, op by op
+    python -m scripts.speed.gpu --modes full --precisions float32 --layouts nchw,channels_last
 
 Warm-up: the first steps of a variant include cuDNN choosing an algorithm (a plan) for every
 distinct convolution configuration (shape, stride, groups, layout, dtype) and, with
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args.config = str(Path(args.config or code / "configs" / "fbnet_imagenet.yaml").resolve())
     if code != fbnas_root():  # time that checkout's fbnas: in a child process that imports it
         argv = list(sys.argv[1:] if argv is None else argv)
-        return run_module_with_code(code, "bench_gpu", [*argv, "--config", args.config,
+        return run_module_with_code(code, "speed.gpu", [*argv, "--config", args.config,
                                                         "--code", str(code)])
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,7 @@ the benchmark's seed-to-seed standard deviation (the mean over its networks of e
 sd across seeds), and whether it lies within 2 of them. With --seed set to one of the
 benchmark's seeds, the figures are the entry's own (bit for bit at the same thread count).
 
-    python -m scripts.bench_reproduce --n 5 --seed 7
+    python -m scripts.search.reproduce --n 5 --seed 7
 """
 
 from __future__ import annotations

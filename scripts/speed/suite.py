@@ -1,6 +1,6 @@
 """The speed benchmark suite: one command, every figure of the scale-and-speed work.
 
-1. search modes on the fbnet_cifar10 space, synthetic 32x32 data (scripts.bench_modes):
+1. search modes on the fbnet_cifar10 space, synthetic 32x32 data (scripts.speed.modes):
    supernet step time vs the sum of its candidates' own forward+backward (overhead ratio),
    single_path / two_path speed-up and activation-memory ratio, activation checkpointing's
    memory ratio and step-time cost;
@@ -9,14 +9,14 @@
    consumes, images/s, for 0 and 2 loader workers: the loader must never be the bottleneck
    (ratio > 1);
 3. distributed: 2-process gloo DDP throughput vs 1 process, sync every step vs every 4
-   (scripts.bench_ddp; quickstart space, since a CIFAR supernet step is slow on 2 cores);
+   (scripts.speed.ddp; quickstart space, since a CIFAR supernet step is slow on 2 cores);
 4. mixed precision and channels_last: search and retrain step time and agreement with float32
-   (scripts.bench_precision).
+   (scripts.speed.precision).
 
 Medians over repeats, spread shown. Run on an idle machine:
 
-    python -m scripts.bench                 # ~ 15 minutes on 2 cores
-    python -m scripts.bench --quick         # a check that everything runs (figures meaningless)
+    python -m scripts.speed.suite          # ~ 15 minutes on 2 cores
+    python -m scripts.speed.suite --quick  # a check that everything runs (figures meaningless)
 """
 
 from __future__ import annotations
@@ -119,16 +119,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     q = args.quick
     small = ["--layers", "3", "--batch", "8"]
-    parts = {"modes": ("1. search modes and activation checkpointing", "bench_modes",
+    parts = {"modes": ("1. search modes and activation checkpointing", "speed.modes",
                        ["--config", args.config, "--device", args.device,
                         *(["--repeats", "2", *small] if q else [])]),
              "loader": ("2. data loader vs step consumption", None, []),
              # quick: sync every 4 rounds the warm-up and timed steps up to 4 each, 8 weight
              # batches of 32 per process (512 images gave 5: refused)
-             "ddp": ("3. distributed data parallel, gloo on CPU", "bench_ddp",
+             "ddp": ("3. distributed data parallel, gloo on CPU", "speed.ddp",
                      ["--steps", "4", "--warmup", "1", "--repeats", "1", "--samples", "1024"]
                      if q else []),
-             "precision": ("4. mixed precision and channels_last", "bench_precision",
+             "precision": ("4. mixed precision and channels_last", "speed.precision",
                            ["--config", args.config, "--device", args.device,
                             *(["--repeats", "1", *small] if q else [])])}
     for key, (title, module, extra) in parts.items():

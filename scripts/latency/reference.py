@@ -8,7 +8,7 @@ spread (IQR / median) of the normalised samples, per block and reference. The re
 leaves the least spread is the one that moves with that block when the machine drifts; `raw`
 is no compensation. Each repeat runs in a fresh worker process under `--allocator`.
 
-    python -m scripts.bench_reference [--allocator retain] [--rounds 60] [--repeats 2]
+    python -m scripts.latency.reference [--allocator retain] [--rounds 60] [--repeats 2]
 
 Run it alone on the machine: other jobs are exactly the drift it measures, but they also
 change which op suffers most.

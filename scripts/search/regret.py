@@ -17,9 +17,9 @@ latency-matched networks and in how many that was possible at all (`top10*`: a n
 top 10% lay on the target) or done by exhaustive training (`exh10`: the seeds' share, summed),
 how many beat matched random, the median τ.
 
-    python -m scripts.bench_regret --modes reinforce --weights shared --seeds 0,1,2 \\
+    python -m scripts.search.regret --modes reinforce --weights shared --seeds 0,1,2 \\
         --targets 0.3x,0.5x,0.8x --jobs 2 --keep runs/regret
-    python -m scripts.bench_regret --set search.shared_update=all --keep runs/regret-all
+    python -m scripts.search.regret --set search.shared_update=all --keep runs/regret-all
 
 The grid is one `fbnas sweep --grid search.mode=… --grid search.weights=… --grid
 loss.target=… --seeds … --no-retrain --threads 1` (on Ray with --jobs > 1): each
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                          parse_axis(f"loss.target={a.targets}")])
         done = RaySweep(sw, a.jobs).run() if a.jobs > 1 else sw.run()
         if failed := [f["label"] for f in done.get("failed", []) if f["phase"] == "search"]:
-            raise SystemExit(f"bench_regret: searches failed: {', '.join(failed)} (re-run the "
+            raise SystemExit(f"search.regret: searches failed: {', '.join(failed)} (re-run the "
                              "same command with --keep DIR to retry them)")
         # (mode, weights, seed, target) -> the search's run directory
         runs = {(sp.value, dict(sp.settings)["search.weights"], sp.seed,

@@ -11,8 +11,8 @@ networks' means and their gap, the gap in units of that standard error, and the 
 network's mean. A task is accepted when the gap is at least 3 standard errors and the
 best network is not saturated (about 95% or less).
 
-    python -m scripts.pilot_task --config configs/cluttered_digits.yaml --workers 2 --at 0.3 \\
-        --log /tmp/pilot.log --out /tmp/pilot.jsonl
+    python -m scripts.search.pilot_task --config configs/cluttered_digits.yaml --workers 2 \\
+        --at 0.3 --log /tmp/pilot.log --out /tmp/pilot.jsonl
 
 Each finished training is appended to --out (JSON lines): a re-run with the same --out skips
 the (network, seed) pairs it holds, so a killed pilot resumes; `--report` prints the figures

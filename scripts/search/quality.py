@@ -12,12 +12,12 @@ Two parts, each printing a table:
            --retrain E also that architecture retrained from scratch for E epochs (val top-1)
            and the gap.
 
-    python -m scripts.bench_search_quality weights --steps 600
-    python -m scripts.bench_search_quality search --seeds 0,1,2 --modes reinforce,full \\
+    python -m scripts.search.quality weights --steps 600
+    python -m scripts.search.quality search --seeds 0,1,2 --modes reinforce,full \\
         --retrain 20
-    python -m scripts.bench_search_quality search --config configs/digits_deep.yaml \\
+    python -m scripts.search.quality search --config configs/digits_deep.yaml \\
         --seeds 0,1,2                      # the second small space (8 layers x 6 other ops)
-    python -m scripts.bench_search_quality search --config configs/quickstart.yaml --smoke
+    python -m scripts.search.quality search --config configs/quickstart.yaml --smoke
 
 Accuracy figures, not timings: run it on an idle machine only for the seconds column.
 """

@@ -12,9 +12,9 @@ largest corrections (worst first). With `--baselines` (ImageNet space), FBNet-A/
 torchvision's MobileNetV2 (built locally, no weights, saved as a .pt2 program) are timed in one
 interleaved measurement with their table predictions.
 
-    python -m scripts.bench_tables                                   # every space, retain
-    python -m scripts.bench_tables --spaces fbnet_imagenet --allocators system,retain --baselines
-    python -m scripts.bench_tables --device cuda                     # on a GPU machine
+    python -m scripts.latency.tables                                   # every space, retain
+    python -m scripts.latency.tables --spaces fbnet_imagenet --allocators system,retain --baselines
+    python -m scripts.latency.tables --device cuda                     # on a GPU machine
 
 Never run it beside tests or other benchmarks: the timings share the cores.
 """

@@ -4,7 +4,7 @@ programs, beside its fp32 programs.
     fbnas train --config configs/quickstart.yaml --set run.dir=runs/qs
     fbnas retrain --arch runs/qs/arch_hard.yaml --config configs/quickstart.yaml \\
         --set run.dir=runs/qs_rt
-    python -m scripts.bench_int8 --checkpoint runs/qs_rt/retrain-HASH [--rounds 30]
+    python -m scripts.latency.int8 --checkpoint runs/qs_rt/retrain-HASH [--rounds 30]
 
 For the checkpoint: `.pte` (ExecuTorch/XNNPACK) and `.onnx` (ONNX Runtime) exports in fp32
 and in int8 (`fbnas export --quantize int8`: calibrated on the first --calibration-images

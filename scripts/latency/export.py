@@ -1,9 +1,9 @@
 """How closely exported child networks reproduce the eager model: the measurement behind each
 export format's tolerance (`Format.tolerance`, fbnas.backends).
 
-    python -m scripts.bench_export                    # quickstart space, 5 archs, 64 inputs
-    python -m scripts.bench_export --n-archs 10 --config configs/fbnet_cifar10.yaml
-    python -m scripts.bench_export --formats torchscript,pt2   # only these formats
+    python -m scripts.latency.export                    # quickstart space, 5 archs, 64 inputs
+    python -m scripts.latency.export --n-archs 10 --config configs/fbnet_cifar10.yaml
+    python -m scripts.latency.export --formats torchscript,pt2   # only these formats
 
 For each of N random architectures of the space (random op per layer), a child network with
 random weights and perturbed BatchNorm statistics and affine parameters (so BN is not the

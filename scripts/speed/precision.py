@@ -16,9 +16,9 @@ with synthetic data, all starting from the same weights:
                 logits, the relative error of the FBNet loss, and the cosine similarity of the
                 θ gradient, each against float32.
 
-    python -m scripts.bench_precision                       # fbnet_cifar10, 8 layers, CPU
-    python -m scripts.bench_precision --layers 0 --device cuda --batch 128
-    python -m scripts.bench_precision --repeats 2 --layers 3 --batch 8   # a quick check
+    python -m scripts.speed.precision                       # fbnet_cifar10, 8 layers, CPU
+    python -m scripts.speed.precision --layers 0 --device cuda --batch 128
+    python -m scripts.speed.precision --repeats 2 --layers 3 --batch 8   # a quick check
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ those keys. `--config FILE` gives every checkout FILE instead (the sizes still a
 `--set` adds overrides: a checkout that cannot read them fails with its own error.
 
     git worktree add /tmp/base e4987fe         # fbnas before the supernet's speed-ups
-    python -m scripts.bench_search_epochs --code /tmp/base --code .     # on a GPU
-    python -m scripts.bench_search_epochs --code . --device cpu --size 2000 --epochs 2
+    python -m scripts.speed.search_epochs --code /tmp/base --code .     # on a GPU
+    python -m scripts.speed.search_epochs --code . --device cpu --size 2000 --epochs 2
 
 Run it alone on the machine.
 """

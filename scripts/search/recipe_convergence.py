@@ -1,6 +1,6 @@
 """Is the child recipe trained to convergence? The same networks at half, once and twice its epochs.
 
-Takes --networks networks of one cost band (as `scripts.pilot_task` draws them: FLOPs within
+Takes --networks networks of one cost band (as `scripts.search.pilot_task` draws them: FLOPs within
 ±--band of the --at quantile of the space), trains each under each of --seeds with the
 config's retrain recipe at E/2, E and 2E epochs (E = retrain.epochs, or --epochs; the warm-up
 kept where it fits), and prints per recipe the mean test top-1 over every (network, seed),
@@ -9,8 +9,8 @@ network and seed under both recipes) with their standard errors. A recipe is con
 doubling it moves the mean by less than --within points while halving it moves it by more
 (a longer recipe only raises what a search costs in trainings, a shorter one loses accuracy).
 
-    python -m scripts.recipe_convergence --config configs/cluttered_digits.yaml --networks 8 \\
-        --seeds 0,1 --workers 2 --out /tmp/convergence.jsonl
+    python -m scripts.search.recipe_convergence --config configs/cluttered_digits.yaml \\
+        --networks 8 --seeds 0,1 --workers 2 --out /tmp/convergence.jsonl
 
 Each finished training is appended to --out (JSON lines, one record per network, seed and
 epochs): a re-run with the same --out skips what it holds, so a killed run resumes.

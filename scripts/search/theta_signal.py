@@ -16,9 +16,9 @@ With --weight-curve N it also trains fresh weights for N weight steps in each mo
 drawn as that mode's weight steps draw them, θ uniform, τ = 5) and prints the mean CE per
 window of N/5 steps: how fast a mode's shared weights learn at all.
 
-    python -m scripts.theta_signal                      # configs/quickstart.yaml
-    python -m scripts.theta_signal --plain-mixture
-    python -m scripts.theta_signal --weight-curve 1500
+    python -m scripts.search.theta_signal                      # configs/quickstart.yaml
+    python -m scripts.search.theta_signal --plain-mixture
+    python -m scripts.search.theta_signal --weight-curve 1500
 """
 
 from __future__ import annotations

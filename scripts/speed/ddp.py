@@ -11,8 +11,8 @@ for the timed steps, averaging steps included. Each setting runs `--repeats` tim
 settings interleaved; the table shows the median and the spread (min-max) over the repeats,
 and the median per-step time within the runs.
 
-    OMP_NUM_THREADS=1 python -m scripts.bench_ddp                  # 1 proc; 2 procs, K = 1, 4
-    python -m scripts.bench_ddp --steps 8 --warmup 2 --repeats 1   # a quick check that it runs
+    OMP_NUM_THREADS=1 python -m scripts.speed.ddp                  # 1 proc; 2 procs, K = 1, 4
+    python -m scripts.speed.ddp --steps 8 --warmup 2 --repeats 1   # a quick check that it runs
 
 Each process uses one thread (OMP_NUM_THREADS=1), so N processes use N cores: on a machine
 with fewer free cores than processes the comparison says little.
@@ -103,7 +103,7 @@ def launch(nproc: int, k: int, args: argparse.Namespace, tmp: Path, i: int) -> d
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "scripts.bench_ddp", "--worker",
+           "--master-port", str(free_port()), "-m", "scripts.speed.ddp", "--worker",
            "--run-dir", str(run_dir), "--result", str(result), "--sync-every", str(k),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch",
            str(args.batch), "--samples", str(args.samples)]

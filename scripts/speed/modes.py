@@ -30,9 +30,9 @@ searchable layers, see scripts.common.truncated()):
                  on a random input of its shape; backward of out.sum()). Both are timed in the
                  same rounds, parts in alternating order; the ratio is taken per round.
 
-    python -m scripts.bench_modes                       # fbnet_cifar10, batch 32, CPU
-    python -m scripts.bench_modes --repeats 2 --layers 3   # a quick check that it works
-    python -m scripts.bench_modes --device cuda --batch 128
+    python -m scripts.speed.modes                       # fbnet_cifar10, batch 32, CPU
+    python -m scripts.speed.modes --repeats 2 --layers 3   # a quick check that it works
+    python -m scripts.speed.modes --device cuda --batch 128
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ peak over forward and backward (scripts.common.HeldBytes; run as a script, it re
 with glibc's mmap threshold fixed so that resident memory follows tensors: held matched SavedBytes
 within 2% at batch 8, within 8% at batch 4, where both apply).
 
-    python -m scripts.bench_mixing                                   # fbnet_imagenet at 56x56
-    python -m scripts.bench_mixing --config configs/quickstart.yaml --input-size 16
+    python -m scripts.speed.mixing                                   # fbnet_imagenet at 56x56
+    python -m scripts.speed.mixing --config configs/quickstart.yaml --input-size 16
 
 `--time R` also times the θ step (forward + backward, one thread) of every variant in R
 interleaved rounds and prints each one's median wall time, its spread and its ratio to
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{step:12s} {label:16s} {cells} {_ratio(vals[2], vals[0]):>7s} "
                   f"{_ratio(vals[3], vals[2]):>7s}")
     if not resident_bytes_exact():
-        print(f"(held / peak: run as `python -m scripts.bench_mixing`, which sets {MMAP_ENV} "
+        print(f"(held / peak: run as `python -m scripts.speed.mixing`, which sets {MMAP_ENV} "
               "so that resident memory follows tensors)")
     if a.time:
         torch.set_num_threads(1)
