@@ -38,7 +38,7 @@ _PUBLIC = {
     "Bench": "fbnas.bench.table",
     # extension points (docs/architecture.md, "Where to add")
     "register_block": "fbnas.blocks", "register_family": "fbnas.blocks",
-    "TIMERS": "fbnas.backends", "FORMATS": "fbnas.backends", "COST_KINDS": "fbnas.cost_kinds",
+    "TIMERS": "fbnas.backends", "FORMATS": "fbnas.backends", "COST_KINDS": "fbnas.costs.kinds",
     "LOSSES": "fbnas.loss", "MODES": "fbnas.search.modes",
 }
 

@@ -20,8 +20,8 @@ import yaml
 from torch import nn
 
 from fbnas.blocks import build_block, canonical_op, init_weights
-from fbnas.cost_kinds import count_flops as _count_flops
-from fbnas.cost_kinds import count_params
+from fbnas.costs.kinds import count_flops as _count_flops
+from fbnas.costs.kinds import count_params
 from fbnas.errors import FbnasError
 from fbnas.io import load_yaml, show, write_yaml_atomic
 from fbnas.macro import MacroSpec, parse_macro
@@ -306,7 +306,7 @@ def build_child(arch: Architecture) -> ChildNet:
 
 @torch.no_grad()
 def count_flops(model: nn.Module, input_size: tuple[int, int], in_channels: int = 3) -> int:
-    """FLOPs of one forward at batch 1 in eval mode (fbnas.cost_kinds.count_flops: torch's
+    """FLOPs of one forward at batch 1 in eval mode (fbnas.costs.kinds.count_flops: torch's
     FlopCounterMode, 2 FLOPs per multiply-add of the convolutions and linear layers)."""
 
     was_training = model.training

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from fbnas.blocks.shared import SHARED_UPDATES, WEIGHT_SHARING
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
 from fbnas.io import load_config_data

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fbnas.cost_kinds import COST_KINDS
+from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, ensure_dir, load_json, load_yaml
 from fbnas.runs.files import RunFiles

@@ -34,7 +34,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, build_child, child_stats
 from fbnas.config import Config, ResumePolicy, config_from_dict
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.data import build_train_data, calibration_images
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import find_latency_table, predict_us

@@ -49,10 +49,10 @@ from fbnas.blocks.shared import (
     own_weight_keys,
     sharable,
 )
+from fbnas.costs.model import OpCosts
+from fbnas.costs.widths import WidthCosts
 from fbnas.errors import FbnasError
-from fbnas.search.cost_model import OpCosts
 from fbnas.search.modes import PathSample, SearchMode, get_mode, gumbel_weights
-from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace
 
 CostRows = Sequence[Mapping[str, float]] | Sequence[Sequence[float]]

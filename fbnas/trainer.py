@@ -44,7 +44,7 @@ from torch.utils.tensorboard import SummaryWriter
 from fbnas.arch import Architecture, arch_from_indices, arch_indices
 from fbnas.blocks.shared import UsedSlices
 from fbnas.config import Config, ResumePolicy, SearchConfig
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import CostSource, shared_costs

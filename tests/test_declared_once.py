@@ -27,7 +27,7 @@ from fbnas.config import (
     config_from_dict,
     load_config,
 )
-from fbnas.cost_kinds import COST_KINDS, CostKind, is_measured
+from fbnas.costs.kinds import COST_KINDS, CostKind, is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here
 from fbnas.latency import LatencyTable

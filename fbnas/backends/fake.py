@@ -1,5 +1,5 @@
 """The `fake` timer: no clock at all: a deterministic cost from the module's FLOPs
-(`fbnas.cost_kinds.count_flops`) and layer count, with optional seeded noise and machine drift,
+(`fbnas.costs.kinds.count_flops`) and layer count, with optional seeded noise and machine drift,
 so that build and validate are testable."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 
 from fbnas.backends import QUANTIZATIONS
 from fbnas.backends.base import Runnable, Timer
-from fbnas.cost_kinds import count_flops
+from fbnas.costs.kinds import count_flops
 
 _PLAIN = (int, float, str, bool, tuple, type(None))
 _COUNTED: dict[tuple, tuple[int, int]] = {}

@@ -47,7 +47,7 @@ from fbnas.backends.base import cpu_model
 from fbnas.bench.sample import SampleSpec, draw_reference, reference_indices, same_draw
 from fbnas.bench.table import Bench, training_record
 from fbnas.config import Config
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs
 from fbnas.io import clock

@@ -58,7 +58,7 @@ from fbnas.backends.worker import reused_workers
 from fbnas.bench.score import percentile, truth
 from fbnas.bench.table import Bench
 from fbnas.config import Config, load_config
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import cannot_time_here, fit_measurer

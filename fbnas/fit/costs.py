@@ -21,14 +21,14 @@ from typing import Any
 
 from fbnas.arch import Architecture
 from fbnas.config import Config
-from fbnas.cost_kinds import COST_KINDS, is_measured
+from fbnas.costs.kinds import COST_KINDS, is_measured
+from fbnas.costs.model import OpCosts, cost_lists
+from fbnas.costs.widths import WidthCosts
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
 from fbnas.latency.signature import layer_width_signatures, stem_signature
 from fbnas.latency.table import calibrated
 from fbnas.runs.files import RunFiles
-from fbnas.search.cost_model import OpCosts, cost_lists
-from fbnas.search.width_costs import WidthCosts
 from fbnas.training.distributed import DistContext
 
 
@@ -46,7 +46,7 @@ class CostSource:
 
     def model(self, space) -> WidthCosts | OpCosts:
         """The cost of an architecture of `space` under these costs, one way (of, bounds,
-        rows_at: fbnas.search.cost_model)."""
+        rows_at: fbnas.costs.model)."""
         if self.widths is not None:
             return self.widths
         return OpCosts(cost_lists(self.rows, space.layer_candidates()), self.fixed)

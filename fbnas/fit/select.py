@@ -30,7 +30,8 @@ import torch
 from fbnas.arch import Architecture, arch_from_indices, sample_hard
 from fbnas.backends.worker import reused_workers
 from fbnas.config import Config
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
+from fbnas.costs.model import cost_lists, predicted_cost
 from fbnas.errors import FbnasError
 from fbnas.fit.band import drawn_in_band
 from fbnas.fit.costs import CostSource
@@ -44,7 +45,6 @@ from fbnas.fit.onto_target import (
 from fbnas.fit.search_run import SearchRun
 from fbnas.latency import LatencyTable
 from fbnas.latency.end_to_end import fit_panel, panel, time_archs
-from fbnas.search.cost_model import cost_lists, predicted_cost
 
 Measurer = Callable[[list[int]], tuple[float, float]]
 

@@ -8,7 +8,7 @@ Submodules: `signature` (keys), `measure` (interleaved, reference-normalised rou
 (the file format), `build` (measure missing entries), `counted` (FLOPs / params tables), `validate`
 (end-to-end agreement, calibration, corrected cost model), `bundle` (tables measured on a device
 that cannot run fbnas). The timers are `fbnas.backends`' (`Timer` and `make_timer` are
-re-exported here). The package depends only on blocks, search_space, arch, cost_kinds and
+re-exported here). The package depends only on blocks, search_space, arch, costs and
 backends; see docs/latency.md.
 """
 

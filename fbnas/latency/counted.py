@@ -3,7 +3,7 @@ device needed), and the FLOPs per (layer, op) that order ops when sampling netwo
 
 from __future__ import annotations
 
-from fbnas.cost_kinds import COST_KINDS, count_flops, counted_kinds
+from fbnas.costs.kinds import COST_KINDS, count_flops, counted_kinds
 from fbnas.errors import FbnasError
 from fbnas.latency.signature import Signature, layer_signatures, space_signatures
 from fbnas.latency.table import LatencyTable

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture, build_child
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Timer, space_hash
 from fbnas.latency.build import probe_archs, sample_spanning

@@ -36,7 +36,7 @@ from typing import Any
 
 from fbnas import __version__
 from fbnas.backends import QUANTIZATIONS
-from fbnas.cost_kinds import COST_KINDS, is_measured
+from fbnas.costs.kinds import COST_KINDS, is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, show, write_json_atomic
 from fbnas.latency.signature import (

@@ -28,7 +28,7 @@ from scipy import stats as sps
 from fbnas.arch import Architecture
 from fbnas.backends import Timer
 from fbnas.backends.worker import under_allocator
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write
 from fbnas.latency.build import MeasureProgress, measure_archs, prepare_reference, sample_spanning

@@ -1,5 +1,6 @@
-"""What the search trainer is made of: the search modes, its weight / path / θ steps, the
-temperature schedule and its per-epoch figures. The trainer itself is `fbnas.trainer`.
+"""What the search trainer is made of: the search modes (`modes`), its per-epoch figures
+(`figures`) and the plan of a search at a budget (`budget`). The trainer itself, with its
+steps and temperature schedule, is `fbnas.trainer`.
 
 The package imports none of its modules: they sit on different floors (docs/architecture.md).
 """

@@ -49,7 +49,7 @@ import torch
 from fbnas.arch import Architecture, arch_from_indices, random_archs
 from fbnas.bench.table import bench_for
 from fbnas.config import Config, apply_overrides, config_from_dict, with_retrain_epochs
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import find_latency_table

@@ -45,7 +45,7 @@ import torch
 
 from fbnas.arch import Architecture
 from fbnas.config import Config
-from fbnas.cost_kinds import is_measured
+from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs
 from fbnas.fit.search_run import SearchRun

@@ -46,6 +46,7 @@ import time
 import numpy as np
 
 from fbnas.arch import Architecture, random_archs
+from fbnas.costs.model import cost_lists, cost_range
 from fbnas.fit.costs import run_target
 from fbnas.fit.onto_target import every_cost
 from fbnas.fit.search_run import SearchRun
@@ -53,7 +54,6 @@ from fbnas.fit.select import refit
 from fbnas.latency.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
 from fbnas.loss import resolve_target
 from fbnas.runs.files import RunFiles
-from fbnas.search.cost_model import cost_lists, cost_range
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
 
 ENUMERATE = 1_000_000  # spaces up to this size are counted exactly; beyond, estimated

@@ -28,7 +28,7 @@ from fbnas.backends.export import (
 from fbnas.backends.fake import FakeTimer
 from fbnas.backends.torchscript import TorchScriptFormat
 from fbnas.cli import main
-from fbnas.cost_kinds import COST_KINDS, CostKind
+from fbnas.costs.kinds import COST_KINDS, CostKind
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, build_cost_table
 from fbnas.latency.config import LatencyConfig

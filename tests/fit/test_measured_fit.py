@@ -18,6 +18,7 @@ import fbnas.fit.select as select_mod
 from fbnas.arch import Architecture, log_prob
 from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
+from fbnas.costs.model import predicted_cost
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import (
     Round,
@@ -28,7 +29,6 @@ from fbnas.fit.onto_target import (
 )
 from fbnas.fit.select import Selector
 from fbnas.retrain import ChildTrainer
-from fbnas.search.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fbnas.arch import arch_from_indices, build_child, count_flops, count_params
-from fbnas.cost_kinds import count_flops as count_module_flops
+from fbnas.costs.kinds import count_flops as count_module_flops
 from fbnas.latency import LatencyTable, build_cost_table
 
 from .fakes import tiny_space

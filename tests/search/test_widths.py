@@ -12,6 +12,7 @@ from torch import nn
 from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_child
 from fbnas.cli import main
 from fbnas.config import config_from_dict
+from fbnas.costs.widths import WidthCosts
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import width_costs
 from fbnas.fit.onto_target import fit_with_widths
@@ -21,7 +22,6 @@ from fbnas.latency import build_cost_table
 from fbnas.latency.signature import space_signatures
 from fbnas.latency.table import space_hash
 from fbnas.search.modes import MODES
-from fbnas.search.width_costs import WidthCosts
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet, supernet_child_state
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from fbnas.cli.latency.common import log, protocol, timer, timer_args
-from fbnas.cost_kinds import COST_KINDS
+from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.settings import CONTEXT_PROBES
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, clock_choices, offered
 from fbnas.backends.allocator import ALLOCATORS
-from fbnas.cost_kinds import COST_KINDS
+from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.settings import TIMING_ROUNDS
 
