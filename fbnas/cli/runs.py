@@ -29,7 +29,7 @@ DEFAULT_DIR = "runs"
 EPILOG = f"""\
 {textwrap.fill('columns: ' + ', '.join(COLUMNS), 92, subsequent_indent='  ')}
 {textwrap.fill('default columns: ' + ', '.join(DEFAULT_COLUMNS), 92, subsequent_indent='  ')}
-  and each FMT_QUANT_top1 / FMT_QUANT_ms column (an exported program's test top-1 and
+  and each FMT_QUANT_top1 / FMT_QUANT_us column (an exported program's test top-1 and
   latency, e.g. pte_int8_top1) that some run has: `fbnas export` records a program written
   into the run folder, `fbnas eval --model` its accuracy, `fbnas latency measure --model` its
   latency.
