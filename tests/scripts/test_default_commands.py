@@ -2,11 +2,11 @@
 
 Each test runs `python -m scripts.NAME` from the repository root with the arguments of the
 first command its module docstring (and scripts/README.md) shows, on the shipped configs, with
-only its sizes cut down (epochs, rounds, samples, batch, networks) through the script's own
-flags or `--set`, and checks that it exits 0 and that its figures are printed and parse.
+only its sizes cut down (epochs, rounds, samples, batch, networks; a smaller shipped space
+where a space's size is the cost) through the script's own flags or `--set`, and checks that
+it exits 0 and that its figures are printed and parse.
 tests/scripts/test_scripts.py runs the scripts on a tiny test config instead; these run what a
-user runs. Slow: seconds to two minutes each on 2 cores, latency.runtimes about ten (it lowers
-every entry of the CIFAR space for ExecuTorch and ONNX Runtime); `python -m pytest -m slow -n 0
+user runs. Slow: seconds to two minutes each on 2 cores; `python -m pytest -m slow -n 0
 tests/scripts/test_default_commands.py`, about 22 minutes in all.
 
 A script that compares checkouts (`--code DIR`) is given a `git worktree` of the old commit its
@@ -325,12 +325,14 @@ def test_bench_tables():
 
 
 def test_bench_runtimes():
-    # `python -m scripts.latency.runtimes`: fbnet_cifar10, eager + ExecuTorch + ONNX Runtime;
-    # 20 networks -> 3, 2 rounds. Lowering every entry of the space for ExecuTorch and ONNX
-    # Runtime is most of it (110 entries, minutes), whatever the sizes
+    # `python -m scripts.latency.runtimes`: eager + ExecuTorch + ONNX Runtime; 20 networks -> 3,
+    # 2 rounds, and the quickstart's space for fbnet_cifar10's: lowering every entry of a space
+    # for ExecuTorch and ONNX Runtime is most of it, whatever the sizes (CIFAR's 110 entries:
+    # about ten minutes on 2 cores; the quickstart's 44)
     pytest.importorskip("executorch")
     pytest.importorskip("onnxruntime")
-    out = run("latency.runtimes", "-n", "3", "--val-rounds", "2", "--rounds", "2", timeout=3600)
+    out = run("latency.runtimes", "--space", "quickstart", "-n", "3", "--val-rounds", "2",
+              "--rounds", "2", timeout=3600)
     for rt in ("cpu", "executorch", "ort"):
         assert line(out, rf"^{rt}: table built in \d+ s")
         m = line(out, rf"^{rt}\s+\d+\s+{NUM}-{NUM}\s+({NUM})\s+({NUM})\s+({NUM})%\s+({NUM})%")
