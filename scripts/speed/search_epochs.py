@@ -44,7 +44,7 @@ from fbnas.trainer import SearchTrainer
 cfg = load_config(sys.argv[1], sys.argv[3:])
 t = SearchTrainer(cfg, cfg.run.dir)
 try:
-    t.train()
+    (t.train if hasattr(t, "train") else t.fit)()  # checkouts before the rename call it fit
 finally:  # the trainer's log files closed; no fbnas name for it (checkouts differ)
     for h in list(t.log.handlers):
         h.close()
