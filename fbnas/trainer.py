@@ -238,7 +238,7 @@ class SearchTrainer(EpochRunner):
     def _pick_sizes(self, given: dict[str, int]) -> tuple[int, int]:
         """How many of θ's paths and of the band's draws the final pick can score here at
         most: (0, 0) where it scores none (no target, no fit, `final_pick: theta`, no
-        validation split), else what `pick_candidates` finds in the band at the start."""
+        validation split), else what `Selector.candidates` finds in the band at the start."""
         s, target = self.cfg.search, self.loss_target()
         if (target is None or not s.fit_target or s.final_pick != "path"
                 or self.data.val_loader is None):
