@@ -110,7 +110,8 @@ def described(a: Architecture, name: str, run: SearchRun) -> Architecture:
         "params": stats["params"], "flops": stats["flops"],
     }
     if table is not None:
-        meta.setdefault("predicted", round(table.predict(a, "auto", space), 3))  # the fit's, else
+        # the fit's own figure where it recorded one, else the table's
+        meta.setdefault("predicted", round(table.predict(a, "auto", space), 3))
         meta["cost_unit"] = table.unit
     return Architecture(a.macro, a.ops, f"{space.name}_{name}", space.name, checked_meta(meta))
 
