@@ -1,5 +1,5 @@
 import sys
 
-from fbnas.cli import main
+from fbnas._cli import main
 
 sys.exit(main())

@@ -79,7 +79,7 @@ def _trainer_section(cls, d: Any, where: str, checks) -> Any:
 
 
 NAN_POLICIES = ("stop", "skip")
-NAN_CHECKS = ("auto", "step", "deferred")  # fbnas.training.guard
+NAN_CHECKS = ("auto", "step", "deferred")  # fbnas.training._guard
 WARMUP_SAMPLING = ("mode", "uniform", "fair")
 
 
@@ -342,7 +342,7 @@ class RunConfig:
     ddp_sync_every: int = setting(1, "int", min=1, added=1)
     # auto: nccl on CUDA, gloo on CPU
     ddp_backend: str = setting("auto", "str", choices=("auto", "gloo", "nccl"), resumable=True)
-    # how a NaN/inf loss is caught (fbnas.training.guard): `step` reads a flag every step;
+    # how a NaN/inf loss is caught (fbnas.training._guard): `step` reads a flag every step;
     # `deferred` skips the update on the device and reads the flags at most twice a second; auto:
     # deferred on CUDA, step elsewhere
     nan_check: str = setting("auto", "str", choices=NAN_CHECKS, resumable=True, added="auto")

@@ -6,7 +6,7 @@ Per epoch: weight steps (SGD + momentum, cosine schedule) on the weight split, t
 `warmup_epochs` of weights only — θ steps (Adam) on the disjoint θ split. Weight steps use
 the cross-entropy of the paths the search mode samples (fbnas.search.modes; θ gets no gradient); θ
 steps use the cost-aware loss (weights get no gradient). Both go through the one update step
-of fbnas.training.step. τ is annealed after warm-up (`TauSchedule`). Validation uses the argmax
+of fbnas.training._step. τ is annealed after warm-up (`TauSchedule`). Validation uses the argmax
 architecture, deterministically, on the held-out validation split (never the test split).
 
 Checkpoints are written atomically at the end of every epoch (and every
@@ -54,7 +54,7 @@ from fbnas.io import write_json_atomic
 from fbnas.latency.end_to_end import timing_seconds
 from fbnas.retrain import probe_training, train_child
 from fbnas.search import budget as budgets
-from fbnas.search.figures import epoch_line, tb_scalars
+from fbnas.search._figures import epoch_line, tb_scalars
 from fbnas.search.modes import (
     PathSample,
     get_mode,
@@ -64,12 +64,12 @@ from fbnas.search.modes import (
     weight_sampler,
 )
 from fbnas.supernet import Supernet
+from fbnas.training._guard import fused_optimizer, keep_fused, non_finite_what
+from fbnas.training._step import StepFigures, Update, metric
 from fbnas.training.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.training.evaluate import validate_weights
-from fbnas.training.guard import fused_optimizer, keep_fused, non_finite_what
 from fbnas.training.loop import EpochRunner, Interrupted, NonFiniteLoss
 from fbnas.training.rng import rng_state, seed_everything, set_rng_state
-from fbnas.training.step import StepFigures, Update, metric
 
 PROBE_NETWORKS = 3  # band networks whose child steps search.budget's probe times
 
@@ -168,7 +168,7 @@ class SearchTrainer(EpochRunner):
                                   self.costs.unit)) is not None:
             self.log.warning(warn)
         self.tau_schedule = TauSchedule.from_config(s)
-        # run.nan_check (fbnas.training.guard): deferred needs the fused optimizers, which skip a
+        # run.nan_check (fbnas.training._guard): deferred needs the fused optimizers, which skip a
         # non-finite step's update on the device
         self._init_guard(s.nan_policy)
         fused = self.guard.deferred
@@ -666,7 +666,7 @@ class SearchTrainer(EpochRunner):
         if fresh:  # each rank its own augmentation stream (the model is already built)
             seed_everything(rank_seed(self.cfg.search.seed, d.rank, 0))
 
-    # ---- logging (fbnas.search.figures) ---------------------------------------------------
+    # ---- logging (fbnas.search._figures) ---------------------------------------------------
     def epoch_line(self, rec: dict[str, Any]) -> str:
         return epoch_line(rec, self.cfg.search.epochs, self.costs.unit)
 
@@ -674,7 +674,7 @@ class SearchTrainer(EpochRunner):
         tb_scalars(w, rec, self.cfg.space.decision_candidates())
 
     # ---- the steps: weight steps on the sampled paths, θ steps through the relaxation or by
-    # the score function; every one through the one update of fbnas.training.step ----------
+    # the score function; every one through the one update of fbnas.training._step ----------
     def _sample(self) -> PathSample:
         """The paths of one θ step, as search.mode samples them (on the ranks' shared
         noise)."""

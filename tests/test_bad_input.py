@@ -29,7 +29,7 @@ import torch
 import yaml
 from conftest import digits_run_config
 
-from fbnas.cli import main
+from fbnas._cli import main
 
 # ---- the shared fixture: a good config, a finished search and retrain, tables ------------------
 TINY = digits_run_config(

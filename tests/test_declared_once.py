@@ -16,10 +16,10 @@ import torch
 from conftest import digits_run_config
 
 import fbnas.config as config_mod
+from fbnas._cli import eval as cli_eval
+from fbnas._cli.latency.common import timer_args
 from fbnas.backends import FORMATS, TIMERS, clock_choices
 from fbnas.backends.cpu import CpuTimer
-from fbnas.cli import eval as cli_eval
-from fbnas.cli.latency.common import timer_args
 from fbnas.config import (
     ResumePolicy,
     RetrainConfig,
@@ -397,9 +397,9 @@ def test_shared_numbers_are_one_declaration():
     settings, the library's defaults and the command line's flags all read."""
     import inspect
 
+    from fbnas._cli import build_parser
     from fbnas.bench.sample import SampleSpec
     from fbnas.bench.score import score_run
-    from fbnas.cli import build_parser
     from fbnas.fit.onto_target import fit_to_target
     from fbnas.latency.build import build_table
     from fbnas.latency.measure import Protocol

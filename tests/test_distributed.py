@@ -122,7 +122,7 @@ DRIVER = textwrap.dedent('''
     import torch.distributed as dist
 
     import fbnas.training.distributed
-    from fbnas.cli import main
+    from fbnas._cli import main
 
     # several commands, separated by "++", run one after the other in this process and in one
     # process group (this driver owns it: re-creating a group under torchrun's store is unsafe)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import TINY_SPACE
 
+from fbnas._cli import main
 from fbnas.arch import arch_from_indices, build_child
 from fbnas.backends import FORMATS
 from fbnas.backends.export import (
@@ -16,7 +17,6 @@ from fbnas.backends.export import (
     exported_metadata,
     load_exported,
 )
-from fbnas.cli import main
 from fbnas.errors import FbnasError
 from fbnas.search_space import SearchSpace
 from fbnas.training.checkpoint import load_child, save_checkpoint

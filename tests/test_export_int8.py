@@ -14,10 +14,10 @@ import torch
 from conftest import digits_run_config, one_line_error
 from test_export import _perturbed_child
 
+from fbnas._cli import main
 from fbnas.arch import arch_from_indices
 from fbnas.backends import export as export_mod
 from fbnas.backends.export import ExportedModel, export_child
-from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.data import build_train_data, calibration_images
 from fbnas.retrain import ChildTrainer

@@ -27,8 +27,8 @@ import torch
 import yaml
 from conftest import NanGradient, digits_run_config, fit_through_a_bad_step
 
+from fbnas._cli import main
 from fbnas.arch import Architecture
-from fbnas.cli import main
 from fbnas.training.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).parents[1]
@@ -89,7 +89,7 @@ def atomic_write(path, write, mode="w"):
     log.write("ckpt\n")
 C.atomic_write = atomic_write
 
-from fbnas.cli import main
+from fbnas._cli import main
 sys.exit(main(sys.argv[4:]))
 '''
 

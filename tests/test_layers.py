@@ -170,23 +170,23 @@ def test_no_package_level_cycle():
     ("from fbnas.backends import cpu\n", {"fbnas.backends", "fbnas.backends.cpu"}),
     ("def f():\n    import fbnas.latency.table\n", {"fbnas.latency", "fbnas.latency.table"}),
     ("import torch\nfrom fbnas import __version__\n", {"fbnas"}),
-    ("from . import common\nfrom .. import train\n", {"fbnas.cli.latency.common",
-                                                      "fbnas.cli.train"}),
+    ("from . import common\nfrom .. import train\n", {"fbnas._cli.latency.common",
+                                                      "fbnas._cli.train"}),
 ])
 def test_the_reader_sees_top_level_function_level_relative_and_package_imports(
         tmp_path, source, expect):
     f = tmp_path / "m.py"
     f.write_text(source)
-    assert imports("fbnas.cli.latency.m", f, modules()) == expect
+    assert imports("fbnas._cli.latency.m", f, modules()) == expect
 
 
 def test_the_checks_catch_an_upward_import_and_a_cycle():
     g, floors = graph(), doc_floors()
-    g["fbnas.errors"] = g["fbnas.errors"] | {"fbnas.cli.train"}
+    g["fbnas.errors"] = g["fbnas.errors"] | {"fbnas._cli.train"}
     assert upward_imports(g, floors) == [f"fbnas.errors (floor {floors['errors']}) imports "
-                                         f"fbnas.cli.train (floor {floors['cli/']})"]
+                                         f"fbnas._cli.train (floor {floors['_cli/']})"]
     found = cycles(g)
-    assert found and all("fbnas.errors -> fbnas.cli.train -> " in c for c in found)
+    assert found and all("fbnas.errors -> fbnas._cli.train -> " in c for c in found)
 
 
 def test_the_package_check_catches_a_cycle_between_packages():

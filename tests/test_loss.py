@@ -6,7 +6,7 @@ import torch.nn.functional as F
 import yaml
 from conftest import digits_run_config
 
-from fbnas.cli import main
+from fbnas._cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.loss import (

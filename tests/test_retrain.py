@@ -10,8 +10,8 @@ import torch
 import yaml
 from conftest import digits_run_config
 
+from fbnas._cli import main
 from fbnas.arch import arch_from_indices
-from fbnas.cli import main
 from fbnas.config import RetrainConfig, config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.retrain import ChildTrainer

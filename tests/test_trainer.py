@@ -8,8 +8,8 @@ import torch
 import yaml
 from conftest import digits_run_config, fit_through_a_bad_step
 
+from fbnas._cli import main
 from fbnas.arch import Architecture, build_child
-from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.trainer import SearchTrainer
@@ -243,7 +243,7 @@ def test_missing_latency_table_is_a_clear_error(tmp_path, capsys):
 @pytest.mark.parametrize("check", ["step", "deferred"])
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy, check):
-    """Read at once (`step`) or on the device and polled later (`deferred`, fbnas.training.guard):
+    """Read at once (`step`) or on the device and polled later (`deferred`, fbnas.training._guard):
     the same step named, the same position saved, nothing non-finite applied."""
     cfg = make_cfg(tmp_path, search={"epochs": 3, "nan_policy": policy},
                    run={"nan_check": check})

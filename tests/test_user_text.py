@@ -19,7 +19,8 @@ def user_files() -> list[Path]:
     files = [ROOT / "README.md", ROOT / "scripts" / "README.md",
              *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("*.md")),
              *sorted((ROOT / "configs").rglob("*.yaml")),
-             *sorted((ROOT / "scripts").rglob("*.py")), *sorted((ROOT / "fbnas/cli").rglob("*.py"))]
+             *sorted((ROOT / "scripts").rglob("*.py")),
+             *sorted((ROOT / "fbnas/_cli").rglob("*.py"))]
     return [f for f in files if f.is_file()]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from fbnas.arch import arch_from_indices
 from fbnas.bench import DEFAULT_BANDS
 from fbnas.errors import FbnasError
-from fbnas.fit.band import band_members, draw_rejecting
+from fbnas.fit._band import band_members, draw_rejecting
 from fbnas.loss import parse_target, resolve_target
 from fbnas.settings import LATENCY_TOLERANCE
 

@@ -13,7 +13,7 @@ DATASETS = ("digits", "cluttered_digits", "cifar10", "cifar100", "imagefolder", 
 NEEDS_ROOT = ("cifar10", "cifar100", "imagefolder")
 SPLITS = ("val", "test")
 AUGMENTS = ("default", "none", "light", "imagenet")
-PLACEMENTS = ("auto", "loader", "device")  # fbnas.data.device
+PLACEMENTS = ("auto", "loader", "device")  # fbnas.data._device
 IN_MEMORY = ("digits", "cluttered_digits", "synthetic", "cifar10", "cifar100")  # placement: device
 DIGIT_SETS = ("digits", "cluttered_digits")  # 8x8 digits: shifted and turned, never cropped
 # class counts known without reading the data (data.classes is checked against them at load

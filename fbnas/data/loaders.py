@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fbnas.data._device import DeviceBatches, on_device, supports
 from fbnas.data.config import SPLITS, DataConfig
-from fbnas.data.device import DeviceBatches, on_device, supports
 from fbnas.data.sampling import (
     EpochSampler,
     Stream,

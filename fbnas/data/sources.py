@@ -48,7 +48,7 @@ class _Transformed(Dataset):
     def __init__(self, base: Dataset, transform: Any, device_spec: dict | None = None):
         self.base = base
         self.transform = transform
-        # what fbnas.data.device needs to apply the same transform to a batch on a device
+        # what fbnas.data._device needs to apply the same transform to a batch on a device
         # (None: this view is read through a DataLoader only)
         self.device_spec = device_spec
 
@@ -83,7 +83,7 @@ def turn_shift(x: torch.Tensor, base: tuple[torch.Tensor, torch.Tensor], cos, si
                ) -> torch.Tensor:
     """`_affine`'s resampling of (N, C, H, W) images, given the angle's cos and sin and the
     shifts in pixels: floats (one image), or (N, 1, 1) tensors (one turn and shift per image,
-    fbnas.data.device)."""
+    fbnas.data._device)."""
     _, _, h, w = x.shape
     gx, gy = base
     sx = gx * cos - gy * (sin * h / w) - 2.0 * tx / w

@@ -33,7 +33,7 @@ from fbnas.config import Config
 from fbnas.costs.kinds import is_measured
 from fbnas.costs.model import cost_lists, predicted_cost
 from fbnas.errors import FbnasError
-from fbnas.fit.band import drawn_in_band
+from fbnas.fit._band import drawn_in_band
 from fbnas.fit.costs import CostSource
 from fbnas.fit.onto_target import (
     Fit,

@@ -12,7 +12,7 @@ What the trainers synchronise (docs/distributed.md has the full story):
   `run.ddp_sync_every: K > 1`, each rank steps on its own gradients and the weights (and the
   optimizer's per-parameter state) are averaged every K steps (`PeriodicAverager`, local SGD);
 - θ: kept out of DDP; its gradients are averaged by `all_reduce_mean` before each θ update
-  (fbnas.training.step, `Update.average`), so every rank applies the same Adam step and θ stays
+  (fbnas.training._step, `Update.average`), so every rank applies the same Adam step and θ stays
   bitwise identical;
 - the Gumbel noise: drawn inside `SharedNoise`, from a stream seeded by
   (seed, epoch, phase, step), identical on every rank and independent of the run's history;

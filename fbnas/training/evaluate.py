@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from fbnas.data.loaders import take_images
+from fbnas.training._step import host_values, metric
 from fbnas.training.distributed import sync_bn_stats
-from fbnas.training.step import host_values, metric
 
 
 # ---- evaluation ------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The epoch loop (train an epoch, save, log, stop on Ctrl-C/SIGTERM with every rank agreeing),
 a phase's step loop (progress bar, a checkpoint every `run.checkpoint_every_steps` steps, the
 stop check, the step figures summed on the device and, under torchrun, over the ranks), the
-device and precision, the update step (`self.stepper`, fbnas.training.step), the resume guard, the
+device and precision, the update step (`self.stepper`, fbnas.training._step), the resume guard, the
 run directory with its config.yaml and train.log, per-rank state in distributed checkpoints,
 and the TensorBoard writer. A trainer subclasses it and supplies `_setup` (its model,
 optimizers, data), `train_epoch`, `state_dict`, `epoch_line`, `tb_scalars`, `bn_module` (the
@@ -29,6 +29,8 @@ from torch.utils.tensorboard import SummaryWriter
 from fbnas.errors import FbnasError
 from fbnas.io import ensure_dir, write_json_atomic, write_yaml_atomic
 from fbnas.runs.files import RunFiles
+from fbnas.training._guard import NonFiniteGuard, deferred_wanted, fused_missing
+from fbnas.training._step import PhaseSums, StepFigures, Stepper, host_values
 from fbnas.training.checkpoint import load_checkpoint, save_checkpoint
 from fbnas.training.distributed import (
     DistContext,
@@ -39,7 +41,6 @@ from fbnas.training.distributed import (
     sync_bn_stats,
 )
 from fbnas.training.distributed import current as dist_current
-from fbnas.training.guard import NonFiniteGuard, deferred_wanted, fused_missing
 from fbnas.training.logs import (
     Progress,
     attach_log_file,
@@ -48,7 +49,6 @@ from fbnas.training.logs import (
     run_log_handlers,
 )
 from fbnas.training.precision import Precision
-from fbnas.training.step import PhaseSums, StepFigures, Stepper, host_values
 
 
 class NonFiniteLoss(FbnasError):
@@ -114,7 +114,7 @@ class EpochRunner:
         self._stop_time = 0.0
         self._rank_bn: list[torch.Tensor] | None = None
         self._averager: Any = None  # distributed runs: fbnas.training.distributed.PeriodicAverager
-        self._polled_at = 0.0  # the deferred non-finite flags' last read (fbnas.training.guard)
+        self._polled_at = 0.0  # the deferred non-finite flags' last read (fbnas.training._guard)
         # the per-step check until the trainer's _setup calls _init_guard with its device
         self._set_guard(NonFiniteGuard(False, "stop", torch.device("cpu"), self.dist))
         # the console only until every input is validated: a refused run writes nothing
@@ -166,7 +166,7 @@ class EpochRunner:
                               local_sgd=self.dist.distributed and self.cfg.run.ddp_sync_every > 1)
 
     def _init_guard(self, policy: str = "stop") -> None:
-        """The non-finite loss check (`run.nan_check`, fbnas.training.guard); after the precision.
+        """The non-finite loss check (`run.nan_check`, fbnas.training._guard); after the precision.
         `policy` is what a non-finite step does: stop the run, or skip the step."""
         setting = self.cfg.run.nan_check
         deferred = deferred_wanted(setting, self.device, self.prec.precision)

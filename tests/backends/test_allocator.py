@@ -266,7 +266,7 @@ def test_cli_refuses_an_unknown_or_absent_allocator_and_writes_nothing(tmp_path,
                                                                          monkeypatch):
     import yaml
 
-    from fbnas.cli import main
+    from fbnas._cli import main
 
     cfg = tmp_path / "space.yaml"
     cfg.write_text(yaml.safe_dump({"space": latency_space()}))

@@ -16,6 +16,7 @@ import torch
 import yaml
 from conftest import TINY_SPACE, latency_space
 
+from fbnas._cli import main
 from fbnas.arch import arch_from_indices, build_child
 from fbnas.backends import FORMATS, TIMERS, make_timer
 from fbnas.backends.export import (
@@ -27,7 +28,6 @@ from fbnas.backends.export import (
 )
 from fbnas.backends.fake import FakeTimer
 from fbnas.backends.torchscript import TorchScriptFormat
-from fbnas.cli import main
 from fbnas.costs.kinds import COST_KINDS, CostKind
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, build_cost_table

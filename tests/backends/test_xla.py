@@ -18,8 +18,8 @@ import yaml
 from conftest import latency_space
 from torch import nn
 
+from fbnas._cli import main
 from fbnas.arch import arch_from_indices
-from fbnas.cli import main
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, make_timer
 from fbnas.latency.measure import Protocol, measure

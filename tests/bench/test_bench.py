@@ -13,10 +13,10 @@ from conftest import digits_run_config, needs, one_line_error
 
 import fbnas.bench.build as bench_build
 from fbnas import __version__
+from fbnas._cli import main
 from fbnas.arch import Architecture
 from fbnas.bench.build import all_archs, build_bench
 from fbnas.bench.table import Bench, bench_for, same_training, training_record
-from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.runs.provenance import PACKAGE, source_hash

@@ -328,7 +328,7 @@ def test_one_measured_pair_with_its_own_table(tmp_path):
 
 
 def test_the_command_refuses_seeds_that_are_not_fresh(tmp_path, capsys):
-    from fbnas.cli import main
+    from fbnas._cli import main
 
     for bad, needle in ((["--retrain-seeds", "2,7"], "fresh seeds"),
                         (["--seeds", "0,x"], "integers")):

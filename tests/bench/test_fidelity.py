@@ -7,8 +7,8 @@ import json
 import yaml
 from conftest import digits_run_config
 
+from fbnas._cli import main
 from fbnas.arch import Architecture
-from fbnas.cli import main
 
 
 def _search(tmp_path):

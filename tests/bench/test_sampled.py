@@ -16,13 +16,13 @@ from conftest import digits_run_config, one_line_error
 import fbnas.bench.build as bench_build
 import fbnas.bench.duel as duel
 import fbnas.bench.sample as bench_sample
+from fbnas._cli import main
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.bench.build import build_bench
 from fbnas.bench.duel import PairStore, pair_picks
 from fbnas.bench.sample import SampleSpec
 from fbnas.bench.score import truth
 from fbnas.bench.table import BENCH_SCHEMA, SAMPLED_SCHEMA, Bench
-from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import resolve_costs

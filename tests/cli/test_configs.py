@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fbnas.cli import main
+from fbnas._cli import main
 from fbnas.io import config_file, shipped_configs
 
 ROOT = Path(__file__).parents[2]

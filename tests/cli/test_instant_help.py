@@ -8,7 +8,7 @@ import sys
 
 CHECK = r"""
 import argparse, contextlib, io, json, sys
-from fbnas.cli import build_parser, main
+from fbnas._cli import build_parser, main
 
 def walk(parser, path):
     yield path, parser

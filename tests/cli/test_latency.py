@@ -8,8 +8,8 @@ import pytest
 import yaml
 from conftest import latency_space, slow_reference_op
 
+from fbnas._cli import main
 from fbnas.arch import arch_from_indices
-from fbnas.cli import main
 from fbnas.latency import LatencyTable
 from fbnas.search_space import SearchSpace
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fbnas.cli import main
+from fbnas._cli import main
 
 ROOT = Path(__file__).parents[2]
 
@@ -80,7 +80,7 @@ def test_a_bad_choice_fails_before_anything_is_printed(tmp_path, capsys):
     ("runs/x: no such file", "fbnas sweep: error: runs/x: no such file"),
 ])
 def test_the_command_is_named_once(message, said, monkeypatch, capsys):
-    from fbnas.cli import sweep
+    from fbnas._cli import sweep
     from fbnas.errors import FbnasError
 
     def fail(args):

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from fbnas.cli import VOCABULARY, HelpFormatter, build_parser
+from fbnas._cli import VOCABULARY, HelpFormatter, build_parser
 
 RETIRED = {"--target", "--bands", "--report", "--sample-seed"}
 
@@ -55,7 +55,7 @@ def test_the_same_objects_are_passed_by_the_same_flag():
 
 
 def test_a_command_that_strays_from_the_vocabulary_is_refused(monkeypatch):
-    from fbnas.cli import space
+    from fbnas._cli import space
 
     real = space.add_parser
 

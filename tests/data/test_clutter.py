@@ -198,7 +198,7 @@ def test_a_tiny_search_and_retrain_run_on_it(tmp_path):
     import yaml
     from conftest import digits_run_config
 
-    from fbnas.cli import main
+    from fbnas._cli import main
 
     d = digits_run_config(
         retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu", "measure_latency": False},

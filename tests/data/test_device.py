@@ -1,5 +1,5 @@
 """data.placement: device: each split held on the device, visited in the loader's order,
-augmented there, resumed mid-epoch (fbnas/data/device.py)."""
+augmented there, resumed mid-epoch (fbnas/data/_device.py)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_device_placement_visits_the_loaders_samples_in_its_order(dataset):
 
 def test_device_augmentation_is_the_datasets_turn_and_shift():
     """The batched turn/shift is DigitsDataset's per-image _affine for the same draws."""
-    from fbnas.data.device import on_device
+    from fbnas.data._device import on_device
     from fbnas.data.sources import DIGITS_MEAN, DIGITS_STD, _affine, load_source
 
     cfg = DataConfig.from_dict({"limit": 300})
@@ -116,7 +116,7 @@ def test_cifar_on_the_device_matches_the_loader(tmp_path, monkeypatch):
     """CIFAR held on the device: the loader path's samples in its order; evaluation pixels
     equal; the padded crop and flip are RandomCrop(32, padding=4) and a mirror of the same
     image (checked against numpy for the same draws)."""
-    from fbnas.data.device import on_device
+    from fbnas.data._device import on_device
     from fbnas.data.sources import CIFAR_STATS
 
     _fake_cifar(tmp_path, monkeypatch)

@@ -505,8 +505,8 @@ def test_classes_flow_through_search_retrain_and_eval(tmp_path, capsys):
     import yaml
     from conftest import digits_run_config
 
+    from fbnas._cli import main
     from fbnas.arch import Architecture
-    from fbnas.cli import main
 
     d = digits_run_config(retrain={"epochs": 1, "warmup_epochs": 0, "device": "cpu",
                                    "measure_latency": False},

@@ -15,8 +15,8 @@ import yaml
 from conftest import digits_run_config
 
 import fbnas.fit.select as select_mod
+from fbnas._cli import main
 from fbnas.arch import Architecture, log_prob
-from fbnas.cli import main
 from fbnas.config import config_from_dict, load_config
 from fbnas.costs.model import predicted_cost
 from fbnas.errors import FbnasError

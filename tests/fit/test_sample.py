@@ -10,9 +10,9 @@ import pytest
 import yaml
 from conftest import digits_run_config, run_bundle_standalone
 
+from fbnas._cli import main
 from fbnas.arch import Architecture
 from fbnas.backends.fake import FakeTimer
-from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.latency import LatencyTable
 from fbnas.latency.measure import reference_scale

@@ -12,7 +12,7 @@ import types
 import pytest
 from conftest import latency_space, run_bundle_standalone
 
-from fbnas.cli import main
+from fbnas._cli import main
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, Protocol, bundle, bundle_runner
 from fbnas.latency.bundle import import_results, write_bundle

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import fbnas.cli as cli
+import fbnas._cli as cli
 from fbnas.errors import FbnasError
 from fbnas.runs.index import (
     COLUMNS,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import DIGITS_SPACE, digits_run_config, one_line_error
 
+from fbnas._cli import main
 from fbnas.arch import arch_from_indices, build_child
-from fbnas.cli import main
 from fbnas.runs.index import COLUMNS, PROGRAM_COLUMNS, columns_for
 from fbnas.runs.results import (
     load_results,

@@ -514,7 +514,7 @@ def test_duel(tiny_bench, tmp_path, capsys):
             "--retrain-seeds", "7,8,9", "--out", str(tmp_path / "duel"), "--resamples", "200",
             "--set", "data.limit=200", "--set", "search.epochs=1",
             "--set", "search.warmup_epochs=0", "--set", "search.fit_tolerance=0.5"]
-    from fbnas.cli import main as fbnas_main
+    from fbnas._cli import main as fbnas_main
 
     def duel(args):
         assert fbnas_main(["bench", "duel", *args]) == 0
@@ -536,8 +536,8 @@ def test_duel(tiny_bench, tmp_path, capsys):
 def test_band_ranking(tiny, tmp_path, capsys):
     """A tiny search, a pairs file whose random side trained three networks of its band (test
     accuracy made to follow θ's log-probability): τ of θ's log-probability reads +1."""
+    from fbnas._cli import main as fbnas_main
     from fbnas.arch import log_prob
-    from fbnas.cli import main as fbnas_main
     from fbnas.fit.search_run import SearchRun
     from scripts.search.band_ranking import band
 

@@ -209,7 +209,7 @@ def test_a_real_budgeted_search_on_the_quickstart_records_what_it_spent(tmp_path
     (loosely: the clock of a shared machine is not a test's to judge)."""
     from pathlib import Path
 
-    from fbnas.cli import main
+    from fbnas._cli import main
 
     cfg = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
     run = tmp_path / "run"

@@ -10,7 +10,7 @@ import pytest
 from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
-from fbnas.search.figures import FIGURES
+from fbnas.search._figures import FIGURES
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
 

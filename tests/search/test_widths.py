@@ -9,8 +9,8 @@ import yaml
 from conftest import digits_run_config, randomise_bn
 from torch import nn
 
+from fbnas._cli import main
 from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_child
-from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.costs.widths import WidthCosts
 from fbnas.errors import FbnasError

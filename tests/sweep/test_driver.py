@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import digits_run_config, one_line_error
 
-from fbnas.cli import main
+from fbnas._cli import main
 from fbnas.errors import FbnasError
 from fbnas.sweep.driver import SweepPoint, dominated
 from fbnas.sweep.grid import parse_values, point_config

@@ -18,8 +18,8 @@ import torch
 import yaml
 from conftest import needs
 
+from fbnas._cli import main
 from fbnas.arch import Architecture
-from fbnas.cli import main
 from fbnas.config import config_from_dict
 from fbnas.fit.costs import resolve_costs
 from fbnas.sweep.ray_tasks import KILL_ENV
@@ -147,7 +147,7 @@ def test_without_ray_one_line_says_how_to_install(config, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_serial_sweep_does_not_import_ray():
-    code = ("import sys; from fbnas.cli import build_parser; import fbnas.cli.sweep; "
+    code = ("import sys; from fbnas._cli import build_parser; import fbnas._cli.sweep; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -1,4 +1,4 @@
-"""The deferred non-finite check (`run.nan_check: deferred`, fbnas.training.guard): the same search
+"""The deferred non-finite check (`run.nan_check: deferred`, fbnas.training._guard): the same search
 as the per-step check, the last good state saved on a stop, and no host read in the step.
 
 test_trainer.py and test_faults.py run their NaN/inf tests under both checks; these tests
@@ -17,8 +17,8 @@ from conftest import NanGradient, digits_run_config, fit_through_a_bad_step
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
 from fbnas.trainer import SearchTrainer
+from fbnas.training._guard import NonFiniteGuard, deferred_wanted, fused_missing
 from fbnas.training.checkpoint import load_checkpoint
-from fbnas.training.guard import NonFiniteGuard, deferred_wanted, fused_missing
 from fbnas.training.logs import close_logger
 from fbnas.training.loop import NonFiniteLoss
 
@@ -257,7 +257,7 @@ def test_resumed_state_takes_the_parameters_layout_for_the_fused_kernels(make):
     resume): load_state_dict keeps the saved buffers' layout, which the fused kernels misread
     (they assume parameter, gradient and state share strides); keep_fused re-lays them out, so
     a fused step equals the unfused one."""
-    from fbnas.training.guard import keep_fused
+    from fbnas.training._guard import keep_fused
 
     torch.manual_seed(0)
     kw = {"lr": 0.1, "momentum": 0.9} if make is torch.optim.SGD else {"lr": 0.1}

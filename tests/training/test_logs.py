@@ -14,7 +14,7 @@ from conftest import digits_run_config
 
 import fbnas.latency.build as build
 import fbnas.training.logs as logs
-from fbnas.cli import main
+from fbnas._cli import main
 from fbnas.latency.build import MeasureProgress
 from fbnas.training.logs import Progress
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbnas._cli.latency.common import log
 from fbnas.backends import QUANTIZATIONS, TIMERS
-from fbnas.cli.latency.common import log
 from fbnas.errors import FbnasError
 from fbnas.settings import CONTEXT_PROBES, TIMING_ROUNDS
 

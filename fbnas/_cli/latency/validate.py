@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbnas.cli.latency.common import log, protocol, timer, timer_args
+from fbnas._cli.latency.common import log, protocol, timer, timer_args
 from fbnas.io import write_json_atomic
 
 # the protocol settings a validation takes over from the table it checks

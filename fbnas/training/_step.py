@@ -13,7 +13,7 @@ gradient all-reduce off for the forward and backward). Leaving, the update:
    every rank takes the same step;
 2. unscales (fp16) and clips them, and takes their total norm;
 3. checks the loss terms and the norm for NaN/inf (`run.nan_check`: per step on the host, or
-   deferred on the device, fbnas.training.guard) — a non-finite step stops the run or is skipped;
+   deferred on the device, fbnas.training._guard) — a non-finite step stops the run or is skipped;
 4. applies the optimizer step (through the fp16 loss scaler, or skipped on the device by the
    fused kernels where the deferred check says so), then frees the gradients;
 5. counts the step for local SGD (`run.ddp_sync_every`, PeriodicAverager).
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fbnas.training.guard import NonFiniteGuard, grad_norm, masked, step_unless
+from fbnas.training._guard import NonFiniteGuard, grad_norm, masked, step_unless
 
 
 def metric(t: torch.Tensor) -> torch.Tensor:

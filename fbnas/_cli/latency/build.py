@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fbnas.cli.latency.common import log, protocol, timer, timer_args
+from fbnas._cli.latency.common import log, protocol, timer, timer_args
 from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.settings import CONTEXT_PROBES

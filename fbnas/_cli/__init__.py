@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fbnas {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"fbnas.cli.{name}").add_parser(sub)
+        importlib.import_module(f"fbnas._cli.{name}").add_parser(sub)
     _normalize(parser, "fbnas")
     return parser
 

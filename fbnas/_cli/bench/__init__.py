@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-from fbnas.cli import add_actions
-from fbnas.cli.bench import add, build, duel, query, score, show
+from fbnas._cli import add_actions
+from fbnas._cli.bench import add, build, duel, query, score, show
 
 ACTIONS = (build, add, query, show, score, duel)
 

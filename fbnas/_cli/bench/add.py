@@ -26,10 +26,10 @@ def add_parser(actions) -> None:
 
 
 def run(args) -> int:
+    from fbnas._cli.bench.build import summary
     from fbnas.arch import Architecture
     from fbnas.bench.build import add_to_bench
     from fbnas.bench.duel import pair_picks
-    from fbnas.cli.bench.build import summary
     from fbnas.config import load_config
 
     cfg = load_config(args.config, args.set)

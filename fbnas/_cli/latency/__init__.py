@@ -17,8 +17,8 @@ listed in ACTIONS.
 
 from __future__ import annotations
 
-from fbnas.cli import add_actions
-from fbnas.cli.latency import (
+from fbnas._cli import add_actions
+from fbnas._cli.latency import (
     build,
     bundle,
     import_results,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fbnas.cli.latency.common import counted, fmt
+from fbnas._cli.latency.common import counted, fmt
 
 if TYPE_CHECKING:  # pragma: no cover
     from fbnas.latency import LatencyTable

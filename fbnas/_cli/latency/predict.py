@@ -3,7 +3,7 @@ corrected where the table stores those)."""
 
 from __future__ import annotations
 
-from fbnas.cli.latency.common import fmt
+from fbnas._cli.latency.common import fmt
 from fbnas.settings import COST_MODELS
 
 

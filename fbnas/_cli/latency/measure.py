@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fbnas.cli.latency.common import log, protocol, timer, timer_args
+from fbnas._cli.latency.common import log, protocol, timer, timer_args
 from fbnas.errors import FbnasError
 from fbnas.io import write_json_atomic
 from fbnas.runs.results import record_program_anywhere
