@@ -134,16 +134,16 @@ def main(argv: list[str] | None = None) -> int:
                                    protocol=Protocol(rounds=args.val_rounds))
             print(f"{rt}: {len(archs)} networks validated in {time.perf_counter() - t0:.0f} s",
                   flush=True)
-        print(f"\n{'runtime':<11}{'build s':>8}{'net ms':>14}{'S':>7}{'K':>7}{'MAPE':>7}"
+        print(f"\n{'runtime':<11}{'build s':>8}{'net us':>14}{'S':>7}{'K':>7}{'MAPE':>7}"
               f"{'±10%':>6}{'eager S':>9}{'FLOPs S':>9}{'x eager':>9}{'deleg.':>8}{'flips':>16}")
-        eager_ms = (np.array([a["measured_us"] for a in reports["cpu"]["archs"]])
+        eager_us = (np.array([a["measured_us"] for a in reports["cpu"]["archs"]])
                     if "cpu" in reports else None)
         for rt, rep in reports.items():
             meas = np.array([a["measured_us"] for a in rep["archs"]])
             t = rep["table"]
             es = (stats.spearmanr([eager.predict(a, "raw") for a in archs], meas)[0]
                   if eager is not None else float("nan"))
-            speed = float(np.median(meas / eager_ms)) if eager_ms is not None else float("nan")
+            speed = float(np.median(meas / eager_us)) if eager_us is not None else float("nan")
             deleg = [e.stats.get("delegated") for e in tables[rt].entries.values()
                      if e.stats and "delegated" in e.stats]
             dtxt = f"{100 * np.mean([d == 1.0 for d in deleg]):.0f}%" if deleg else "-"
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 ftxt = f"{f}/{tot} ({100 * f / tot:.0f}%)"
             else:
                 ftxt = "-"
-            print(f"{rt:<11}{built[rt]:8.0f}{meas.min() / 1e3:7.2f}-{meas.max() / 1e3:<6.2f}"
+            print(f"{rt:<11}{built[rt]:8.0f}{meas.min():7.0f}-{meas.max():<6.0f}"
                   f"{t['spearman']:7.3f}{t['kendall']:7.3f}{100 * t['mape']:6.1f}%"
                   f"{100 * t['within_10pct']:5.0f}%{es:9.3f}{rep['flops_proxy']['spearman']:9.3f}"
                   f"{speed:9.2f}{dtxt:>8}{ftxt:>16}")

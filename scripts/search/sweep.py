@@ -63,13 +63,13 @@ def summarize(out: Path, wall: float | None = None) -> None:
     ref = next((p for p in pts if p["label"] == "ref-all_k5_e6"), None)
     vals = ", ".join(format(v, "g") if isinstance(v, float) else str(v) for v in s["values"])
     print(f"== fbnas sweep {s['config']}: {s['param']} = {vals}; {s['test_images']} test images")
-    print(f"{'point':<16}{'kind':<10}{'pred ms':>8}{'meas ms':>8}{'IQR':>6}{'top-1':>8}"
+    print(f"{'point':<16}{'kind':<10}{'pred us':>10}{'meas us':>10}{'IQR':>6}{'top-1':>8}"
           f"{'x lat':>7}{'d top-1':>8}")
     for p in pts:
         x = (p["measured_us"] / ref["measured_us"]) if ref and p["measured_us"] else None
         d = (100 * (p["top1"] - ref["top1"])) if ref else None
-        print(f"{p['label']:<16}{p['kind']:<10}{p['predicted_us'] or float('nan'):8.3f}"
-              f"{p['measured_us'] or float('nan'):8.3f}"
+        print(f"{p['label']:<16}{p['kind']:<10}{p['predicted_us'] or float('nan'):10.1f}"
+              f"{p['measured_us'] or float('nan'):10.1f}"
               f"{100 * (p['measured_iqr'] or 0):5.1f}%{100 * p['top1']:7.2f}%"
               + (f"{x:7.2f}" if x is not None else "      -")
               + (f"{d:+8.2f}" if d is not None else "       -")

@@ -2,9 +2,10 @@
 
 Each test runs `python -m scripts.NAME` from the repository root with the arguments of the
 first command its module docstring (and scripts/README.md) shows, on the shipped configs, with
-only its sizes cut down (epochs, rounds, samples, batch, networks; a smaller shipped space
-where a space's size is the cost) through the script's own flags or `--set`, and checks that
-it exits 0 and that its figures are printed and parse.
+only its sizes cut down (epochs, rounds, samples, batch, networks; where a space's size is
+the cost, the quickstart's config with its space cut to two layers, `small_quickstart`) through
+the script's own flags or `--set`, and checks that it exits 0 and that its figures are printed
+and parse.
 tests/scripts/test_scripts.py runs the scripts on a tiny test config instead; these run what a
 user runs. Slow: seconds to two minutes each on 2 cores; `python -m pytest -m slow -n 0
 tests/scripts/test_default_commands.py`, about 22 minutes in all.
@@ -61,6 +62,28 @@ def table_cache(tmp_path_factory) -> str:
     """One latency-table cache for the tests that search the quickstart with its latency cost
     (the table is measured once, by the first of them), instead of ~/.cache/fbnas/tables."""
     return str(tmp_path_factory.mktemp("tables"))
+
+
+# The quickstart's config (`base:`) with its space cut to two layers of three candidates: 8
+# table entries where the quickstart has 44, ir_k5_e6 kept so the sweep's reference exists.
+SMALL_QUICKSTART = """base: quickstart
+space:
+  name: quickstart_small
+  candidates: [ir_k3_e1, ir_k5_e6, skip]
+  stages:
+    - {channels: 8, repeats: 1, stride: 1}
+    - {channels: 16, repeats: 1, stride: 2}
+  head: {channels: 32, pool: avg}
+"""
+
+
+@pytest.fixture(scope="module")
+def small_quickstart(tmp_path_factory) -> str:
+    """A config file of SMALL_QUICKSTART: for the scripts whose cost is timing or lowering
+    every entry of a space's table, or timing its networks."""
+    path = tmp_path_factory.mktemp("small") / "quickstart_small.yaml"
+    path.write_text(SMALL_QUICKSTART, encoding="utf-8")
+    return str(path)
 
 
 @pytest.fixture
@@ -230,11 +253,12 @@ def test_bench_search_quality(table_cache):
         assert 0 <= float(m[1]) <= 1 and 0 <= float(m[6]) <= 1 and float(m[8]) > 0
 
 
-def test_bench_target(table_cache):
+def test_bench_target(table_cache, small_quickstart):
     # `python -m scripts.search.target` (3 modes x 3 targets x 3 seeds): one search (full,
-    # 0.5x, seed 0) of 2 epochs, 1 random network, 2 rounds per re-measurement
-    out = run("search.target", "--modes", "full", "--targets", "0.5x", "--seeds", "0",
-              "--epochs", "2", "--random", "1", "--rounds", "2", "--set",
+    # 0.5x, seed 0) of 2 epochs on the small quickstart, 1 random network, 2 rounds per
+    # re-measurement
+    out = run("search.target", "--config", small_quickstart, "--modes", "full", "--targets",
+              "0.5x", "--seeds", "0", "--epochs", "2", "--random", "1", "--rounds", "2", "--set",
               "search.warmup_epochs=1", "--set", "data.limit=300", "--set",
               f"latency.cache_dir={table_cache}")
     assert line(out, r"^== 1 searches in \d+ s; \d+ networks timed together")
@@ -282,18 +306,20 @@ def test_pilot_task(tmp_path):
     assert len(log.read_text().splitlines()) == 4
 
 
-def test_bench_sweep(tmp_path):
+def test_bench_sweep(tmp_path, small_quickstart):
     # `python -m scripts.search.sweep` (targets 0.3x, 0.5x, 0.8x; 5 random; 15 retrain epochs):
-    # one target, 1 random network, 2 search epochs and 1 retrain epoch on 300 digits; a fresh
-    # latency table in --out, as the script does
-    out = run("search.sweep", "--values", "0.5x", "--random", "1", "--retrain-epochs", "1",
+    # the small quickstart, one target, 1 random network, 2 search epochs and 1 retrain epoch
+    # on 300 digits; a fresh latency table in --out, as the script does
+    out = run("search.sweep", "--config", small_quickstart, "--values", "0.5x", "--random", "1",
+              "--retrain-epochs", "1",
               "--set", "search.epochs=2", "--set", "search.warmup_epochs=1", "--set",
               "data.limit=300", "--out", str(tmp_path / "sweep"))
-    assert line(out, r"^== fbnas sweep .*quickstart.yaml: target = 0.5x")
+    assert line(out, r"^== fbnas sweep .*quickstart_small.yaml: target = 0.5x")
     m = line(out, r"^random architectures dominated by a searched one: (\d+)/(\d+)")
     assert int(m[2]) == 1 and int(m[1]) <= 1
     assert line(out, rf"^sweep wall time: ({NUM}) s")
-    assert line(out, r"^ref-all_k5_e6\s")
+    m = line(out, rf"^ref-all_k5_e6\s+reference\s+({NUM})\s+({NUM})\s+{NUM}%\s+{NUM}%\s+1\.00")
+    assert float(m[1]) > 0 and float(m[2]) > 0
 
 
 # ---- latency tables ----------------------------------------------------------------------
@@ -326,14 +352,14 @@ def test_bench_tables():
         assert line(medians, rf"^{space}\s+retain\s+table S {NUM} \[")
 
 
-def test_bench_runtimes():
+def test_bench_runtimes(small_quickstart):
     # `python -m scripts.latency.runtimes`: eager + ExecuTorch + ONNX Runtime; 20 networks -> 3,
-    # 2 rounds, and the quickstart's space for fbnet_cifar10's: lowering every entry of a space
-    # for ExecuTorch and ONNX Runtime is most of it, whatever the sizes (CIFAR's 110 entries:
-    # about ten minutes on 2 cores; the quickstart's 44)
+    # 2 rounds, and the small quickstart's space for fbnet_cifar10's: lowering every entry of a
+    # space for ExecuTorch and ONNX Runtime is most of it, whatever the sizes (CIFAR's 110
+    # entries: about ten minutes on 2 cores; the quickstart's 44 about four; these 8 under two)
     pytest.importorskip("executorch")
     pytest.importorskip("onnxruntime")
-    out = run("latency.runtimes", "--space", "quickstart", "-n", "3", "--val-rounds", "2",
+    out = run("latency.runtimes", "--space", small_quickstart, "-n", "3", "--val-rounds", "2",
               "--rounds", "2", timeout=3600)
     for rt in ("cpu", "executorch", "ort"):
         assert line(out, rf"^{rt}: table built in \d+ s")
