@@ -109,9 +109,10 @@ def worktree(tmp_path):
 
 
 # ---- the speed suite and its parts ----------------------------------------------------------
-def test_bench():
-    # `python -m scripts.speed.suite`; --quick is its own "every part with tiny sizes"
-    out = run("speed.suite", "--quick")
+def test_bench(small_quickstart):
+    # `python -m scripts.speed.suite`; --quick is its own "every part with tiny sizes", on the
+    # small quickstart (the parts run on fbnet_cifar10 in their own tests below)
+    out = run("speed.suite", "--quick", "--config", small_quickstart)
     for title in ("== 1. search modes", "== 2. data loader", "== 3. distributed",
                   "== 4. mixed precision"):
         assert title in out, title
