@@ -23,7 +23,7 @@ from fbnas.blocks import build_block, canonical_op, init_weights
 from fbnas.costs.kinds import count_flops as _count_flops
 from fbnas.costs.kinds import count_params
 from fbnas.errors import FbnasError
-from fbnas.io import load_yaml, show, write_yaml_atomic
+from fbnas.io import VALUE_KINDS, load_yaml, show, write_yaml_atomic
 from fbnas.macro import MacroSpec, parse_macro
 from fbnas.search_space import SearchSpace
 from fbnas.settings import Fields
@@ -61,15 +61,6 @@ META_FIELDS: dict[str, tuple[str, str]] = {
     "search_cost": ("map", "what the search spent: seconds per stage, and R"),
     "edited": ("bool", "the file's ops or macro no longer match its recorded hash"),
 }
-_META_KINDS = {
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "num": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "list": (lambda v: isinstance(v, list), "a list"),
-    "map": (lambda v: isinstance(v, dict), "a mapping"),
-    "any": (lambda v: True, "anything"),
-}
 
 
 def check_meta_values(meta: dict[str, Any], where: str) -> None:
@@ -77,7 +68,7 @@ def check_meta_values(meta: dict[str, Any], where: str) -> None:
     of another kind (null is allowed)."""
     for key, v in meta.items():
         if key in META_FIELDS and v is not None:
-            ok, what = _META_KINDS[META_FIELDS[key][0]]
+            ok, what = VALUE_KINDS[META_FIELDS[key][0]]
             if not ok(v):
                 raise FbnasError(f"{where}: meta.{key}: expected {what}, got {show(v)}")
 

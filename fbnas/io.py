@@ -40,6 +40,24 @@ def show(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# The kinds of value a declared field of a file holds (an architecture's meta, a results.json),
+# each a test and the words an error uses: one table for every file fbnas declares the fields of.
+VALUE_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "num": (is_number, "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "map": (lambda v: isinstance(v, Mapping), "an object"),
+    "any": (lambda v: True, "anything"),
+}
+
+
 def read_text(path: str | os.PathLike, limit: int = MAX_TEXT_BYTES) -> str:
     """Read a UTF-8 text file (a byte-order mark is allowed), or raise FbnasError naming the
     file: missing, a directory, larger than `limit` bytes, unreadable or not UTF-8."""

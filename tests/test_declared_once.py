@@ -427,3 +427,23 @@ def test_shared_numbers_are_one_declaration():
     assert flags["near"] == {LATENCY_TOLERANCE}
     # (latency build's --rounds is None: the table's protocol, else Protocol's)
     assert flags["rounds"] - {None} == {TIMING_ROUNDS} and flags["probes"] == {CONTEXT_PROBES}
+
+
+def test_every_declared_file_field_has_a_kind_of_the_one_table():
+    """The architecture meta's and results.json's fields name kinds of fbnas.io.VALUE_KINDS,
+    and each kind's test accepts what it names and refuses another kind's value."""
+    from fbnas.arch import META_FIELDS, check_meta_values
+    from fbnas.io import VALUE_KINDS
+    from fbnas.runs.results import FIELDS, PROGRAM_FIELDS
+
+    used = ({k for k, _ in META_FIELDS.values()} | set(FIELDS.values())
+            | set(PROGRAM_FIELDS.values()))
+    assert used <= set(VALUE_KINDS), sorted(used - set(VALUE_KINDS))
+    samples = {"str": "a", "int": 3, "num": 2.5, "bool": True, "list": [1], "map": {"a": 1}}
+    for kind in samples:
+        ok, _ = VALUE_KINDS[kind]
+        accepted = {k for k, v in samples.items() if ok(v)}
+        assert accepted == ({kind, "int"} if kind == "num" else {kind}), (kind, accepted)
+    assert not VALUE_KINDS["num"][0](True) and not VALUE_KINDS["int"][0](False)
+    with pytest.raises(FbnasError, match="x.yaml: meta.epoch: expected an integer, got 'two'"):
+        check_meta_values({"epoch": "two"}, "x.yaml")

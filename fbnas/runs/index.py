@@ -20,8 +20,9 @@ from typing import Any, NamedTuple
 
 from fbnas.backends import FORMATS
 from fbnas.errors import FbnasError
+from fbnas.io import is_number
 from fbnas.runs.files import RESULTS
-from fbnas.runs.results import PATH_KEY, is_number
+from fbnas.runs.results import PATH_KEY
 
 _FRONT_KEY = "_front"
 

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from fbnas.errors import FbnasError
-from fbnas.io import load_json, show, write_json_atomic
+from fbnas.io import VALUE_KINDS, is_number, load_json, show, write_json_atomic
 from fbnas.runs.files import RunFiles
 
 SCHEMA = 2  # the value of a results file's `fbnas_results`
 PATH_KEY = "_path"  # load_results adds the file the row came from under this key
 
-# Every key of a results.json file and the kind of value it holds (None is always allowed).
+# Every key of a results.json file and the kind of value it holds (fbnas.io.VALUE_KINDS; None
+# is always allowed).
 FIELDS: dict[str, str] = {
     "kind": "str", "run_dir": "str", "created": "str", "arch": "map", "space": "str",
     "dataset": "str", "device": "str", "latency_device": "str",
@@ -108,15 +109,9 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
         v = row.setdefault(key, None)
         if v is None:
             continue
-        if kind == "str" and not isinstance(v, str):
-            raise FbnasError(f"{path}: '{key}' must be a string or null, got {_kind(v)}")
-        if kind == "num":
-            if not is_number(v):
-                raise FbnasError(f"{path}: '{key}' must be a number or null, got {_kind(v)}")
-            if isinstance(v, float) and not math.isfinite(v):
-                row[key] = None  # NaN / inf (Python's json reads them) count as not measured
-        if kind == "map" and not isinstance(v, Mapping):
-            raise FbnasError(f"{path}: '{key}' must be an object or null, got {_kind(v)}")
+        _check_kind(path, key, kind, v)
+        if kind == "num" and isinstance(v, float) and not math.isfinite(v):
+            row[key] = None  # NaN / inf (Python's json reads them) count as not measured
     row["programs"] = _programs(path, row["programs"])
     arch = dict(row["arch"] or {})
     for key in ("name", "hash"):
@@ -144,10 +139,7 @@ def _programs(path, progs: Mapping | None) -> dict[str, dict[str, Any]] | None:
             v = e.setdefault(key, None)
             if v is None:
                 continue
-            if kind == "str" and not isinstance(v, str) or kind == "num" and not is_number(v):
-                raise FbnasError(f"{path}: 'programs.{name}.{key}' must be a "
-                                 f"{'string' if kind == 'str' else 'number'} or null, got "
-                                 f"{_kind(v)}")
+            _check_kind(path, f"programs.{name}.{key}", kind, v)
         out[str(name)] = e
     return out
 
@@ -211,8 +203,10 @@ def record_program_anywhere(program: str | os.PathLike, levels: int = 3, **value
     return None
 
 
-def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _check_kind(path, key: str, kind: str, v: Any) -> None:
+    ok, what = VALUE_KINDS[kind]
+    if not ok(v):
+        raise FbnasError(f"{path}: '{key}' must be {what} or null, got {_kind(v)}")
 
 
 def _kind(v: Any) -> str:
