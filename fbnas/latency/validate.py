@@ -139,7 +139,6 @@ def cross_validate(X: np.ndarray, pred: np.ndarray, meas: np.ndarray, k: int = 5
 
 
 # ---- validation ------------------------------------------------------------------------------
-@under_allocator
 def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
              seed: int = 0, protocol: Protocol | None = None, repeats: int = 2,
              corrections: bool = False, folds: int = 5, archs: Sequence[Architecture] | None = None,
@@ -157,21 +156,31 @@ def validate(space: SearchSpace, table: LatencyTable, timer: Timer, n: int = 50,
     median over layers of its entry / `table`'s: the int8 speed-up per op when `table` is
     int8 and the other fp32).
     """
-    log = log or (lambda s: None)
+    # what can be refused is refused here, before an allocator's worker process starts
     if not is_measured(table.cost):
         raise FbnasError(f"{table.path or 'table'}: validate needs a latency table, this one "
                          f"holds {table.cost}")
     table.check_run(batch=timer.batch, dtype=timer.dtype, backend=timer.backend,
                     memory_format="channels_last" if timer.channels_last else "contiguous",
                     allocator=timer.allocator, quantization=timer.quantization)
-    rows, _ = table.costs_for(space, "raw")
-    for o in others:  # before any timing
+    for o in others:
         o.require(space)
     if archs is None:
         if n < 5:
             raise FbnasError(f"validate: -n must be at least 5 (got {n})")
-        archs = sample_spanning(space, n, rows, seed=seed)
-    archs = list(archs)
+        archs = sample_spanning(space, n, table.costs_for(space, "raw")[0], seed=seed)
+    return _timed_report(space, table, timer, list(archs), seed, protocol, repeats,
+                         corrections, folds, progress, log, others)
+
+
+@under_allocator
+def _timed_report(space: SearchSpace, table: LatencyTable, timer: Timer,
+                  archs: list[Architecture], seed: int, protocol: Protocol | None, repeats: int,
+                  corrections: bool, folds: int, progress, log,
+                  others: Sequence[LatencyTable]) -> dict[str, Any]:
+    """`validate`'s timing and report, where the timer's allocator holds."""
+    log = log or (lambda s: None)
+    rows, _ = table.costs_for(space, "raw")
     pred = np.array([table.predict(a, "raw") for a in archs])
     flops_table = build_cost_table(space, "flops")
     flops = np.array([flops_table.predict(a, "raw") for a in archs])
