@@ -9,6 +9,7 @@ cannot drift apart."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -91,9 +92,16 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
     return out - {module}
 
 
-def graph() -> dict[str, set[str]]:
+@functools.cache
+def _parsed_graph() -> dict[str, frozenset[str]]:
     known = modules()
-    return {m: imports(m, p, known) for m, p in known.items()}
+    return {m: frozenset(imports(m, p, known)) for m, p in known.items()}
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the fbnas modules it imports (every module parsed once per process; each call
+    a fresh copy, which a test may edit)."""
+    return {m: set(i) for m, i in _parsed_graph().items()}
 
 
 def test_every_module_is_on_one_floor_of_the_doc():
