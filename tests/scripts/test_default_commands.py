@@ -234,18 +234,20 @@ def test_compare_runs(worktree):
     assert all(v == "identical" or re.match(r"\.\S+: ", v) for v in got.values()), got
 
 
-def test_bench_search_quality(table_cache):
+def test_bench_search_quality(table_cache, small_quickstart):
     # `python -m scripts.search.quality weights --steps 600` (600 -> 5 steps), then
     # `... search --seeds 0,1,2 --modes reinforce,full --retrain 20` (seed 0, 2 epochs of 300
-    # digits, 1 retrain epoch) on the quickstart with its latency table, the networks fitted
-    # onto the target by the table alone (the measured fit's timings are not what this reads)
-    out = run("search.quality", "weights", "--steps", "5", "--set", "data.limit=300",
-              "--set", f"latency.cache_dir={table_cache}")
+    # digits, 1 retrain epoch) on the small quickstart with its latency table, the networks
+    # fitted onto the target by the table alone (the measured fit's timings are not what this
+    # reads)
+    out = run("search.quality", "weights", "--config", small_quickstart, "--steps", "5",
+              "--set", "data.limit=300", "--set", f"latency.cache_dir={table_cache}")
     for weights in ("separate", "shared"):
         row = numbers(line(out, rf"^{weights}\s+{NUM}").string[len(weights):])
         assert len(row) == 6 and all(0 <= a <= 1 for a in row[1:]), row
-    out = run("search.quality", "search", "--seeds", "0", "--modes", "reinforce,full",
-              "--retrain", "1", "--set", "search.epochs=2", "--set", "search.warmup_epochs=1",
+    out = run("search.quality", "search", "--config", small_quickstart, "--seeds", "0",
+              "--modes", "reinforce,full", "--retrain", "1", "--set", "search.epochs=2", "--set",
+              "search.warmup_epochs=1",
               "--set", "data.limit=300", "--set", f"latency.cache_dir={table_cache}",
               "--set", "search.fit_measure=off")
     for mode in ("reinforce", "full"):
