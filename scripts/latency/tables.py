@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu" and args.blocks:
         block_effect(args.allocators.split(","))
     summary: dict[tuple, list] = {}
-    for name in args.spaces.split(","):
-        space = load_space(space_config(name))
+    for given in args.spaces.split(","):
+        space = load_space(space_config(given))
+        name = space.name  # a config file's space is labelled (and its tables named) by its name
         for alloc in args.allocators.split(","):
             kw = {"allocator": alloc} if args.device == "cpu" else {}
             for b in range(args.builds):
