@@ -18,6 +18,7 @@ import copy
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -256,16 +257,25 @@ def _one_error_line(err: str, command: str) -> str:
     return lines[0]
 
 
-@pytest.fixture
-def finished_run(tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def _searched_once(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("finished")
     d = copy.deepcopy(TINY)
     d["search"].update(epochs=2)
     d["data"].update(limit=120)
-    d["run"].update(dir=str(tmp_path / "run"), checkpoint_every_steps=0)
-    cfg = tmp_path / "c.yaml"
+    d["run"].update(dir=str(tmp / "run"), checkpoint_every_steps=0)
+    cfg = tmp / "c.yaml"
     cfg.write_text(yaml.safe_dump(d))
     assert main(["train", "--config", str(cfg)]) == 0
-    return tmp_path / "run"
+    return tmp / "run"
+
+
+@pytest.fixture
+def finished_run(_searched_once, tmp_path) -> Path:
+    """A finished 2-epoch search run of its own (one search per module, copied per test)."""
+    run = tmp_path / "finished"
+    shutil.copytree(_searched_once, run)
+    return run
 
 
 def test_disk_full_while_writing_a_checkpoint(finished_run, tmp_path, monkeypatch, capsys):
