@@ -39,6 +39,7 @@ from fbnas.data import build_train_data, calibration_images
 from fbnas.errors import FbnasError
 from fbnas.fit.costs import find_latency_table, predict_us
 from fbnas.fit.search_run import SearchRun
+from fbnas.io import is_number
 from fbnas.latency.end_to_end import measure_child
 from fbnas.runs.results import results_record, write_results
 from fbnas.supernet import supernet_child_state
@@ -311,7 +312,7 @@ class ChildTrainer(EpochRunner):
 
     def tb_scalars(self, writer: SummaryWriter, rec: dict[str, Any]) -> None:
         for k, v in rec.items():
-            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            if k != "epoch" and is_number(v):
                 writer.add_scalar(f"retrain/{k}", v, rec["epoch"])
 
 
@@ -398,7 +399,7 @@ def search_cost_of(meta: Any, key: str) -> float | None:
     by `fbnas train`): `seconds`, or `trainings` (R, where search.budget timed one)."""
     cost = meta.get("search_cost") if isinstance(meta, dict) else None
     v = cost.get(key) if isinstance(cost, dict) else None
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return float(v) if is_number(v) else None
 
 
 def target_us_of(meta: Any) -> float | None:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from fbnas.errors import FbnasError
-from fbnas.io import show
+from fbnas.io import is_number, show
 from fbnas.settings import read_fields, setting
 
 DATASETS = ("digits", "cluttered_digits", "cifar10", "cifar100", "imagefolder", "synthetic")
@@ -99,8 +99,7 @@ class DataConfig:
                              f"false), got {show(self.augment)}")
         cs = self.crop_scale
         if cs is not None and not (
-                len(cs) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                     for v in cs) and 0.0 < cs[0] <= cs[1] <= 1.0):
+                len(cs) == 2 and all(is_number(v) for v in cs) and 0.0 < cs[0] <= cs[1] <= 1.0):
             raise FbnasError(f"{w}.crop_scale: expected [lo, hi] with 0 < lo <= hi <= 1, got "
                              f"{show(cs)}")
         if cs is not None and self.dataset in DIGIT_SETS:

@@ -7,6 +7,8 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from fbnas.io import is_number
+
 # history / TensorBoard name -> what it measures (docs/search.md, "What a run writes")
 FIGURES = {
     "w_ce": "weight steps' cross-entropy on the paths they trained (weight split)",
@@ -37,7 +39,7 @@ def tb_scalars(w: SummaryWriter, rec: dict[str, Any], ops: list[list[str]]) -> N
     """An epoch's numbers, grouped (loss / acc / cost / sched), and θ's softmax per layer."""
     e = rec["epoch"]
     for k, v in rec.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
+        if is_number(v) and k != "epoch":
             group = ("loss" if k.endswith(("ce", "loss", "cost_term")) else
                      "acc" if k.endswith("acc") else "cost" if "cost" in k else "sched")
             w.add_scalar(f"{group}/{k}", v, e)

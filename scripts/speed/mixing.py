@@ -107,7 +107,7 @@ def measure(net: Supernet, x: torch.Tensor, theta_grad: bool
         torch.manual_seed(0)
         s = net.sample_path(1.0, mode="full")
         m = s.m if theta_grad else [t.detach() for t in s.m]
-        if resident_bytes_exact():  # a collection takes ~0.3 s with torch's heap: only when
+        if resident_bytes_exact():  # a collection is slow with torch's heap: only when
             gc.collect()            # resident memory is read
         saved = None if net.checkpoint_activations else SavedBytes(net)
         with Calls() as c, HeldBytes() as mem:
