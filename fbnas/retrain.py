@@ -44,12 +44,12 @@ from fbnas.latency.end_to_end import measure_child
 from fbnas.runs.results import results_record, write_results
 from fbnas.supernet import supernet_child_state
 from fbnas.training._guard import fused_optimizer, keep_fused
+from fbnas.training._rng import rng_state, seed_everything
 from fbnas.training._step import StepFigures, Update, metric
 from fbnas.training.distributed import PeriodicAverager, rank_seed, wrap_ddp
 from fbnas.training.evaluate import evaluate
 from fbnas.training.logs import close_logger
 from fbnas.training.loop import EpochRunner, NonFiniteLoss, torch_threads
-from fbnas.training.rng import rng_state, seed_everything
 
 
 # ---- the trainer -----------------------------------------------------------------------------

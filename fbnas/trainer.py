@@ -65,11 +65,11 @@ from fbnas.search.modes import (
 )
 from fbnas.supernet import Supernet
 from fbnas.training._guard import fused_optimizer, keep_fused, non_finite_what
+from fbnas.training._rng import rng_state, seed_everything, set_rng_state
 from fbnas.training._step import StepFigures, Update, metric
 from fbnas.training.distributed import PeriodicAverager, SharedNoise, rank_seed, wrap_ddp
 from fbnas.training.evaluate import validate_weights
 from fbnas.training.loop import EpochRunner, Interrupted, NonFiniteLoss
-from fbnas.training.rng import rng_state, seed_everything, set_rng_state
 
 PROBE_NETWORKS = 3  # band networks whose child steps search.budget's probe times
 

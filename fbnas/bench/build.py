@@ -63,8 +63,8 @@ from fbnas.runs.provenance import (
     worker_env,
 )
 from fbnas.settings import TIMING_ROUNDS
+from fbnas.training._rng import rng_state, set_rng_state
 from fbnas.training.logs import close_logger
-from fbnas.training.rng import rng_state, set_rng_state
 
 MAX_NETWORKS = 5000  # a benchmark trains every network: a larger space is a mistake
 TIME_CHUNK = 32  # networks timed together among the probes

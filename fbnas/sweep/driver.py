@@ -17,7 +17,7 @@ resumes what was interrupted. With `seeds`, every value is searched once per sea
 (`search.seed`; labels `<param><value>-seed<S>`). A point's label joins its axes'
 `<last part of the key><value>` with `-` (`target0.5x-modereinforce-seed1`).
 
-A point's work is a function of its config alone (`fbnas.sweep.point`: seeded
+A point's work is a function of its config alone (`fbnas.sweep._point`: seeded
 from the config, its own run directory), so the points can run in any order and in other
 processes: `fbnas.sweep.ray_tasks` runs them as Ray tasks (`fbnas sweep --workers N`) and then
 hands back to `Sweep.finish` for the end-to-end timing in this process. Results are
@@ -68,8 +68,8 @@ from fbnas.retrain import target_us_of
 from fbnas.runs.files import RunFiles
 from fbnas.search.modes import get_mode, refuse_as_theta_mode
 from fbnas.settings import LATENCY_TOLERANCE
+from fbnas.sweep._point import retrain_config, retrain_point, search_done, search_point
 from fbnas.sweep.grid import PARAMS, Axis, axis_label, fmt_value, point_config
-from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
 
 REFERENCE_OPS = ("ir_k3_e6", "ir_k5_e6")
 CSV_COLUMNS = ("label", "kind", "param", "value", "arch_hash", "name", "target_us",

@@ -53,8 +53,8 @@ from fbnas.fit.select import refit
 from fbnas.io import ensure_dir, load_json, write_json_atomic
 from fbnas.runs.files import RunFiles
 from fbnas.runs.provenance import check_same_code, driver_code, import_ray, worker_env
+from fbnas.sweep._point import retrain_point, search_done, search_point
 from fbnas.sweep.driver import SearchPlan, Sweep, SweepPoint
-from fbnas.sweep.point import retrain_point, search_done, search_point
 from fbnas.training.loop import Interrupted
 
 KILL_ENV = "FBNAS_SWEEP_KILL"

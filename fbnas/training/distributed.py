@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fbnas.errors import FbnasError
-from fbnas.training.rng import rng_state, seed_everything, set_rng_state
+from fbnas.training._rng import rng_state, seed_everything, set_rng_state
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_TIMEOUT_S = 7200  # rank 0 may measure a latency table while the others wait

@@ -1,4 +1,4 @@
-"""One sweep point's work (fbnas/sweep/point.py), a function of its config alone: a search
+"""One sweep point's work (fbnas/sweep/_point.py), a function of its config alone: a search
 that is done is re-read, not run again; a retrain that is done is re-read from its results."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import digits_run_config
 
 from fbnas.config import config_from_dict
-from fbnas.sweep.point import retrain_config, retrain_point, search_done, search_point
+from fbnas.sweep._point import retrain_config, retrain_point, search_done, search_point
 
 
 def test_a_point_searches_once_then_rereads_and_retrains_once(tmp_path):
