@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from fbnas.arch import Architecture
 from fbnas.backends import Timer
@@ -45,6 +44,9 @@ def rank_metrics(pred: Sequence[float], meas: Sequence[float]) -> dict[str, floa
     p, m = np.asarray(pred, float), np.asarray(meas, float)
     if len(p) < 3:
         return {"spearman": float("nan"), "kendall": float("nan"), "pearson": float("nan")}
+    # scipy here, not at the top: every `import fbnas.config` reads this module
+    from scipy import stats as sps
+
     return {"spearman": float(sps.spearmanr(p, m).statistic),
             "kendall": float(sps.kendalltau(p, m).statistic),
             "pearson": float(np.corrcoef(p, m)[0, 1])}

@@ -495,12 +495,39 @@ def test_bench_reproduce(tiny_bench, capsys):
     assert test == pytest.approx(100 * b.networks[k]["runs"]["0"]["1"]["test_acc"], abs=0.006)
 
 
+# A two-layer quickstart and the same with its second stage's widths searched: the width
+# script's whole path (both searches, the retrains, the side-by-side timing) on a table of a
+# few entries, where the benchmark's width space times about 3,500 samples first.
+SMALL_OPS = """base: quickstart
+space:
+  name: quickstart_small
+  candidates: [ir_k3_e1, ir_k5_e6, skip]
+  stages:
+    - {channels: 8, repeats: 1, stride: 1}
+    - {channels: 16, repeats: 1, stride: 2}
+  head: {channels: 32, pool: avg}
+"""
+SMALL_WIDTHS = """base: ops.yaml
+space:
+  name: quickstart_small_widths
+  width_divisor: 4
+  stages:
+    - {channels: 8, repeats: 1, stride: 1}
+    - {channels: 16, repeats: 1, stride: 2, widths: [0.5, 1.0]}
+"""
+
+
 @pytest.mark.slow
 def test_bench_width_search(tmp_path, capsys):
+    (tmp_path / "ops.yaml").write_text(SMALL_OPS, encoding="utf-8")
+    (tmp_path / "widths.yaml").write_text(SMALL_WIDTHS, encoding="utf-8")
     out = run_main("search.width_search", [
-        "--seeds", "0", "--targets", "0.5x", "--jobs", "2", "--keep", str(tmp_path),
+        "--bench", "none", "--retrain-seeds", "0", "--ops-config", str(tmp_path / "ops.yaml"),
+        "--config", str(tmp_path / "widths.yaml"),
+        "--seeds", "0", "--targets", "0.5x", "--jobs", "2", "--keep", str(tmp_path / "keep"),
         "--set", "search.epochs=2", "--set", "search.warmup_epochs=1", "--set", "data.limit=200",
         "--set", "retrain.epochs=1", "--set", "retrain.warmup_epochs=0",
+        "--set", "search.fit_measure=off", "--set", "retrain.measure_latency=false",
         "--set", f"latency.cache_dir={tmp_path / 'tables'}"], capsys)
     assert re.search(r"^\s+0\s+0.5x\s+\d+\.\d\s+0\.\d+\s+\d+\.\d\s+0\.\d+\s+[-+]\d", out, re.M), out
     assert re.search(r"dominate .*: [01]/1; median accuracy difference", out)
