@@ -157,11 +157,12 @@ def test_bench_ddp():
     assert all(len(r) == 6 and r[2] > 0 for r in rows), rows
 
 
-def test_bench_compile(tmp_path):
-    # `python -m scripts.speed.compile`: quickstart's all-ir_k5_e6 child, inductor; 1 block of
-    # 1 step, batch 4 (compiling is most of the time); inductor's cache in tmp_path
-    out = run("speed.compile", "--blocks", "1", "--steps", "1", "--batch", "4",
-              env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+def test_bench_compile(tmp_path, small_quickstart):
+    # `python -m scripts.speed.compile`: quickstart's all-ir_k5_e6 child (here the small
+    # quickstart's: compiling is most of the time), inductor; 1 block of 1 step, batch 4;
+    # inductor's cache in tmp_path
+    out = run("speed.compile", "--config", small_quickstart, "--blocks", "1", "--steps", "1",
+              "--batch", "4", env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
     m = line(out, rf"^compiled / eager throughput: median x({NUM})")
     assert float(m[1]) > 0
     assert float(line(out, rf"^compile time \(first two steps\): ({NUM}) s")[1]) > 0
@@ -326,13 +327,15 @@ def test_bench_sweep(tmp_path, small_quickstart):
 
 
 # ---- latency tables ----------------------------------------------------------------------
-def test_bench_latency(tmp_path):
-    # `python -m scripts.latency.repeatability`: fbnet_cifar10 on the CPU, 50 networks -> 4, 2 table
-    # rounds and validation rounds, 2 probes, 5 timeit runs of the reference protocol; every
-    # step (build, reference protocol, validation, rebuild) kept; the JSON in tmp_path
-    out = run("latency.repeatability", "--n-archs", "4", "--rounds", "2", "--val-rounds", "2",
-              "--probes", "2", "--reference-runs", "5", "--out-dir", str(tmp_path))
-    assert line(out, r"^== fbnas latency benchmark: fbnet_cifar10, cpu, 1 thread\(s\), batch 1")
+def test_bench_latency(tmp_path, small_quickstart):
+    # `python -m scripts.latency.repeatability` (fbnet_cifar10 on the CPU) on the small
+    # quickstart: 50 networks -> 4, 2 table rounds and validation rounds, 2 probes, 5 timeit
+    # runs of the reference protocol; every step (build, reference protocol, validation,
+    # rebuild) kept; the JSON in tmp_path
+    out = run("latency.repeatability", "--config", small_quickstart, "--n-archs", "4",
+              "--rounds", "2", "--val-rounds", "2", "--probes", "2", "--reference-runs", "5",
+              "--out-dir", str(tmp_path))
+    assert line(out, r"^== fbnas latency benchmark: quickstart_small, cpu, 1 thread\(s\), batch 1")
     assert line(out, rf"^build: {NUM} s for \d+ entries")
     assert line(out, rf"^rebuild: per-entry change median {NUM}% p90 {NUM}%")
     m = line(out, rf"^table:\s+Spearman ({NUM})\s+Kendall ({NUM})\s+median pred/meas ({NUM})"
