@@ -110,21 +110,24 @@ def test_imported_entries_are_the_reference_scale_times_their_ratio_less_the_cal
 
 @pytest.mark.slow
 def test_a_bundle_runs_standalone_and_imports_as_a_table(tmp_path, capsys):
+    # two layers of one signature: each program's lowering takes seconds
+    space = SearchSpace.from_dict(latency_space(
+        stages=[{"channels": 8, "repeats": 2, "stride": 1}]))
     folder = tmp_path / "bundle"
-    man = write_bundle(SPACE, folder, probes=2, protocol=Protocol(rounds=3))
+    man = write_bundle(space, folder, probes=2, protocol=Protocol(rounds=3))
     kinds = [p["kind"] for p in man["programs"]]
     assert kinds.count("reference") == 1 and kinds.count("overhead") == 1
     assert kinds.count("probe") == 2
-    assert kinds.count("entry") == len(space_signatures(SPACE))
+    assert kinds.count("entry") == len(space_signatures(space))
     with pytest.raises(FbnasError, match="holds a bundle already"):
-        write_bundle(SPACE, folder, probes=0)
+        write_bundle(space, folder, probes=0)
     results = run_bundle_standalone(folder)  # fbnas unimportable to the runner
     assert results["bundle"] == man["bundle_id"] and results["rounds"] == 3
     out = tmp_path / "device.json"
     assert main(["latency", "import", str(folder / "results.json"), "--table", str(out)]) == 0
     table = LatencyTable.load(out)
     assert table.meta["backend"] == "executorch" and table.meta["bundle"] == man["bundle_id"]
-    assert table.missing(SPACE) == [] and table.context["probes"] == 2
+    assert table.missing(space) == [] and table.context["probes"] == 2
     assert all(e.value >= 0 for e in table.entries.values())
     # results of another bundle are refused in one line
     results["bundle"] = "0" * 16

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -451,6 +452,25 @@ def test_ranking_epochs(tiny_bench, tmp_path, capsys):
     assert again.splitlines()[-4:] == out.splitlines()[-4:]
 
 
+def test_the_pilots_normal_model_recovers_the_truths_gap_that_few_percentiles_miss():
+    """Networks whose truths spread normally (sd 4 pt) under seed noise (sd 1.5 pt): the
+    normal model's gap is the truths' 0.803 x 4 pt, and its interval holds it."""
+    from scripts.search.pilot_task import Z95_MINUS_Z80, summary
+
+    rng = np.random.default_rng(5)
+    truths = 80 + 4 * rng.standard_normal(400)
+    rows = [{"name": f"n{i}", "seed": sd, "test": (t + 1.5 * rng.standard_normal()) / 100}
+            for i, t in enumerate(truths) for sd in (0, 1)]
+    s = summary(rows, [0, 1])
+    assert s["se"] == pytest.approx(1.5 / math.sqrt(2), rel=0.1)
+    assert s["model_gap"] == pytest.approx(Z95_MINUS_Z80 * 4, rel=0.1)
+    lo, hi = s["model_interval"]
+    assert lo < Z95_MINUS_Z80 * 4 / s["se"] < hi
+    # no spread beyond the noise: no gap
+    flat = [{**r, "test": (80 + 1.5 * rng.standard_normal()) / 100} for r in rows]
+    assert summary(flat, [0, 1])["model_gap"] < 0.2 * Z95_MINUS_Z80 * 4
+
+
 @pytest.mark.slow
 def test_pilot_task(tiny, tmp_path, capsys):
     out_file = tmp_path / "pilot.jsonl"
@@ -458,6 +478,7 @@ def test_pilot_task(tiny, tmp_path, capsys):
             "--set", "data.limit=100", "--out", str(out_file)]
     out = run_main("search.pilot_task", argv, capsys)
     assert "networks 3, seeds 2: RMS seed sd" in out and "criterion" in out
+    assert "normal model: truths' sd" in out
     assert len(out_file.read_text().splitlines()) == 6
     again = run_main("search.pilot_task", argv, capsys)  # resumes: nothing left to train
     assert len(out_file.read_text().splitlines()) == 6
