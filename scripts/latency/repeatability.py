@@ -44,6 +44,7 @@ from fbnas.latency import (
 )
 from fbnas.latency.validate import public_report, rank_metrics, summary_lines
 from fbnas.search_space import load_space
+from fbnas.settings import CONTEXT_PROBES
 
 
 def log(msg: str) -> None:
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="table rounds (default 30)")
     ap.add_argument("--val-rounds", type=int, default=None,
                     help="end-to-end rounds per pass (default 15)")
-    ap.add_argument("--probes", type=int, default=12, help="context probes in the build")
+    ap.add_argument("--probes", type=int, default=CONTEXT_PROBES,
+                    help="context probes in the build")
     ap.add_argument("--no-rebuild", action="store_true", help="skip the rebuild step")
     ap.add_argument("--no-reference-protocol", action="store_true")
     ap.add_argument("--reference-runs", type=int, default=50,

@@ -38,6 +38,7 @@ from fbnas.arch import Architecture, build_child
 from fbnas.latency import Protocol, build_table, make_timer, sample_spanning, validate
 from fbnas.latency.timed_models import measure_runtimes
 from fbnas.search_space import load_space
+from fbnas.settings import CONTEXT_PROBES
 from scripts.common import ROOT, SPACES, space_config
 
 
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--val-rounds", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=Protocol.rounds, help="table build rounds")
+    ap.add_argument("--probes", type=int, default=CONTEXT_PROBES,
+                    help="context probes in each build (whole networks, each lowered per runtime)")
     args = ap.parse_args(argv)
     if args.baselines:
         rts = [x for x in args.runtimes.split(",") if x != "cpu"]
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         for rt in args.runtimes.split(","):
             t0 = time.perf_counter()
             tables[rt] = build_table(space, make_timer(rt), Protocol(rounds=args.rounds, seed=0),
-                                     out=work / f"{rt}.json")
+                                     out=work / f"{rt}.json", context_probes=args.probes)
             built[rt] = time.perf_counter() - t0
             print(f"{rt}: table built in {built[rt]:.0f} s ({len(tables[rt].entries)} entries)",
                   flush=True)

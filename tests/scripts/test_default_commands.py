@@ -361,13 +361,14 @@ def test_bench_tables():
 
 def test_bench_runtimes(small_quickstart):
     # `python -m scripts.latency.runtimes`: eager + ExecuTorch + ONNX Runtime; 20 networks -> 3,
-    # 2 rounds, and the small quickstart's space for fbnet_cifar10's: lowering every entry of a
-    # space for ExecuTorch and ONNX Runtime is most of it, whatever the sizes (CIFAR's 110
-    # entries: about ten minutes on 2 cores; the quickstart's 44 about four; these 8 under two)
+    # 2 rounds, 12 context probes -> 2, and the small quickstart's space for fbnet_cifar10's:
+    # lowering every entry and probe for ExecuTorch and ONNX Runtime is most of it, whatever
+    # the sizes (CIFAR's 110 entries: about ten minutes on 2 cores; the quickstart's 44 about
+    # four; these 8 under two)
     pytest.importorskip("executorch")
     pytest.importorskip("onnxruntime")
     out = run("latency.runtimes", "--space", small_quickstart, "-n", "3", "--val-rounds", "2",
-              "--rounds", "2", timeout=3600)
+              "--rounds", "2", "--probes", "2", timeout=3600)
     for rt in ("cpu", "executorch", "ort"):
         assert line(out, rf"^{rt}: table built in \d+ s")
         m = line(out, rf"^{rt}\s+\d+\s+{NUM}-{NUM}\s+({NUM})\s+({NUM})\s+({NUM})%\s+({NUM})%")
