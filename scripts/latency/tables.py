@@ -47,6 +47,7 @@ from fbnas.latency import (
 from fbnas.latency.build import refresh_values, sample_spanning
 from fbnas.latency.timed_models import ModelSpec, measure_modules, measure_specs
 from fbnas.search_space import load_space
+from fbnas.settings import CONTEXT_PROBES
 from scripts.common import ROOT, SPACES, Spread, space_config
 
 
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="first time one big block alone and in a chain under each allocator")
     ap.add_argument("--worst", type=int, default=5, help="largest corrections to list")
     ap.add_argument("--rounds", type=int, default=Protocol.rounds, help="table build rounds")
+    ap.add_argument("--probes", type=int, default=CONTEXT_PROBES,
+                    help="context probes in each build (whole networks timed)")
     args = ap.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="fbnas_tables_"))
     print(f"load average {os.getloadavg()[0]:.2f}; device {args.device}; torch {torch.__version__}")
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 timer = make_timer(args.device, **kw)
                 t0 = time.perf_counter()
                 table = build_table(space, timer, Protocol(rounds=args.rounds, seed=b),
-                                    out=out / f"{name}-{b}.json")
+                                    out=out / f"{name}-{b}.json", context_probes=args.probes)
                 built = time.perf_counter() - t0
                 for seed in [int(s) for s in args.seeds.split(",")]:
                     rep = validate(space, table, make_timer(args.device, **kw), n=args.n,

@@ -348,9 +348,10 @@ def test_bench_latency(tmp_path, small_quickstart):
 def test_bench_tables():
     # `python -m scripts.latency.tables`: every shipped space -> the quickstart's and CIFAR's
     # (ImageNet's 224x224 entries are most of the time), allocator retain; 1 build, 1 seed, 5
-    # networks (validate's least), 2 rounds each
+    # networks (validate's least), 2 rounds each, 2 context probes
     out = run("latency.tables", "--spaces", "quickstart,fbnet_cifar10", "--builds", "1",
-              "--seeds", "0", "-n", "5", "--val-rounds", "2", "--rounds", "2", "--worst", "1")
+              "--seeds", "0", "-n", "5", "--val-rounds", "2", "--rounds", "2", "--worst", "1",
+              "--probes", "2")
     medians = out.split("== medians over builds and seeds")[1]
     for space in ("quickstart", "fbnet_cifar10"):
         m = line(out, rf"^{space}\s+retain\s+build 0 \(\s*\d+ s\) seed 0: table S ({NUM}) K "
