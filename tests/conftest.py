@@ -55,6 +55,19 @@ _DIGITS_RUN = {
 }
 
 
+# The quickstart's config with a two-layer, three-candidate space (8 latency-table entries
+# against 44): for the scripts' checks whose cost is timing or lowering every entry of a space.
+SMALL_QUICKSTART = """base: quickstart
+space:
+  name: quickstart_small
+  candidates: [ir_k3_e1, ir_k5_e6, skip]
+  stages:
+    - {channels: 8, repeats: 1, stride: 1}
+    - {channels: 16, repeats: 1, stride: 2}
+  head: {channels: 32, pool: avg}
+"""
+
+
 class NanGradient(torch.autograd.Function):
     """Identity forward, NaN backward: a finite loss whose gradient is not (the non-finite
     gradient tests)."""

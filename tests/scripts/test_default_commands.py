@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMALL_QUICKSTART
 
 pytestmark = pytest.mark.slow
 
@@ -66,17 +67,6 @@ def table_cache(tmp_path_factory) -> str:
 
 # The quickstart's config (`base:`) with its space cut to two layers of three candidates: 8
 # table entries where the quickstart has 44, ir_k5_e6 kept so the sweep's reference exists.
-SMALL_QUICKSTART = """base: quickstart
-space:
-  name: quickstart_small
-  candidates: [ir_k3_e1, ir_k5_e6, skip]
-  stages:
-    - {channels: 8, repeats: 1, stride: 1}
-    - {channels: 16, repeats: 1, stride: 2}
-  head: {channels: 32, pool: avg}
-"""
-
-
 @pytest.fixture(scope="module")
 def small_quickstart(tmp_path_factory) -> str:
     """A config file of SMALL_QUICKSTART: for the scripts whose cost is timing or lowering

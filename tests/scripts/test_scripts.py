@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import digits_run_config, latency_space
+from conftest import SMALL_QUICKSTART, digits_run_config, latency_space
 
 ROOT = Path(__file__).resolve().parents[2]
 # every script as its module under scripts/, grouped by what it measures: speed.modes, ...
@@ -516,18 +516,9 @@ def test_bench_reproduce(tiny_bench, capsys):
     assert test == pytest.approx(100 * b.networks[k]["runs"]["0"]["1"]["test_acc"], abs=0.006)
 
 
-# A two-layer quickstart and the same with its second stage's widths searched: the width
+# SMALL_QUICKSTART (ops.yaml) with its second stage's widths searched: the width
 # script's whole path (both searches, the retrains, the side-by-side timing) on a table of a
 # few entries, where the benchmark's width space times about 3,500 samples first.
-SMALL_OPS = """base: quickstart
-space:
-  name: quickstart_small
-  candidates: [ir_k3_e1, ir_k5_e6, skip]
-  stages:
-    - {channels: 8, repeats: 1, stride: 1}
-    - {channels: 16, repeats: 1, stride: 2}
-  head: {channels: 32, pool: avg}
-"""
 SMALL_WIDTHS = """base: ops.yaml
 space:
   name: quickstart_small_widths
@@ -540,7 +531,7 @@ space:
 
 @pytest.mark.slow
 def test_bench_width_search(tmp_path, capsys):
-    (tmp_path / "ops.yaml").write_text(SMALL_OPS, encoding="utf-8")
+    (tmp_path / "ops.yaml").write_text(SMALL_QUICKSTART, encoding="utf-8")
     (tmp_path / "widths.yaml").write_text(SMALL_WIDTHS, encoding="utf-8")
     out = run_main("search.width_search", [
         "--bench", "none", "--retrain-seeds", "0", "--ops-config", str(tmp_path / "ops.yaml"),
