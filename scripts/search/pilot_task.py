@@ -61,7 +61,7 @@ def summary(rows: list[dict], seeds: list[int]) -> dict:
     b_se = np.sqrt(v[pick].mean(axis=1) / len(seeds))
     b_between = m[pick].std(axis=1, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        boot = Z95_MINUS_Z80 * np.sqrt(np.maximum(0.0, b_between ** 2 - b_se ** 2)) / b_se
+        boot = model_gap(b_between, b_se) / b_se
     return {"networks": len(full), "means": means, "sds": sds, "rms_sd": rms, "se": se,
             "p95": p95, "p80": p80, "gap": p95 - p80, "ratio": (p95 - p80) / se,
             "best": max(means.values()), "worst": min(means.values()),
@@ -74,10 +74,12 @@ BOOTSTRAP = 2000
 Z95_MINUS_Z80 = 1.6449 - 0.8416  # standard normal quantiles
 
 
-def model_gap(sd_between: float, se: float) -> float:
+def model_gap(sd_between, se):
     """The 95th - 80th percentile gap of the networks' truths if they spread normally: the
-    observed means' sd is the truths' and each mean's noise (SE) in quadrature."""
-    return Z95_MINUS_Z80 * math.sqrt(max(0.0, sd_between ** 2 - se ** 2))
+    observed means' sd is the truths' and each mean's noise (SE) in quadrature. Floats or
+    arrays of them (the bootstrap's draws)."""
+    gap = Z95_MINUS_Z80 * np.sqrt(np.maximum(0.0, np.square(sd_between) - np.square(se)))
+    return float(gap) if np.ndim(gap) == 0 else gap
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,8 +65,6 @@ def table_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("tables"))
 
 
-# The quickstart's config (`base:`) with its space cut to two layers of three candidates: 8
-# table entries where the quickstart has 44, ir_k5_e6 kept so the sweep's reference exists.
 @pytest.fixture(scope="module")
 def small_quickstart(tmp_path_factory) -> str:
     """A config file of SMALL_QUICKSTART: for the scripts whose cost is timing or lowering
