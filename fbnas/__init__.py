@@ -10,10 +10,8 @@ command line's help) imports no torch; the modules themselves stay importable as
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from fbnas.errors import FbnasError
+from fbnas.registry import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -38,20 +36,11 @@ _PUBLIC = {
     "Bench": "fbnas.bench.table",
     # extension points (docs/architecture.md, "Where to add")
     "register_block": "fbnas.blocks", "register_family": "fbnas.blocks",
-    "TIMERS": "fbnas.backends", "FORMATS": "fbnas.backends", "COST_KINDS": "fbnas.costs.kinds",
+    "TIMERS": "fbnas.backends", "FORMATS": "fbnas.backends", "COST_KINDS": "fbnas.latency.kinds",
     "LOSSES": "fbnas.loss", "MODES": "fbnas.search.modes",
 }
 
 __all__ = ["FbnasError", "__version__", *_PUBLIC]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fbnas' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC)

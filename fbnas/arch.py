@@ -20,8 +20,6 @@ import yaml
 from torch import nn
 
 from fbnas.blocks import build_block, canonical_op, init_weights
-from fbnas.costs.kinds import count_flops as _count_flops
-from fbnas.costs.kinds import count_params
 from fbnas.errors import FbnasError
 from fbnas.io import VALUE_KINDS, load_yaml, show, write_yaml_atomic
 from fbnas.macro import MacroSpec, parse_macro
@@ -295,14 +293,32 @@ def build_child(arch: Architecture) -> ChildNet:
     return ChildNet(arch)
 
 
+def module_flops(module: nn.Module, input_chw: Sequence[int], device: str | torch.device = "cpu"
+                 ) -> int:
+    """FLOPs of one forward of `module` (as it is: put it in eval mode first) on a zero input
+    of batch 1, counted by torch's FlopCounterMode: 2 per multiply-add of the convolutions and
+    matrix products, as is usual for FLOP counts; the one way fbnas counts FLOPs (a table's
+    `flops` kind, `child_stats`, the fake timer). On the meta device nothing is computed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros(1, *input_chw, device=device)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        module(x)
+    return int(counter.get_total_flops())
+
+
+def count_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
 @torch.no_grad()
 def count_flops(model: nn.Module, input_size: tuple[int, int], in_channels: int = 3) -> int:
-    """FLOPs of one forward at batch 1 in eval mode (fbnas.costs.kinds.count_flops: torch's
+    """FLOPs of one forward at batch 1 in eval mode (`module_flops`: torch's
     FlopCounterMode, 2 FLOPs per multiply-add of the convolutions and linear layers)."""
 
     was_training = model.training
     model.eval()
-    flops = _count_flops(model, (in_channels, *input_size))
+    flops = module_flops(model, (in_channels, *input_size))
     model.train(was_training)
     return flops
 

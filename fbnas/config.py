@@ -27,11 +27,11 @@ from typing import Any
 import yaml
 
 from fbnas.blocks.shared import SHARED_UPDATES, WEIGHT_SHARING
-from fbnas.costs.kinds import is_measured
 from fbnas.data import DataConfig
 from fbnas.errors import FbnasError
 from fbnas.io import load_config_data
 from fbnas.latency.config import LatencyConfig
+from fbnas.latency.kinds import is_measured
 from fbnas.loss import LossConfig
 from fbnas.search.modes import MODES, get_mode, refuse_as_theta_mode, weight_sampler
 from fbnas.search_space import SearchSpace

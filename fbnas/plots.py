@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write, ensure_dir, load_json, load_yaml
+from fbnas.latency.kinds import COST_KINDS
 from fbnas.runs.files import RunFiles
 from fbnas.search_space import SearchSpace
 

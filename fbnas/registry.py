@@ -123,3 +123,23 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.what!r}: {', '.join(self._entries)})"
+
+
+def lazy_exports(package: str, names: dict[str, str]
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's `__getattr__` and `__dir__` that re-export `names` (name -> the module that
+    defines it), each imported the first time it is asked for, so importing the package
+    imports none of them (`fbnas`, `fbnas.latency`)."""
+    import sys
+
+    def getattr_(name: str) -> Any:
+        if name in names:
+            value = getattr(importlib.import_module(names[name]), name)
+            setattr(sys.modules[package], name, value)
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def dir_() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(names))
+
+    return getattr_, dir_

@@ -34,13 +34,13 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fbnas.arch import Architecture, build_child, child_stats
 from fbnas.config import Config, ResumePolicy, config_from_dict
-from fbnas.costs.kinds import is_measured
 from fbnas.data import build_train_data, calibration_images
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import find_latency_table, predict_us
 from fbnas.fit.search_run import SearchRun
 from fbnas.io import is_number
 from fbnas.latency.end_to_end import measure_child
+from fbnas.latency.kinds import is_measured
+from fbnas.latency.resolve import find_latency_table, predict_us
 from fbnas.runs.results import results_record, write_results
 from fbnas.supernet import supernet_child_state
 from fbnas.training._guard import fused_optimizer, keep_fused
@@ -252,11 +252,12 @@ class ChildTrainer(EpochRunner):
         if not self.dist.is_main:  # rank 0 alone measures latency and writes results.json
             return {"top1": test["top1"], "top5": test["top5"], "test_ce": test["ce"]}
         stats = child_stats(self.arch)
-        table, table_src = find_latency_table(self.cfg, self.arch, self.log)
+        table, table_src = find_latency_table(self.cfg.space, self.cfg.latency, self.arch,
+                                                     self.log)
         predicted = None
         if table is not None:
             try:
-                predicted = predict_us(table, self.arch, self.cfg)
+                predicted = predict_us(table, self.arch, self.cfg.space)
             except FbnasError as e:
                 self.log.warning(f"no predicted latency: {e}")
         measured = None

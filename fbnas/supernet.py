@@ -49,9 +49,9 @@ from fbnas.blocks.shared import (
     own_weight_keys,
     sharable,
 )
-from fbnas.costs.model import OpCosts
-from fbnas.costs.widths import WidthCosts
 from fbnas.errors import FbnasError
+from fbnas.latency.cost_model import OpCosts
+from fbnas.latency.width_costs import WidthCosts
 from fbnas.search.modes import PathSample, SearchMode, get_mode, gumbel_weights
 from fbnas.search_space import SearchSpace
 

@@ -44,14 +44,14 @@ from torch.utils.tensorboard import SummaryWriter
 from fbnas.arch import Architecture, arch_from_indices, arch_indices
 from fbnas.blocks.shared import UsedSlices
 from fbnas.config import Config, ResumePolicy, SearchConfig
-from fbnas.costs.kinds import is_measured
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import CostSource, shared_costs
 from fbnas.fit.onto_target import range_warning
 from fbnas.fit.select import Selector, cannot_time_here
 from fbnas.io import write_json_atomic
 from fbnas.latency.end_to_end import timing_seconds
+from fbnas.latency.kinds import is_measured
+from fbnas.latency.resolve import CostSource, shared_costs
 from fbnas.retrain import probe_training, train_child
 from fbnas.search import budget as budgets
 from fbnas.search._figures import epoch_line, tb_scalars
@@ -142,7 +142,9 @@ class SearchTrainer(EpochRunner):
         if s.budget is not None and self.dist.distributed:
             raise FbnasError("search.budget is not supported under torchrun yet (its probe "
                              "trains a child on one process); set the epochs instead")
-        self.costs = costs or shared_costs(cfg, self.dist, self.log.info, self.run_dir, resume)
+        self.costs = costs or shared_costs(
+            cfg.space, cfg.latency, self.dist, self.log.info, self.run_dir, resume,
+            progress=cfg.run.progress)
         # the search's cost is counted from here, the latency table loaded (search.budget)
         self._t0 = self._mark = self.clock()
         self.spent: dict[str, float] = dict((state or {}).get("spent") or {})

@@ -27,10 +27,10 @@ from fbnas.config import (
     config_from_dict,
     load_config,
 )
-from fbnas.costs.kinds import COST_KINDS, CostKind, is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.select import cannot_time_here
 from fbnas.latency import LatencyTable
+from fbnas.latency.kinds import COST_KINDS, CostKind, is_measured
 from fbnas.latency.table import _check_meta
 from fbnas.loss import LOSSES, CostLoss, LossConfig
 from fbnas.retrain import ChildTrainer

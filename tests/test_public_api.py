@@ -44,3 +44,21 @@ def test_the_docs_python_samples_import_from_fbnas_alone():
             deep += [f"{md.name}: {m}" for m in re.findall(r"^from fbnas\.\S+ import .*$",
                                                           block, re.M)]
     assert deep == []
+
+
+def test_the_latency_package_names_resolve_lazily_to_their_modules():
+    """`fbnas.latency` re-exports its modules' names without importing them up front (so the
+    cost kinds are read without torch); each name is the object its module defines."""
+    import importlib
+
+    import fbnas.latency as latency
+
+    out = subprocess.run([sys.executable, "-c", "import sys, fbnas.latency.kinds; "
+                          "print('torch' in sys.modules)"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "False"
+    for name in latency.__all__:
+        assert getattr(latency, name) is getattr(
+            importlib.import_module(latency._NAMES[name]), name), name
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        latency.nosuch  # noqa: B018

@@ -1,5 +1,5 @@
 """The `fake` timer: no clock at all: a deterministic cost from the module's FLOPs
-(`fbnas.costs.kinds.count_flops`) and layer count, with optional seeded noise and machine drift,
+(`fbnas.arch.module_flops`) and layer count, with optional seeded noise and machine drift,
 so that build and validate are testable."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from fbnas.arch import module_flops
 from fbnas.backends import QUANTIZATIONS
 from fbnas.backends.base import Runnable, Timer
-from fbnas.costs.kinds import count_flops
 
 _PLAIN = (int, float, str, bool, tuple, type(None))
 _COUNTED: dict[tuple, tuple[int, int]] = {}
@@ -67,7 +67,7 @@ class FakeTimer(Timer):
             module = module.eval().to("meta")
         key = (_signature(module), tuple(input_chw), where)
         if key not in _COUNTED:  # counting FLOPs runs a forward: once per structure
-            _COUNTED[key] = (count_flops(module, input_chw, where),
+            _COUNTED[key] = (module_flops(module, input_chw, where),
                              sum(1 for m in module.modules() if not list(m.children())))
         flops, leaves = _COUNTED[key]
         speed = self.flops_per_s * (self.INT8_SPEEDUP if self.quantization == "int8" else 1)

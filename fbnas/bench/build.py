@@ -47,12 +47,12 @@ from fbnas.backends.base import cpu_model
 from fbnas.bench.sample import SampleSpec, draw_reference, reference_indices, same_draw
 from fbnas.bench.table import Bench, training_record
 from fbnas.config import Config
-from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import resolve_costs
 from fbnas.io import clock
-from fbnas.latency import space_hash
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table
+from fbnas.latency.kinds import is_measured
+from fbnas.latency.resolve import resolve_costs
+from fbnas.latency.table import space_hash
 from fbnas.retrain import ChildTrainer
 from fbnas.runs.provenance import (
     check_same_code,
@@ -245,7 +245,7 @@ def build_bench(cfg: Config, out: str | Path, seeds: Sequence[int] = (0, 1),
         raise FbnasError(f"{add[0][1]}: only a sampled benchmark (--sample N) takes added "
                          "networks; an exhaustive one holds every network of its space")
     archs = all_archs(space) if sample is None else []
-    costs = resolve_costs(cfg, log)
+    costs = resolve_costs(cfg.space, cfg.latency, log, progress=cfg.run.progress)
     table = costs.table
     meta = {"space": space.to_dict(), "space_hash": space_hash(space),
             "training": training_record(cfg), "budgets": budgets, "seeds": seeds,

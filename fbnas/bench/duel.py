@@ -58,11 +58,11 @@ from fbnas.backends.worker import reused_workers
 from fbnas.bench.score import percentile, truth
 from fbnas.bench.table import Bench
 from fbnas.config import Config, load_config
-from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import cannot_time_here, fit_measurer
 from fbnas.io import atomic_write
+from fbnas.latency.kinds import is_measured
 from fbnas.retrain import search_cost_of, train_child
 from fbnas.runs.files import RunFiles
 from fbnas.search_space import SearchSpace

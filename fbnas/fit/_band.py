@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fbnas.costs.model import predicted_cost
 from fbnas.fit.onto_target import every_cost
+from fbnas.latency.cost_model import predicted_cost
 
 
 def band_members(rows: Sequence[Sequence[float]], fixed: float, lo: float, hi: float

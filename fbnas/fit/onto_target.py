@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fbnas.arch import log_prob
-from fbnas.costs.model import predicted_cost
+from fbnas.latency.cost_model import predicted_cost
 from fbnas.settings import LATENCY_TOLERANCE
 
 

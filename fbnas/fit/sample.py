@@ -28,8 +28,6 @@ from fbnas.arch import (
     sample_soft,
 )
 from fbnas.config import Config
-from fbnas.costs.kinds import is_measured
-from fbnas.costs.model import predicted_cost
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import Round, choose, near_target
 from fbnas.fit.search_run import SearchRun
@@ -37,6 +35,8 @@ from fbnas.fit.select import Selector
 from fbnas.fit.select import refit as refit_run
 from fbnas.io import write_json_atomic
 from fbnas.latency.bundle import RUNTIMES, network_latencies_us, read_results, write_bundle
+from fbnas.latency.cost_model import predicted_cost
+from fbnas.latency.kinds import is_measured
 from fbnas.runs.files import ARCH
 
 NEAR_TARGET = "near_target_bundle.json"  # which bundle `--near-target` wrote for the run

@@ -23,9 +23,9 @@ from fbnas.arch import Architecture
 from fbnas.config import Config, SearchConfig, apply_overrides, config_from_dict, load_config
 from fbnas.data import build_search_data
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import CostSource, run_costs, run_target
 from fbnas.io import load_json
-from fbnas.latency import LatencyTable
+from fbnas.latency.resolve import CostSource, run_costs, run_target
+from fbnas.latency.table import LatencyTable
 from fbnas.runs.files import CHECKPOINT, RunFiles
 from fbnas.supernet import Supernet
 from fbnas.training.checkpoint import load_checkpoint
@@ -107,12 +107,12 @@ class SearchRun:
     def costs(self) -> CostSource:
         if self.table is None:
             raise FbnasError(f"{self.dir}: no {self.files.table.name}: the run's costs are unknown")
-        return run_costs(self.config, self.table)
+        return run_costs(self.config.space, self.table)
 
     @property
     def target(self) -> float:
         """The run's loss.target in its table's units."""
-        return run_target(self.config, self.costs)
+        return run_target(self.config.space, self.config.loss, self.costs)
 
     @property
     def fit_tolerance(self) -> float:

@@ -30,11 +30,8 @@ import torch
 from fbnas.arch import Architecture, arch_from_indices, sample_hard
 from fbnas.backends.worker import reused_workers
 from fbnas.config import Config
-from fbnas.costs.kinds import is_measured
-from fbnas.costs.model import cost_lists, predicted_cost
 from fbnas.errors import FbnasError
 from fbnas.fit._band import drawn_in_band
-from fbnas.fit.costs import CostSource
 from fbnas.fit.onto_target import (
     Fit,
     fit_to_target,
@@ -43,8 +40,11 @@ from fbnas.fit.onto_target import (
     measured_fit,
 )
 from fbnas.fit.search_run import SearchRun
-from fbnas.latency import LatencyTable
+from fbnas.latency.cost_model import cost_lists, predicted_cost
 from fbnas.latency.end_to_end import fit_panel, panel, time_archs
+from fbnas.latency.kinds import is_measured
+from fbnas.latency.resolve import CostSource
+from fbnas.latency.table import LatencyTable
 
 Measurer = Callable[[list[int]], tuple[float, float]]
 

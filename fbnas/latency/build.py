@@ -33,10 +33,10 @@ from tqdm import tqdm
 from fbnas.arch import Architecture, arch_from_indices, build_child
 from fbnas.backends import Runnable, Timer
 from fbnas.backends.worker import under_allocator
-from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import clock
 from fbnas.latency.counted import counted_rows
+from fbnas.latency.kinds import is_measured
 from fbnas.latency.measure import (
     REFERENCE,
     EntryStats,

@@ -10,9 +10,9 @@ from typing import Any
 
 from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, Timer, make_timer
 from fbnas.backends.allocator import resolve as resolve_allocator
-from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
 from fbnas.io import load_config_data
+from fbnas.latency.kinds import COST_KINDS
 from fbnas.settings import read_fields, setting
 
 

@@ -3,8 +3,9 @@ device needed), and the FLOPs per (layer, op) that order ops when sampling netwo
 
 from __future__ import annotations
 
-from fbnas.costs.kinds import COST_KINDS, count_flops, counted_kinds
+from fbnas.arch import module_flops
 from fbnas.errors import FbnasError
+from fbnas.latency.kinds import COST_KINDS, counted_kinds
 from fbnas.latency.signature import Signature, layer_signatures, space_signatures
 from fbnas.latency.table import LatencyTable
 from fbnas.search_space import SearchSpace
@@ -12,7 +13,7 @@ from fbnas.search_space import SearchSpace
 
 def counted_rows(space: SearchSpace) -> list[dict[str, float]]:
     """FLOPs per (layer, op), counted on the meta device (instant; for ordering ops)."""
-    return [{op: float(count_flops(sig.build().eval().to("meta"), sig.input_shape, "meta"))
+    return [{op: float(module_flops(sig.build().eval().to("meta"), sig.input_shape, "meta"))
              for op, sig in row.items()} for row in layer_signatures(space)]
 
 

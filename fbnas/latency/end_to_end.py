@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from fbnas.arch import Architecture, build_child
-from fbnas.costs.kinds import is_measured
+from fbnas.backends import Timer
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable, Timer, space_hash
 from fbnas.latency.build import probe_archs, sample_spanning
 from fbnas.latency.config import LatencyConfig
+from fbnas.latency.kinds import is_measured
 from fbnas.latency.measure import Measurement, Protocol
+from fbnas.latency.table import LatencyTable, space_hash
 from fbnas.latency.timed_models import measure_modules
 from fbnas.search_space import SearchSpace
 

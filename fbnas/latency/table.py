@@ -36,9 +36,9 @@ from typing import Any
 
 from fbnas import __version__
 from fbnas.backends import QUANTIZATIONS
-from fbnas.costs.kinds import COST_KINDS, is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import load_json, show, write_json_atomic
+from fbnas.latency.kinds import COST_KINDS, is_measured
 from fbnas.latency.signature import (
     Signature,
     arch_signatures,
@@ -205,7 +205,7 @@ class LatencyTable:
         if model not in MODELS:
             raise FbnasError(f"cost model must be one of {', '.join(MODELS)}; got {model!r}")
         # corrections are per (layer, op) at one width: a width-searched space uses the
-        # calibration (fbnas.fit.costs.width_costs)
+        # calibration (fbnas.latency.resolve.width_costs)
         corrected_ok = (self.corrections is not None and space is not None
                      and not space.searches_widths
                      and self.corrections.get("space_hash") == space_hash(space))

@@ -27,11 +27,11 @@ import numpy as np
 from fbnas.arch import Architecture
 from fbnas.backends import Timer
 from fbnas.backends.worker import under_allocator
-from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
 from fbnas.io import atomic_write
 from fbnas.latency.build import MeasureProgress, measure_archs, prepare_reference, sample_spanning
 from fbnas.latency.counted import build_cost_table
+from fbnas.latency.kinds import is_measured
 from fbnas.latency.measure import Protocol
 from fbnas.latency.table import LatencyTable, space_hash
 from fbnas.search_space import SearchSpace

@@ -49,10 +49,8 @@ import torch
 from fbnas.arch import Architecture, arch_from_indices, random_archs
 from fbnas.bench.table import bench_for
 from fbnas.config import Config, apply_overrides, config_from_dict, with_retrain_epochs
-from fbnas.costs.kinds import is_measured
 from fbnas.data import build_eval_data
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import find_latency_table
 from fbnas.io import (
     atomic_write,
     ensure_dir,
@@ -62,7 +60,9 @@ from fbnas.io import (
     write_text_atomic,
 )
 from fbnas.latency.end_to_end import panel, time_archs, timer_for_table, timer_label
+from fbnas.latency.kinds import is_measured
 from fbnas.latency.measure import Protocol
+from fbnas.latency.resolve import find_latency_table
 from fbnas.plots import _plt
 from fbnas.retrain import target_us_of
 from fbnas.runs.files import RunFiles
@@ -319,7 +319,7 @@ class Sweep:
         uniq: dict[str, Architecture] = {}
         for p in points:
             uniq.setdefault(p.arch.hash(), p.arch)
-        table, _ = find_latency_table(self.cfg, next(iter(uniq.values())), None)
+        table, _ = find_latency_table(self.cfg.space, lat, next(iter(uniq.values())), None)
         timer = timer_for_table(lat, table)  # the table's allocator: comparable with its values
         pan = panel(self.cfg.space, table)
         self.log(f"== sweep: timing {len(uniq)} children end to end ({timer.backend}, "

@@ -45,12 +45,12 @@ import torch
 
 from fbnas.arch import Architecture
 from fbnas.config import Config
-from fbnas.costs.kinds import is_measured
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import resolve_costs
 from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import refit
 from fbnas.io import ensure_dir, load_json, write_json_atomic
+from fbnas.latency.kinds import is_measured
+from fbnas.latency.resolve import resolve_costs
 from fbnas.runs.files import RunFiles
 from fbnas.runs.provenance import check_same_code, driver_code, import_ray, worker_env
 from fbnas.sweep._point import retrain_point, search_done, search_point
@@ -166,7 +166,8 @@ class RaySweep:
         ensure_dir(sw.out)
         if any(not search_done(sp.cfg) for sp in sw.plan):
             # the latency table (and the data) once, here, before the workers load the machine
-            resolve_costs(sw.plan[0].cfg, self.log, save=False)
+            cfg = sw.plan[0].cfg
+            resolve_costs(cfg.space, cfg.latency, self.log, save=False, progress=cfg.run.progress)
         sw._n_test()
         c = sw.plan[0].cfg
         self.driver_fit = (is_measured(c.latency.cost) and c.loss.target is not None

@@ -23,7 +23,8 @@ import torch
 
 from fbnas.backends import Runnable
 from fbnas.backends.worker import call_in_worker
-from fbnas.latency import REFERENCE, Protocol, Signature, make_timer, measure
+from fbnas.latency import REFERENCE, Protocol, Signature, make_timer
+from fbnas.latency.measure import measure
 from scripts.common import Spread
 
 BLOCKS = [Signature("block", op, c, c, 1, hw, hw) for op, c, hw in [

@@ -35,8 +35,9 @@ import torch
 from scipy import stats
 
 from fbnas.arch import Architecture, build_child
-from fbnas.latency import Protocol, build_table, make_timer, sample_spanning, validate
+from fbnas.latency import Protocol, build_table, make_timer, sample_spanning
 from fbnas.latency.timed_models import measure_runtimes
+from fbnas.latency.validate import validate
 from fbnas.search_space import load_space
 from fbnas.settings import CONTEXT_PROBES
 from scripts.common import ROOT, SPACES, space_config

@@ -36,16 +36,10 @@ from torch import nn
 from fbnas.arch import Architecture
 from fbnas.backends.worker import call_in_worker
 from fbnas.errors import FbnasError
-from fbnas.latency import (
-    LatencyTable,
-    Protocol,
-    block_signature,
-    build_table,
-    make_timer,
-    validate,
-)
+from fbnas.latency import LatencyTable, Protocol, block_signature, build_table, make_timer
 from fbnas.latency.build import refresh_values, sample_spanning
 from fbnas.latency.timed_models import ModelSpec, measure_modules, measure_specs
+from fbnas.latency.validate import validate
 from fbnas.search_space import load_space
 from fbnas.settings import CONTEXT_PROBES
 from scripts.common import ROOT, SPACES, Spread, space_config

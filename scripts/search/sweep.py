@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from fbnas.config import load_config
-from fbnas.fit.costs import resolve_costs
+from fbnas.latency.resolve import resolve_costs
 from scripts.common import ROOT, SPACES
 
 SAME = ("arch_hash", "predicted_us", "top1", "top5", "val_top1")
@@ -105,7 +105,8 @@ def build_table(args, cache: Path) -> None:
     """The sweeps' one latency table, measured before any of them (outside their times)."""
     t = time.perf_counter()
     overrides = [f"latency.cache_dir={cache}", "run.progress=false", *args.set]
-    resolve_costs(load_config(args.config, overrides), log=lambda m: None, save=False)
+    cfg = load_config(args.config, overrides)
+    resolve_costs(cfg.space, cfg.latency, log=lambda m: None, save=False)
     print(f"latency table ready in {time.perf_counter() - t:.0f} s ({cache}), shared by every "
           "sweep below")
 

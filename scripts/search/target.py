@@ -46,12 +46,12 @@ import time
 import numpy as np
 
 from fbnas.arch import Architecture, random_archs
-from fbnas.costs.model import cost_lists, cost_range
-from fbnas.fit.costs import run_target
 from fbnas.fit.onto_target import every_cost
 from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import refit
+from fbnas.latency.cost_model import cost_lists, cost_range
 from fbnas.latency.end_to_end import FIT_ROUNDS, panel, time_archs, timer_for_table
+from fbnas.latency.resolve import run_target
 from fbnas.loss import resolve_target
 from fbnas.runs.files import RunFiles
 from scripts.common import QUIET, SPACES, closing, run_config, search_trainer
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                             tr.train()
                         costs = tr.costs
                         arch = Architecture.load(files.arch)
-                    t_us = run_target(cfg, costs)
+                    t_us = run_target(cfg.space, cfg.loss, costs)
                     found.append((mode, target, seed, arch, t_us, arch.meta["predicted"]))
                     fits.append(arch.meta)
                     soon.append(_right_after(cfg, costs.table, arch, args))

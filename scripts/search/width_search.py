@@ -33,8 +33,8 @@ from pathlib import Path
 from fbnas.arch import Architecture
 from fbnas.bench.table import Bench
 from fbnas.config import load_config
-from fbnas.fit.costs import cached_table_path, resolve_costs
 from fbnas.latency.end_to_end import panel, time_archs
+from fbnas.latency.resolve import cached_table_path, resolve_costs
 from scripts.common import BENCH_CONFIG, BENCH_FILE, ROOT, retrain_process, search_process
 
 WIDTH_CONFIG = ROOT / "configs" / "bench_digits_widths.yaml"
@@ -73,11 +73,12 @@ def main(argv: list[str] | None = None) -> None:
     seeds = bench.seeds if bench is not None else [int(x) for x in a.retrain_seeds.split(",")]
     grid = [(int(s), t) for s in a.seeds.split(",") for t in a.targets.split(",")]
     wcfg = load_config(a.config, a.sets)
-    costs = resolve_costs(wcfg)  # measured once here, not by two searches at once
+    # measured once here, not by two searches at once
+    costs = resolve_costs(wcfg.space, wcfg.latency, progress=wcfg.run.progress)
     # the op-only searches run here read the same table (it holds their widest entries): a
     # table cached hours earlier on this VM can read 15% slow, and the width searches aim at
     # the op-only runs' targets in µs
-    same_table = f"latency.table={cached_table_path(wcfg)}"
+    same_table = f"latency.table={cached_table_path(wcfg.space, wcfg.latency)}"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.keep or tmp)
         ops_root = Path(a.ops_runs or root / "ops")

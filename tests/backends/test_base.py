@@ -28,10 +28,10 @@ from fbnas.backends.export import (
 )
 from fbnas.backends.fake import FakeTimer
 from fbnas.backends.torchscript import TorchScriptFormat
-from fbnas.costs.kinds import COST_KINDS, CostKind
 from fbnas.errors import FbnasError
 from fbnas.latency import LatencyTable, build_cost_table
 from fbnas.latency.config import LatencyConfig
+from fbnas.latency.kinds import COST_KINDS, CostKind
 from fbnas.search_space import SearchSpace
 from fbnas.training.checkpoint import save_checkpoint
 

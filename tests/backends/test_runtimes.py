@@ -11,10 +11,11 @@ from conftest import latency_space, needs
 from fbnas.backends import FORMATS, TIMERS
 from fbnas.backends import exported as rt
 from fbnas.errors import FbnasError
-from fbnas.latency import Protocol, build_table, make_timer, validate
+from fbnas.latency import Protocol, build_table, make_timer
 from fbnas.latency.build import sample_spanning
 from fbnas.latency.config import LatencyConfig
 from fbnas.latency.signature import Signature
+from fbnas.latency.validate import validate
 from fbnas.search_space import SearchSpace
 
 FAST = Protocol(rounds=4, extra_rounds=0, sample_s=0.002, ref_sample_s=0.001, warmup_s=0.005)

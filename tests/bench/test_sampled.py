@@ -25,7 +25,7 @@ from fbnas.bench.score import truth
 from fbnas.bench.table import BENCH_SCHEMA, SAMPLED_SCHEMA, Bench
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import resolve_costs
+from fbnas.latency.resolve import resolve_costs
 from tests.bench.spaces import SPACE64
 
 
@@ -50,7 +50,7 @@ def _draw(tmp, name, spec, latency=None):
 
 
 def _every_cost(cfg):
-    model = resolve_costs(cfg, _quiet).model(cfg.space)
+    model = resolve_costs(cfg.space, cfg.latency, _quiet).model(cfg.space)
     return model, {arch_from_indices(cfg.space, list(i)).hash(): model.of(list(i))
                    for i in itertools.product(*(range(len(c)) for c in
                                                 cfg.space.decision_candidates()))}
@@ -310,7 +310,7 @@ def test_a_sampled_build_trains_and_times_the_reference_sample(sampled):
     sp = b.meta["sample"]
     assert (sp["n"], sp["bands"], sp["band_width"], sp["seed"]) == (3, list(BANDS), 0.05, 0)
     cfg = config_from_dict(json.loads(conf.read_text()), str(conf))
-    model = resolve_costs(cfg, _quiet).model(cfg.space)
+    model = resolve_costs(cfg.space, cfg.latency, _quiet).model(cfg.space)
     for band in sp["band_list"]:
         assert len(band["networks"]) == min(3, band["in_space"])
         for n in band["networks"]:

@@ -29,7 +29,8 @@ for argv in (["--version"], ["--help"], ["train", "--help"], ["latency", "build"
         except SystemExit as e:
             codes[" ".join(argv)] = (e.code, err.getvalue())
 heavy = [m for m in ("torch", "numpy", "scipy", "fbnas.trainer", "fbnas.supernet", "fbnas.config",
-                     "fbnas.arch", "fbnas.latency") if m in sys.modules]
+                     "fbnas.arch", "fbnas.latency.table", "fbnas.latency.build")
+         if m in sys.modules]
 print(json.dumps({"helps": helps, "codes": codes, "heavy": heavy}))
 """
 

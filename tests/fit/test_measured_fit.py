@@ -18,7 +18,6 @@ import fbnas.fit.select as select_mod
 from fbnas._cli import main
 from fbnas.arch import Architecture, log_prob
 from fbnas.config import config_from_dict, load_config
-from fbnas.costs.model import predicted_cost
 from fbnas.errors import FbnasError
 from fbnas.fit.onto_target import (
     Round,
@@ -28,6 +27,7 @@ from fbnas.fit.onto_target import (
     near_target,
 )
 from fbnas.fit.select import Selector
+from fbnas.latency.cost_model import predicted_cost
 from fbnas.retrain import ChildTrainer
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger

@@ -17,11 +17,11 @@ from conftest import DIGITS_SPACE, digits_run_config
 
 from fbnas.arch import arch_indices, log_prob
 from fbnas.config import config_from_dict
-from fbnas.costs.model import predicted_cost
 from fbnas.fit._band import band_members, drawn_in_band
 from fbnas.fit.onto_target import fit_to_target, likeliest_in_band
 from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import Selector, distinct_top, train_ranked
+from fbnas.latency.cost_model import predicted_cost
 from fbnas.trainer import SearchTrainer
 from fbnas.training.logs import close_logger
 

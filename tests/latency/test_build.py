@@ -8,17 +8,11 @@ import pytest
 
 from fbnas.arch import ChildNet
 from fbnas.errors import FbnasError
-from fbnas.latency import (
-    LatencyTable,
-    Protocol,
-    block_signature,
-    build_table,
-    sample_spanning,
-    validate,
-)
+from fbnas.latency import LatencyTable, Protocol, block_signature, build_table, sample_spanning
 from fbnas.latency.build import EXPONENT_BOUNDS, fit_context_model, refresh_values
 from fbnas.latency.measure import REFERENCE
 from fbnas.latency.signature import arch_signatures
+from fbnas.latency.validate import validate
 
 from .fakes import FAST, CountingFake, fake, tiny_space
 

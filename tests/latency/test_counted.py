@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fbnas.arch import arch_from_indices, build_child, count_flops, count_params
-from fbnas.costs.kinds import count_flops as count_module_flops
+from fbnas.arch import arch_from_indices, build_child, count_flops, count_params, module_flops
 from fbnas.latency import LatencyTable, build_cost_table
 
 from .fakes import tiny_space
@@ -23,7 +22,7 @@ def test_counted_tables_match_the_child_network(cost, tmp_path):
     net = build_child(arch)
     want = count_flops(net, (8, 8)) if cost == "flops" else count_params(net)
     if cost == "flops":  # the fake timer's count, on the meta device
-        assert count_module_flops(net.eval().to("meta"), (3, 8, 8), "meta") == want
+        assert module_flops(net.eval().to("meta"), (3, 8, 8), "meta") == want
     assert table.predict(arch) == pytest.approx(want)
     table.check_run(batch=64, dtype="bfloat16")  # counted tables fit any run
     rows, fixed = table.costs_for(space)

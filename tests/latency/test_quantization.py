@@ -10,10 +10,10 @@ from conftest import digits_run_config, needs, one_line_error
 
 from fbnas.backends import make_timer
 from fbnas.config import config_from_dict
-from fbnas.fit.costs import cached_table_path, resolve_costs
 from fbnas.latency import Protocol, build_table
 from fbnas.latency.build import check_extend
 from fbnas.latency.config import LatencyConfig
+from fbnas.latency.resolve import cached_table_path, resolve_costs
 from fbnas.latency.signature import Signature
 
 from .fakes import FAST, fake, tiny_space
@@ -61,16 +61,18 @@ def _cfg(tmp_path, quantization):
 
 def test_a_search_builds_and_caches_one_table_per_quantization(tmp_path):
     none, int8 = _cfg(tmp_path, "none"), _cfg(tmp_path, "int8")
-    assert cached_table_path(none) != cached_table_path(int8)
-    src = resolve_costs(int8, log=lambda _: None)
+    none_path = cached_table_path(none.space, none.latency)
+    int8_path = cached_table_path(int8.space, int8.latency)
+    assert none_path != int8_path
+    src = resolve_costs(int8.space, int8.latency, log=lambda _: None)
     assert src.table.meta["quantization"] == "int8"
-    assert cached_table_path(int8).is_file() and not cached_table_path(none).is_file()
+    assert int8_path.is_file() and not none_path.is_file()
     # a config naming that table but asking for fp32 timing is refused where it is read
     bad = config_from_dict({**digits_run_config(latency={
-        "cost": "latency", "device": "fake", "table": str(cached_table_path(int8))})},
+        "cost": "latency", "device": "fake", "table": str(int8_path)})},
         "c.yaml")
-    one_line_error(lambda: resolve_costs(bad, log=lambda _: None), "meta.quantization",
-                   "--quantization none")
+    one_line_error(lambda: resolve_costs(bad.space, bad.latency, log=lambda _: None),
+                   "meta.quantization", "--quantization none")
 
 
 def test_the_measured_fit_of_an_int8_search_times_int8_programs(tmp_path, monkeypatch):
@@ -79,7 +81,7 @@ def test_the_measured_fit_of_an_int8_search_times_int8_programs(tmp_path, monkey
     import fbnas.fit.select as select
 
     cfg = _cfg(tmp_path, "int8")
-    table = resolve_costs(cfg, log=lambda _: None).table
+    table = resolve_costs(cfg.space, cfg.latency, log=lambda _: None).table
     seen = []
 
     def time_archs(timer, archs, table_, pan, stop_ci=0.0):

@@ -9,7 +9,8 @@ import pytest
 
 from fbnas.arch import arch_from_indices
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable, make_timer, validate
+from fbnas.latency import LatencyTable, make_timer
+from fbnas.latency.validate import validate
 from fbnas.supernet import Supernet
 
 from .fakes import tiny_space

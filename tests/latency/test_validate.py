@@ -7,10 +7,10 @@ import pytest
 
 from fbnas.arch import arch_from_indices
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable, apply_report, sample_spanning, space_hash, validate
+from fbnas.latency import LatencyTable, apply_report, sample_spanning, space_hash
 from fbnas.latency.build import build_table
 from fbnas.latency.signature import layer_signatures
-from fbnas.latency.validate import rank_metrics, summary_lines
+from fbnas.latency.validate import rank_metrics, summary_lines, validate
 
 from .fakes import FAST, fake, tiny_space
 

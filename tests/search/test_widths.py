@@ -12,15 +12,15 @@ from torch import nn
 from fbnas._cli import main
 from fbnas.arch import Architecture, arch_from_indices, arch_indices, build_child
 from fbnas.config import config_from_dict
-from fbnas.costs.widths import WidthCosts
 from fbnas.errors import FbnasError
-from fbnas.fit.costs import width_costs
 from fbnas.fit.onto_target import fit_with_widths
 from fbnas.fit.search_run import SearchRun
 from fbnas.fit.select import refit
 from fbnas.latency import build_cost_table
+from fbnas.latency.resolve import width_costs
 from fbnas.latency.signature import space_signatures
 from fbnas.latency.table import space_hash
+from fbnas.latency.width_costs import WidthCosts
 from fbnas.search.modes import MODES
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet, supernet_child_state
@@ -402,11 +402,11 @@ def test_a_near_target_bundle_of_a_width_search_carries_the_fits_widths(tmp_path
     nets = wrote["networks"]
     n = len(space.layer_candidates())
     widths = {tuple(arch_indices(space, a)[n:]) for a in nets}
-    from fbnas.fit.costs import run_costs
     from fbnas.fit.select import Selector
+    from fbnas.latency.resolve import run_costs
     cfg = config_from_dict(d, "w")
     theta = [torch.tensor(t) for t in json.loads((run / "theta.json").read_text())["theta"]]
-    fitted = Selector(cfg, theta, run_costs(cfg, table),
+    fitted = Selector(cfg, theta, run_costs(cfg.space, table),
                       wrote["purpose"]["near_target"]["target"]).table_fit().widths
     assert len(nets) == 3 and widths == {tuple(fitted)}  # one choice of widths: the fit's
     for a in nets:

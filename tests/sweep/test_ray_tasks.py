@@ -21,7 +21,7 @@ from conftest import needs
 from fbnas._cli import main
 from fbnas.arch import Architecture
 from fbnas.config import config_from_dict
-from fbnas.fit.costs import resolve_costs
+from fbnas.latency.resolve import resolve_costs
 from fbnas.sweep.ray_tasks import KILL_ENV
 
 from .test_driver import TINY
@@ -185,7 +185,8 @@ def test_measured_fits_are_timed_by_the_driver_once_the_searches_are_done(
     d["loss"] = {"kind": "target", "target": "0.5x", "lambda": 1.0}
     target_cfg = config.parent / "tiny-target.yaml"
     target_cfg.write_text(yaml.safe_dump(d))
-    resolve_costs(config_from_dict(d, str(target_cfg)), save=False)  # the honest table first
+    honest = config_from_dict(d, str(target_cfg))
+    resolve_costs(honest.space, honest.latency, save=False)  # the honest table first
     monkeypatch.setattr(FakeTimer, "prepare", slower)
     out = config.parent / "ray-target"
     assert main(["sweep", "--config", str(target_cfg), "--out", str(out), "--workers", "2",

@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 
 from fbnas._cli.latency.common import log, protocol, timer, timer_args
-from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
+from fbnas.latency.kinds import COST_KINDS
 from fbnas.settings import CONTEXT_PROBES
 
 
 def run(args) -> int:
-    from fbnas.latency import LatencyTable, build_cost_table, build_table
-    from fbnas.latency.build import check_extend, context_text
+    from fbnas.latency.build import build_table, check_extend, context_text
+    from fbnas.latency.counted import build_cost_table
+    from fbnas.latency.table import LatencyTable
     from fbnas.search_space import load_space
 
     space = load_space(args.config)

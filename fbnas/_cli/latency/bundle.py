@@ -12,9 +12,9 @@ from fbnas.settings import CONTEXT_PROBES, TIMING_ROUNDS
 
 
 def run(args) -> int:
-    from fbnas.latency import LatencyTable
     from fbnas.latency.bundle import write_bundle
     from fbnas.latency.measure import Protocol
+    from fbnas.latency.table import LatencyTable
     from fbnas.search_space import load_space
 
     space = load_space(args.config)

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 from fbnas.backends import DTYPES, QUANTIZATIONS, TIMERS, clock_choices, offered
 from fbnas.backends.allocator import ALLOCATORS
-from fbnas.costs.kinds import COST_KINDS
 from fbnas.errors import FbnasError
+from fbnas.latency.kinds import COST_KINDS
 from fbnas.settings import TIMING_ROUNDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fbnas.backends.base import Timer
-    from fbnas.latency import LatencyTable
     from fbnas.latency.measure import Protocol
+    from fbnas.latency.table import LatencyTable
 
 
 def timer_args(p) -> None:

@@ -13,8 +13,8 @@ from fbnas.io import write_json_atomic
 from fbnas.runs.results import record_program_anywhere
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fbnas.latency import LatencyTable
     from fbnas.latency.end_to_end import Panel
+    from fbnas.latency.table import LatencyTable
     from fbnas.latency.timed_models import ModelSpec
 
 
@@ -55,8 +55,8 @@ def _panel(args, table: LatencyTable | None) -> Panel:
 
 def run(args) -> int:
     from fbnas.arch import Architecture
-    from fbnas.latency import LatencyTable
     from fbnas.latency.end_to_end import panel_modules, unit_scales
+    from fbnas.latency.table import LatencyTable
     from fbnas.latency.timed_models import measure_specs
 
     table = LatencyTable.load(args.table) if args.table else None

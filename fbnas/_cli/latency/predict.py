@@ -9,7 +9,8 @@ from fbnas.settings import COST_MODELS
 
 def run(args) -> int:
     from fbnas.arch import Architecture
-    from fbnas.latency import LatencyTable, arch_signatures
+    from fbnas.latency.signature import arch_signatures
+    from fbnas.latency.table import LatencyTable
     from fbnas.search_space import load_space
 
     table = LatencyTable.load(args.table)

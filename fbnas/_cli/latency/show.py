@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from fbnas._cli.latency.common import counted, fmt
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fbnas.latency import LatencyTable
+    from fbnas.latency.table import LatencyTable
 
 
 def _header(path: str, table: LatencyTable) -> None:
@@ -38,7 +38,7 @@ def _header(path: str, table: LatencyTable) -> None:
 def _groups(table: LatencyTable, config: str | None) -> tuple[list[tuple[str, dict]], list]:
     """(row name, {op: signature}) per row, and the fixed (stem, head) signatures: by the
     config's layers, else by the shapes the table holds."""
-    from fbnas.latency import head_signature, layer_signatures, stem_signature
+    from fbnas.latency.signature import head_signature, layer_signatures, stem_signature
     from fbnas.search_space import load_space
 
     if config:
@@ -59,7 +59,7 @@ def _groups(table: LatencyTable, config: str | None) -> tuple[list[tuple[str, di
 
 
 def run(args) -> int:
-    from fbnas.latency import LatencyTable
+    from fbnas.latency.table import LatencyTable
 
     table = LatencyTable.load(args.table)
     _header(args.table, table)

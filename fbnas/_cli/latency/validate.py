@@ -14,8 +14,14 @@ TABLE_PROTOCOL = ("rounds", "sample_s", "ref_sample_s", "ref_every", "warmup_s",
 
 
 def run(args) -> int:
-    from fbnas.latency import LatencyTable, apply_report, validate
-    from fbnas.latency.validate import plot_report, public_report, summary_lines
+    from fbnas.latency.table import LatencyTable
+    from fbnas.latency.validate import (
+        apply_report,
+        plot_report,
+        public_report,
+        summary_lines,
+        validate,
+    )
     from fbnas.search_space import load_space
 
     space = load_space(args.config)

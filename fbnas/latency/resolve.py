@@ -1,13 +1,14 @@
-"""Where a run's costs come from, and a child network's latency, predicted and measured.
+"""Where a run's costs come from, and a child network's latency predicted from a table.
 
-`resolve_costs` loads the table a config names, reuses this machine's cached table for the
-space and timer settings, or measures one (the cache policy: `cached_table_path`); a resumed
-run keeps the table saved in its run directory. `shared_costs` does the same under torchrun
-(rank 0 resolves, the others receive). For a trained child, `find_latency_table` finds the
-table to predict with and `predict_us` predicts (`fbnas.latency.end_to_end.measure_child`
-times it).
-What a finished search's table makes of its loss.target: `run_costs`, `run_target`. (From θ to
-the returned network: `fbnas.fit.select`.)
+`resolve_costs` loads the table a run's `latency:` section names, reuses this machine's cached
+table for the space and timer settings, or measures one (the cache policy:
+`cached_table_path`); a resumed run keeps the table saved in its run directory. `shared_costs`
+does the same under torchrun (rank 0 resolves, the others receive). For a trained child,
+`find_latency_table` finds the table to predict with and `predict_us` predicts
+(`fbnas.latency.end_to_end.measure_child` times it). What a finished search's table makes of
+its loss.target: `run_costs`, `run_target`. The functions take the config's parts they read
+(the space, its `latency:` and `loss:` sections), not the config, which sits above this
+package. (From θ to the returned network: `fbnas.fit.select`.)
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from fbnas.arch import Architecture
-from fbnas.config import Config
-from fbnas.costs.kinds import COST_KINDS, is_measured
-from fbnas.costs.model import OpCosts, cost_lists
-from fbnas.costs.widths import WidthCosts
+from fbnas.backends import Timer
 from fbnas.errors import FbnasError
-from fbnas.latency import LatencyTable, Timer, build_cost_table, build_table, space_hash
+from fbnas.latency.build import build_table
+from fbnas.latency.config import LatencyConfig
+from fbnas.latency.cost_model import OpCosts, cost_lists
+from fbnas.latency.counted import build_cost_table
+from fbnas.latency.kinds import COST_KINDS, is_measured
 from fbnas.latency.signature import layer_width_signatures, stem_signature
-from fbnas.latency.table import calibrated
+from fbnas.latency.table import LatencyTable, calibrated, space_hash
+from fbnas.latency.width_costs import WidthCosts
+from fbnas.loss import LossConfig
 from fbnas.runs.files import RunFiles
+from fbnas.search_space import SearchSpace
 from fbnas.training.distributed import DistContext
 
 
@@ -46,7 +51,7 @@ class CostSource:
 
     def model(self, space) -> WidthCosts | OpCosts:
         """The cost of an architecture of `space` under these costs, one way (of, bounds,
-        rows_at: fbnas.costs.model)."""
+        rows_at: fbnas.latency.cost_model)."""
         if self.widths is not None:
             return self.widths
         return OpCosts(cost_lists(self.rows, space.layer_candidates()), self.fixed)
@@ -67,16 +72,16 @@ def width_costs(space, table) -> WidthCosts | None:
     return WidthCosts(space, rows[:-1], list(rows[-1].values()), stem)
 
 
-def _source(cfg: Config, table, description: str) -> CostSource:
-    rows, fixed = table.costs_for(cfg.space)
+def _source(space: SearchSpace, table, description: str) -> CostSource:
+    rows, fixed = table.costs_for(space)
     return CostSource(rows, fixed, table.fingerprint(), COST_KINDS.get(table.cost).unit,
-                      description, table, width_costs(cfg.space, table))
+                      description, table, width_costs(space, table))
 
 
-def cached_table_path(cfg: Config, timer: Timer | None = None) -> Path:
-    """Where `fbnas train` caches the latency table measured for this config's space and
-    latency settings on this machine."""
-    lat, space = cfg.latency, cfg.space
+def cached_table_path(space: SearchSpace, lat: LatencyConfig, timer: Timer | None = None
+                      ) -> Path:
+    """Where `fbnas train` caches the latency table measured for this space and these latency
+    settings on this machine."""
     fp_dev = (timer or lat.make_timer()).describe()
     key = json.dumps({k: fp_dev.get(k) for k in sorted(fp_dev) if k != "created"},
                      sort_keys=True)
@@ -84,19 +89,18 @@ def cached_table_path(cfg: Config, timer: Timer | None = None) -> Path:
     return Path(lat.cache_dir).expanduser() / f"{space.name}-{lat.device}-{tag}.json"
 
 
-def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
+def resolve_costs(space: SearchSpace, lat: LatencyConfig, log: Callable[[str], None] = print,
                   run_dir: Path | None = None, prefer_saved: bool = False,
-                  save: bool = True) -> CostSource:
-    """Load, reuse from cache, or build the cost table the config asks for (a resumed run,
-    `prefer_saved`, takes the copy saved in its run directory when the config names no
-    table file)."""
-    lat, space = cfg.latency, cfg.space
+                  save: bool = True, progress: bool = False) -> CostSource:
+    """Load, reuse from cache, or build the cost table `lat` (a config's `latency:`) asks for
+    (a resumed run, `prefer_saved`, takes the copy saved in its run directory when `lat` names
+    no table file; `progress`: a progress bar while measuring)."""
     saved = RunFiles(run_dir).table if run_dir is not None else None
     if prefer_saved and saved is not None and saved.is_file():
         # a resumed run keeps the table it was searched with, whatever the cache holds now
         table = LatencyTable.load(saved)
         if table.cost == lat.cost:
-            return _source(cfg, table, f"cost table {saved}")
+            return _source(space, table, f"cost table {saved}")
     if lat.table:
         table = LatencyTable.load(lat.table)
         if table.cost != lat.cost:
@@ -110,30 +114,31 @@ def resolve_costs(cfg: Config, log: Callable[[str], None] = print,
         desc = f"counted {lat.cost} table"
     else:
         timer = lat.make_timer()
-        cache = cached_table_path(cfg, timer)
+        cache = cached_table_path(space, lat, timer)
         table = LatencyTable.load(cache) if cache.is_file() else None
         if table is not None and not table.missing(space):
             log(f"reusing cached latency table {cache}")
             desc = f"latency table {cache} (cached, measured on this machine)"
         else:
             log(f"measuring a latency table for this machine ({lat.device}) -> {cache}")
-            table = build_table(space, timer, table=table, out=cache, progress=cfg.run.progress,
+            table = build_table(space, timer, table=table, out=cache, progress=progress,
                                 log=log)
             desc = f"latency table {cache} (measured now)"
     if run_dir is not None and save:
         table.save(RunFiles(run_dir).table)
-    return _source(cfg, table, desc)
+    return _source(space, table, desc)
 
 
-def shared_costs(cfg: Config, dist: DistContext, log: Callable[[str], None], run_dir: Path,
-                 resume: bool) -> CostSource:
+def shared_costs(space: SearchSpace, lat: LatencyConfig, dist: DistContext,
+                 log: Callable[[str], None], run_dir: Path, resume: bool,
+                 progress: bool = False) -> CostSource:
     """`resolve_costs` for a search run (not saved yet: the trainer saves it once every other
     input is valid). Under torchrun rank 0 loads or measures the table and the other ranks
     receive its rows and fingerprint, or its error."""
 
     def resolve() -> CostSource:
-        return resolve_costs(cfg, log, run_dir, prefer_saved=resume and (
-            is_measured(cfg.latency.cost)) and not cfg.latency.table, save=False)
+        return resolve_costs(space, lat, log, run_dir, prefer_saved=resume and (
+            is_measured(lat.cost)) and not lat.table, save=False, progress=progress)
 
     if not dist.distributed:
         return resolve()
@@ -156,21 +161,21 @@ def shared_costs(cfg: Config, dist: DistContext, log: Callable[[str], None], run
 
 
 # ---- a child's latency predicted from a table ---------------------------------------------
-def find_latency_table(cfg: Config, arch: Architecture, log: Any = None
-                       ) -> tuple[LatencyTable | None, str | None]:
-    """(table, source) for predicting `arch`'s latency: `latency.table`, else the search run's
-    cost_table.json (the arch file's meta.run), else this machine's cached table for the
-    config's space; (None, None) when there is none (nothing is measured here)."""
-    if not is_measured(cfg.latency.cost):
+def find_latency_table(space: SearchSpace, lat: LatencyConfig, arch: Architecture,
+                       log: Any = None) -> tuple[LatencyTable | None, str | None]:
+    """(table, source) for predicting `arch`'s latency: `lat.table`, else the search run's
+    cost_table.json (the arch file's meta.run), else this machine's cached table for `space`;
+    (None, None) when there is none (nothing is measured here)."""
+    if not is_measured(lat.cost):
         return None, None
     candidates: list[Path] = []
-    if cfg.latency.table:
-        candidates.append(Path(cfg.latency.table))
+    if lat.table:
+        candidates.append(Path(lat.table))
     run = arch.meta.get("run") if isinstance(arch.meta, dict) else None
     if run:
         candidates.append(RunFiles(run).table)
     try:
-        candidates.append(cached_table_path(cfg))
+        candidates.append(cached_table_path(space, lat))
     except FbnasError:
         pass
     for p in candidates:
@@ -186,21 +191,21 @@ def find_latency_table(cfg: Config, arch: Architecture, log: Any = None
     return None, None
 
 
-def predict_us(table: LatencyTable, arch: Architecture, cfg: Config) -> float:
+def predict_us(table: LatencyTable, arch: Architecture, space: SearchSpace) -> float:
     """The table's whole-network latency of `arch`, in µs (its calibration/corrections applied
-    when the architecture belongs to the config's space)."""
+    when the architecture belongs to `space`)."""
     try:
-        arch.check_fits(cfg.space)
-        return table.predict(arch, "auto", cfg.space)
+        arch.check_fits(space)
+        return table.predict(arch, "auto", space)
     except FbnasError:
         return table.predict(arch, "raw")
 
 
 # ---- a finished search's costs ------------------------------------------------------------
-def run_costs(cfg: Config, table: LatencyTable) -> CostSource:
-    return _source(cfg, table, "the run's cost table")
+def run_costs(space: SearchSpace, table: LatencyTable) -> CostSource:
+    return _source(space, table, "the run's cost table")
 
 
-def run_target(cfg: Config, costs: CostSource) -> float:
+def run_target(space: SearchSpace, loss: LossConfig, costs: CostSource) -> float:
     """The run's loss.target in the table's units (a relative target over its space's range)."""
-    return cfg.loss.build(costs.model(cfg.space).bounds()).target
+    return loss.build(costs.model(space).bounds()).target

@@ -1,5 +1,5 @@
 """What a cost table can hold: one registration per cost kind (latency, FLOPs, params), with
-its units, and the one way fbnas counts FLOPs.
+its units (a counted kind counts with `fbnas.arch.module_flops` / `count_params`).
 
     COST_KINDS.get("flops").unit         # "FLOPs": logs, reports, plots
     COST_KINDS.get("flops").table_unit   # "flops": the `unit` field of a table file
@@ -14,33 +14,23 @@ no torch (the command line reads the kinds for its help); counting does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fbnas.registry import Registry
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-    from torch import nn
+
+def _flops(module: Any, input_chw: tuple[int, int, int]) -> float:
+    from fbnas.arch import module_flops  # torch, only when something is counted
+
+    return float(module_flops(module, input_chw))
 
 
-def count_flops(module: nn.Module, input_chw: Sequence[int], device: str | torch.device = "cpu"
-                ) -> int:
-    """FLOPs of one forward of `module` (as it is: put it in eval mode first) on a zero input
-    of batch 1, counted by torch's FlopCounterMode: 2 per multiply-add of the convolutions and
-    matrix products, as is usual for FLOP counts. On the meta device nothing is computed."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
+def _params(module: Any, input_chw: tuple[int, int, int]) -> float:
+    from fbnas.arch import count_params
 
-    x = torch.zeros(1, *input_chw, device=device)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        module(x)
-    return int(counter.get_total_flops())
-
-
-def count_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
+    return float(count_params(module))
 
 
 @dataclass(frozen=True)
@@ -64,9 +54,8 @@ class CostKind:
 
 COST_KINDS: Registry[CostKind] = Registry("cost kind", "latency.cost")
 COST_KINDS.register("latency", CostKind("us", "us", measured=True))
-COST_KINDS.register("flops", CostKind("FLOPs", "flops",
-                                      lambda m, chw: float(count_flops(m, chw))))
-COST_KINDS.register("params", CostKind("params", "params", lambda m, chw: float(count_params(m))))
+COST_KINDS.register("flops", CostKind("FLOPs", "flops", _flops))
+COST_KINDS.register("params", CostKind("params", "params", _params))
 
 
 def counted_kinds() -> tuple[str, ...]:

@@ -12,7 +12,7 @@ the expected cost under the decisions' weights is exact as
 their coupling); a layer inside a stage reads and writes the stage's one width, so only the
 diagonal C_l[o, j, j] counts there. An architecture's cost, the space's cheapest and dearest
 architecture and the fit onto a target all use the same tensors. The values come from a
-latency or counted table (`fbnas.fit.costs.width_costs`, keyed by
+latency or counted table (`fbnas.latency.resolve.width_costs`, keyed by
 `fbnas.latency.signature.layer_width_signatures`).
 """
 

@@ -1,9 +1,9 @@
 """The cost of an architecture, one way: an op-only space's costs (`OpCosts`, one number per
 (layer, op)) behind the same host-side interface as a width-searched space's (`WidthCosts`,
-fbnas.costs.widths): `of(indices)` (an architecture's predicted cost), `bounds()` (the
+fbnas.latency.width_costs): `of(indices)` (an architecture's predicted cost), `bounds()` (the
 cheapest and dearest architecture's), `rows_at(widths)` (per-(layer, op) costs and the fixed
 cost at one choice of widths: what the fit works on). `CostSource.model(space)`
-(fbnas.fit.costs) gives a run's; the row primitives below are what both are made of.
+(fbnas.latency.resolve) gives a run's; the row primitives below are what both are made of.
 """
 
 from __future__ import annotations
