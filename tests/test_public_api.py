@@ -57,6 +57,9 @@ def test_the_latency_package_names_resolve_lazily_to_their_modules():
                           "print('torch' in sys.modules)"], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "False"
+    # a name that is also a submodule's would read as the module once that is imported
+    submodules = {f.stem for f in Path(latency.__file__).parent.glob("*.py")}
+    assert not submodules & set(latency.__all__)
     for name in latency.__all__:
         assert getattr(latency, name) is getattr(
             importlib.import_module(latency._NAMES[name]), name), name

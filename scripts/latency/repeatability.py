@@ -40,9 +40,8 @@ from fbnas.latency import (
     build_table,
     make_timer,
     sample_spanning,
-    validate,
 )
-from fbnas.latency.validate import public_report, rank_metrics, summary_lines
+from fbnas.latency.validate import public_report, rank_metrics, summary_lines, validate
 from fbnas.search_space import load_space
 from fbnas.settings import CONTEXT_PROBES
 
