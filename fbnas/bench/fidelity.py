@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from scipy import stats
 
 from fbnas.arch import Architecture, arch_indices, random_archs
 from fbnas.bench.table import Bench, check_space
@@ -167,6 +166,8 @@ class Fidelity:
             close_logger(t.log)
 
     def _report(self, points: list[Point]) -> dict[str, Any]:
+        from scipy import stats  # scipy.stats: 0.6 s, here only
+
         a = [p.supernet_acc for p in points]
         b = [p.standalone_acc for p in points]
         # by cross-entropy on both sides: what a few hundred validation images resolve where

@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from scipy import stats
 
 from fbnas.bench.fidelity import supernet_accuracy
 from fbnas.bench.table import Bench, check_space
@@ -190,6 +189,8 @@ def tau_within(groups: list[list[str]], x: dict[str, float], y: dict[str, float]
     """Kendall τ of `x` against `y` inside each group of at least `smallest` networks, the
     groups' mean weighted by their sizes (NaN where no group is large enough or every τ is
     undefined)."""
+    from scipy import stats  # scipy.stats: 0.6 s, here only
+
     num = den = 0.0
     for g in groups:
         if len(g) < smallest:
@@ -244,6 +245,8 @@ def supernet_ranking(run: SearchRun, bench: Bench, keys: list[str]) -> dict[str,
 
 def score_run(bench: Bench, run_dir: str | Path, near: float = LATENCY_TOLERANCE, trials: int = 200,
               seed: int = 0, rank: bool = True) -> Score:
+    from scipy import stats  # scipy.stats: 0.6 s, here only
+
     run = SearchRun.open(run_dir)
     arch = run.arch
     if arch is None:

@@ -41,8 +41,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import kendalltau
-
 from fbnas.arch import Architecture, arch_from_indices
 from fbnas.bench import METRICS
 from fbnas.bench.sample import SampleSpec
@@ -250,6 +248,8 @@ class Bench:
         ranking, the yardstick for an estimator's τ against this benchmark (against the mean
         over seeds, an independent training would read somewhat higher; NaN with one
         seed). `keys`: over those networks only (a sampled benchmark's reference sample)."""
+        from scipy.stats import kendalltau  # scipy.stats: 0.6 s, here only
+
         b = str(self._budget(budget))
         if len(self.seeds) < 2:
             return math.nan
