@@ -22,6 +22,7 @@ entry is one registration and no list anywhere else.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -130,7 +131,6 @@ def lazy_exports(package: str, names: dict[str, str]
     """A package's `__getattr__` and `__dir__` that re-export `names` (name -> the module that
     defines it), each imported the first time it is asked for, so importing the package
     imports none of them (`fbnas`, `fbnas.latency`)."""
-    import sys
 
     def getattr_(name: str) -> Any:
         if name in names:

@@ -253,7 +253,7 @@ class ChildTrainer(EpochRunner):
             return {"top1": test["top1"], "top5": test["top5"], "test_ce": test["ce"]}
         stats = child_stats(self.arch)
         table, table_src = find_latency_table(self.cfg.space, self.cfg.latency, self.arch,
-                                                     self.log)
+                                              self.log)
         predicted = None
         if table is not None:
             try:

@@ -164,12 +164,11 @@ class RaySweep:
         sw, ray = self.sweep, self.ray
         t0 = time.perf_counter()
         ensure_dir(sw.out)
+        c = sw.plan[0].cfg
         if any(not search_done(sp.cfg) for sp in sw.plan):
             # the latency table (and the data) once, here, before the workers load the machine
-            cfg = sw.plan[0].cfg
-            resolve_costs(cfg.space, cfg.latency, self.log, save=False, progress=cfg.run.progress)
+            resolve_costs(c.space, c.latency, self.log, save=False, progress=c.run.progress)
         sw._n_test()
-        c = sw.plan[0].cfg
         self.driver_fit = (is_measured(c.latency.cost) and c.loss.target is not None
                            and c.search.fit_target and c.search.fit_measure != "off")
         if self.driver_fit:
