@@ -1,11 +1,18 @@
 from __future__ import annotations
 
 import copy
+import functools
+import gc
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from fbnas.search_space import SearchSpace
+if TYPE_CHECKING:
+    import torch
+
+# torch (and fbnas.search_space, which imports it) is imported where it is used: pytest-xdist's
+# controller process loads this file too, and imports nothing it does not run before it
+# starts the workers (1.3 s of the fast tier's wall time).
 
 TINY_SPACE = {
     "name": "tiny",
@@ -69,17 +76,26 @@ space:
 """
 
 
-class NanGradient(torch.autograd.Function):
-    """Identity forward, NaN backward: a finite loss whose gradient is not (the non-finite
-    gradient tests)."""
+@functools.cache
+def _nan_gradient():
+    import torch
 
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
+    class NanGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
 
-    @staticmethod
-    def backward(ctx, g):
-        return g * float("nan")
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("nan")
+
+    return NanGradient
+
+
+def nan_gradient(x):
+    """`x` through an identity whose backward is NaN: a finite loss whose gradient is not (the
+    non-finite gradient tests)."""
+    return _nan_gradient().apply(x)
 
 
 def needs(package: str, extra: str):
@@ -93,6 +109,8 @@ def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
     error matches `match` and the checkpoint holds `position` (epoch, phase, step) and finite
     values; under `skip` the run ends with that one step skipped and finite weights. Closes
     `t`'s log."""
+    import torch
+
     from fbnas.training.checkpoint import load_checkpoint
     from fbnas.training.logs import close_logger
     from fbnas.training.loop import NonFiniteLoss
@@ -116,6 +134,8 @@ def fit_through_a_bad_step(t, policy: str, match: str, position: tuple) -> None:
 def randomise_bn(net: torch.nn.Module) -> None:
     """Random BatchNorm statistics and affine parameters (seeded): a path that equals its child
     network must equal it with every BN doing something."""
+    import torch
+
     g = torch.Generator().manual_seed(1)
     for m in net.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
@@ -161,11 +181,32 @@ def latency_space(**over) -> dict:
     return copy.deepcopy({**LATENCY_SPACE, **over})
 
 
+def _xdist_controller(config) -> bool:
+    """Whether this process hands the tests to pytest-xdist's workers (and runs none)."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses",
+                                                                 0))
+
+
 def pytest_configure(config):
     """One intra-op thread for the whole run: the tests' networks are tiny, and on a small
     shared machine a second thread only spins (the fast tier ran ~1.7x faster on the 2-core
-    VM). Tests about threads (the timers', DataLoader workers) set their own."""
+    VM). Tests about threads (the timers', DataLoader workers) set their own.
+
+    No cyclic garbage collection while the tests are collected, and what collection made
+    (the imported packages, the test items) frozen out of later collections: Python's full
+    collections over torch's and the tests' objects took about 2 of each worker's 8 seconds
+    of start-up, and recur during the tests. Cycles the tests make are still collected."""
+    if _xdist_controller(config):
+        return
+    import torch
+
     torch.set_num_threads(1)
+    gc.disable()
+
+
+def pytest_collection_finish(session):
+    gc.freeze()
+    gc.enable()
 
 
 @pytest.fixture
@@ -174,12 +215,16 @@ def tiny_space_dict() -> dict:
 
 
 @pytest.fixture
-def tiny_space() -> SearchSpace:
+def tiny_space():
+    from fbnas.search_space import SearchSpace
+
     return SearchSpace.from_dict(TINY_SPACE, "tiny")
 
 
 @pytest.fixture(autouse=True)
 def _seed():
+    import torch
+
     torch.manual_seed(0)
 
 

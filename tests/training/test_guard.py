@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NanGradient, digits_run_config, fit_through_a_bad_step
+from conftest import digits_run_config, fit_through_a_bad_step, nan_gradient
 
 from fbnas.config import config_from_dict
 from fbnas.errors import FbnasError
@@ -54,8 +54,8 @@ def test_auto_defers_on_cuda_only_and_never_under_fp16():
     assert not deferred_wanted("step", cuda, "float32")
 
 
-@pytest.mark.parametrize("mode, warmup", [("full", "mode"), ("reinforce", "mode"),
-                                          ("full", "fair")])
+@pytest.mark.parametrize("mode, warmup", [  # the fair warm-up in the slow tier
+    ("full", "mode"), ("reinforce", "mode"), pytest.param("full", "fair", marks=pytest.mark.slow)])
 def test_a_deferred_search_equals_the_checked_one(tmp_path, mode, warmup):
     """Fused optimizers with the device-side skip against the per-step check: θ and every
     epoch's figures agree to float rounding (the kernels differ, not the algorithm: their
@@ -298,7 +298,7 @@ def test_a_finite_loss_with_a_nan_gradient_is_caught_before_the_update(tmp_path,
 
     def ce(logits, y):
         out = orig(logits, y)
-        return NanGradient.apply(out) if next(calls) == 3 else out
+        return nan_gradient(out) if next(calls) == 3 else out
 
     t.loss.ce = ce
     fit_through_a_bad_step(
