@@ -141,7 +141,9 @@ def straight_run(tmp_path_factory):
     return run_to_end(make_cfg(tmp_path_factory.mktemp("straight")))
 
 
-@pytest.mark.parametrize("stop_at", [("w", 9), ("theta", 2), ("epoch_end", 2)])
+@pytest.mark.parametrize("stop_at", [  # mid weight phase in the fast tier, the others slow
+    ("w", 9), pytest.param(("theta", 2), marks=pytest.mark.slow),
+    pytest.param(("epoch_end", 2), marks=pytest.mark.slow)])
 def test_resume_gives_the_same_theta_as_an_uninterrupted_run(tmp_path, stop_at, straight_run):
     straight = straight_run
     cfg = make_cfg(tmp_path, "interrupted")
@@ -240,8 +242,10 @@ def test_missing_latency_table_is_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r" / "checkpoint.pt").exists()
 
 
-@pytest.mark.parametrize("check", ["step", "deferred"])
-@pytest.mark.parametrize("policy", ["stop", "skip"])
+@pytest.mark.parametrize("policy, check", [  # two in the fast tier, the other two slow
+    ("stop", "step"), ("skip", "deferred"),
+    pytest.param("stop", "deferred", marks=pytest.mark.slow),
+    pytest.param("skip", "step", marks=pytest.mark.slow)])
 def test_non_finite_loss_is_caught_at_its_step(tmp_path, policy, check):
     """Read at once (`step`) or on the device and polled later (`deferred`, fbnas.training._guard):
     the same step named, the same position saved, nothing non-finite applied."""

@@ -145,10 +145,10 @@ def test_a_registered_cost_kind_is_tabulated_and_configured():
         COST_KINDS.unregister("convs")
 
 
-@pytest.mark.parametrize("order", [  # the fast tier one order, the slow tier the others
-    o if i == 0 else pytest.param(o, marks=pytest.mark.slow) for i, o in
-    enumerate(itertools.permutations(["fbnas.backends", "fbnas.backends.export",
-                                      "fbnas.latency.resolve"]))])
+@pytest.mark.slow  # a fresh interpreter per order (2 s each); the import rule and the
+# package graph's acyclicity are checked statically in the fast tier (tests/test_layers.py)
+@pytest.mark.parametrize("order", list(itertools.permutations(
+    ["fbnas.backends", "fbnas.backends.export", "fbnas.latency.resolve"])))
 def test_the_packages_import_in_any_order_and_leave_scipy_unread(order):
     """(`fbnas.latency` itself imports nothing up front: `latency.resolve` imports the tables,
     their build and the cost models.) Also: scipy.stats (a second's import) is read by the

@@ -61,8 +61,8 @@ def test_a_runtime_table_is_built_through_the_runtime_with_its_call_overhead_tak
     assert all(a["measured_us"] > 0 for a in rep["archs"])
 
 
-@pytest.mark.parametrize("runtime", [pytest.param(r, marks=pytest.mark.slow) if r == "executorch"
-                                     else r for r in RUNTIMES])
+@pytest.mark.slow  # lowers through the runtime: the runtimes are the slow tier's
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_the_runtime_computes_what_eager_computes(runtime, tmp_path):
     torch.manual_seed(1)
     module = SIG.build().eval()
@@ -77,6 +77,7 @@ def test_the_runtime_computes_what_eager_computes(runtime, tmp_path):
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # lowers through ONNX: the runtimes are the slow tier's
 def test_programs_are_cached_by_what_they_compute(tmp_path, monkeypatch):
     first = _timer("ort", tmp_path)
     first.prepare(SIG.build(), SIG.input_shape, "a")
@@ -112,6 +113,7 @@ def test_runtime_timers_refuse_what_they_cannot_time(tmp_path):
         _timer("ort", tmp_path).prepare(scripted, (3, 4, 4))
 
 
+@pytest.mark.slow  # loads ExecuTorch's runtime (3.5 s to import): the slow tier's
 def test_a_pte_file_that_is_missing_or_no_program_is_one_line(tmp_path):
     """What `fbnas latency measure --model X.pte` meets: a missing file, a file ExecuTorch
     cannot load, and a program asked for fbnas metadata it has no place for."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from conftest import digits_run_config
 
@@ -53,6 +54,7 @@ def test_fidelity_ranks_supernet_estimates_against_retraining(tmp_path, capsys):
     assert again["kendall_tau"] == rep["kendall_tau"]
 
 
+@pytest.mark.slow  # moved from the fast tier: a search and six retrains, 1 s
 def test_fidelity_retrain_seeds_average_and_give_the_noise_ceiling(tmp_path, capsys):
     run = _search(tmp_path)
     assert main(["fidelity", str(run), "-n", "3", "--retrains", "2"]) == 0

@@ -22,6 +22,7 @@ from fbnas.training.logs import close_logger
 from .measured import fake_run, run_search, slow_networks
 
 
+@pytest.mark.slow  # moved from the fast tier: a search and three commands, 2 s
 def test_sample_hard_gives_the_runs_architecture_and_refit_says_what_changed(
         tmp_path, monkeypatch, capsys):
     """`fbnas sample RUN --hard` writes what `fbnas train` returned (arch_hard.yaml) without

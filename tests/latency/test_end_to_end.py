@@ -139,6 +139,7 @@ def test_a_fit_panel_keeps_the_probes_nearest_the_target_in_their_order():
     assert Panel(archs).nearest(3, 5.0).archs == archs  # no anchors: companions, all kept
 
 
+@pytest.mark.slow  # moved from the fast tier: a measured search, 1-2 s
 def test_the_measured_fit_times_among_the_fit_panel_nearest_its_target(tmp_path, monkeypatch):
     """With `search.fit_panel: 4` every timing of the fit holds the network and the same 4
     probes, those nearest the target; the fit still lands within its tolerance (the figures

@@ -204,6 +204,7 @@ def test_the_fit_moves_widths_and_ops_into_the_band_whenever_one_is_there():
         assert fit.hit == reachable
 
 
+@pytest.mark.slow  # moved from the fast tier: five commands end to end, 2 s
 def test_a_width_search_runs_through_sample_retrain_and_plot(tmp_path):
     d = digits_run_config(
         space={**WSPACE, "in_channels": 1, "input_size": 8, "num_classes": 10},
