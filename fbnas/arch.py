@@ -307,7 +307,9 @@ def module_flops(module: nn.Module, input_chw: Sequence[int], device: str | torc
     return int(counter.get_total_flops())
 
 
-def count_params(module: nn.Module) -> int:
+def count_params(module: nn.Module, input_chw: Sequence[int] | None = None) -> int:
+    """The parameters of `module` (`input_chw`, which they do not depend on, is taken so that
+    it counts as `module_flops` does: a cost kind's counter)."""
     return sum(p.numel() for p in module.parameters())
 
 

@@ -274,6 +274,23 @@ def test_a_cost_kind_is_measured_or_counted():
         CostKind("x", "x")
     with pytest.raises(ValueError, match="either measured or counted"):
         CostKind("x", "x", lambda m, chw: 1.0, measured=True)
+    with pytest.raises(ValueError, match="not counted"):
+        COST_KINDS.get("latency").count(torch.nn.Identity(), (1, 2, 2))
+
+
+def test_a_counted_kind_names_its_counter_by_where_it_lives():
+    """The shipped counters are declared as "module:function" (importing the kinds imports no
+    torch), imported on first count, and count as the functions they name."""
+    from fbnas.arch import count_params, module_flops
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    for name, fn in (("flops", module_flops), ("params", count_params)):
+        kind = COST_KINDS.get(name)
+        assert kind.counted and isinstance(kind.counter, str)
+        assert kind.counter == f"{fn.__module__}:{fn.__name__}"
+        assert kind.count(net, (3, 8, 8)) == float(fn(net, (3, 8, 8)))
+    assert COST_KINDS.get("params").count(net, (3, 8, 8)) == 3 * 4 * 9 + 4
+    assert COST_KINDS.get("flops").count(net, (3, 8, 8)) == 2 * 3 * 9 * 4 * 6 * 6
 
 
 def test_no_module_tests_the_cost_kind_by_name():

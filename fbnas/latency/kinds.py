@@ -1,5 +1,5 @@
 """What a cost table can hold: one registration per cost kind (latency, FLOPs, params), with
-its units (a counted kind counts with `fbnas.arch.module_flops` / `count_params`).
+its units (a counted kind names its counter: `fbnas.arch.module_flops` / `count_params`).
 
     COST_KINDS.get("flops").unit         # "FLOPs": logs, reports, plots
     COST_KINDS.get("flops").table_unit   # "flops": the `unit` field of a table file
@@ -14,23 +14,12 @@ no torch (the command line reads the kinds for its help); counting does.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fbnas.registry import Registry
-
-
-def _flops(module: Any, input_chw: tuple[int, int, int]) -> float:
-    from fbnas.arch import module_flops  # torch, only when something is counted
-
-    return float(module_flops(module, input_chw))
-
-
-def _params(module: Any, input_chw: tuple[int, int, int]) -> float:
-    from fbnas.arch import count_params
-
-    return float(count_params(module))
 
 
 @dataclass(frozen=True)
@@ -39,23 +28,35 @@ class CostKind:
 
     unit: str  # in logs, reports and plots
     table_unit: str  # the table file's `unit` field (as written since schema 1)
-    # counted kinds: the cost of one block at batch 1, no device needed
-    count: Callable[[Any, tuple[int, int, int]], float] | None = None
+    # counted kinds: what counts one block at batch 1, no device needed, called as
+    # `counter(module, input_chw)`: the function, or where it lives ("module:function",
+    # imported when something is first counted: torch is not imported before that)
+    counter: Callable[[Any, tuple[int, int, int]], float] | str | None = None
     measured: bool = False  # timed on a device (latency): tables with statistics, a timer
 
     def __post_init__(self) -> None:
-        if self.measured == (self.count is not None):
-            raise ValueError("a cost kind is either measured or counted (has a `count`)")
+        if self.measured == (self.counter is not None):
+            raise ValueError("a cost kind is either measured or counted (has a `counter`)")
 
     @property
     def counted(self) -> bool:
-        return self.count is not None
+        return self.counter is not None
+
+    def count(self, module: Any, input_chw: tuple[int, int, int]) -> float:
+        """The counted cost of `module` on one input of `input_chw`."""
+        fn = self.counter
+        if isinstance(fn, str):
+            where, _, name = fn.partition(":")
+            fn = getattr(importlib.import_module(where), name)
+        if fn is None:
+            raise ValueError("a measured cost kind is timed on a device, not counted")
+        return float(fn(module, input_chw))
 
 
 COST_KINDS: Registry[CostKind] = Registry("cost kind", "latency.cost")
 COST_KINDS.register("latency", CostKind("us", "us", measured=True))
-COST_KINDS.register("flops", CostKind("FLOPs", "flops", _flops))
-COST_KINDS.register("params", CostKind("params", "params", _params))
+COST_KINDS.register("flops", CostKind("FLOPs", "flops", "fbnas.arch:module_flops"))
+COST_KINDS.register("params", CostKind("params", "params", "fbnas.arch:count_params"))
 
 
 def counted_kinds() -> tuple[str, ...]:
