@@ -28,8 +28,8 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 
+from fbnas.data.sources import bundled_digits
 from fbnas.search.modes import MODES, get_mode
 from fbnas.search_space import SearchSpace
 from fbnas.supernet import Supernet
@@ -40,11 +40,11 @@ RELAXED = [m for m in MODES.choices() if not get_mode(m).score_paths]
 
 
 def digits(size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images, target = bundled_digits()  # pixels / 16
+    x = torch.from_numpy(images).unsqueeze(1)
     if size != (8, 8):
         x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
-    return x, torch.tensor(d.target)
+    return x, torch.from_numpy(target)
 
 
 def main(argv: list[str] | None = None) -> None:

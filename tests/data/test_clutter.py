@@ -12,7 +12,7 @@ from conftest import one_line_error
 from fbnas.data import DataConfig, build_search_data, build_train_data, digits_split
 from fbnas.data.clutter import draw, scale_digits
 from fbnas.data.sampling import split_groups
-from fbnas.data.sources import _load_digits, load_source
+from fbnas.data.sources import bundled_digits, load_source
 
 SMALL = {"dataset": "cluttered_digits", "clutter_per_source": 1, "clutter_test_per_source": 1,
          "val_fraction": 0.15, "batch_size": 32}
@@ -52,7 +52,7 @@ def test_no_source_image_is_in_two_of_train_val_and_test(source):
     for ds in (source.train, source.test):
         assert not (ds.fragments == ds.source[:, None]).any()
     # clutter_per_source canvases per source, consecutive; labels are the digit's
-    _, target = _load_digits()
+    _, target = bundled_digits()
     assert len(source.train) == 2 * len(tr) and len(source.test) == 3 * len(te)
     assert np.array_equal(np.bincount(source.test.source, minlength=1797)[te], np.full(len(te), 3))
     assert torch.equal(source.train.labels, torch.from_numpy(target[source.train.source]))
@@ -106,7 +106,7 @@ def test_canvases_hold_their_digit_and_clutter_and_are_normalised(source):
     x, _ = next(iter(d.val_loader))
     assert abs(float(x.mean())) < 0.3 and 0.7 < float(x.std()) < 1.3
     # the digit is drawn whole at its place: a window of the canvas is at least the digit
-    images, target = _load_digits()
+    images, target = bundled_digits()
     digit = scale_digits(images, 8)
     c = draw(digit, target, np.arange(10), (20, 20), 3, 4, 2, seed=3)
     assert c.images.shape == (20, 20, 20) and c.images.dtype == np.float32
@@ -182,7 +182,7 @@ def test_resolved_config_lists_the_clutter_keys_only_for_this_dataset():
 
 def test_classes_keep_sources_and_fragments_of_the_kept_digits():
     src = load_source(_cfg(classes=3, class_seed=1), 16, 1, 3, 0)
-    _, target = _load_digits()
+    _, target = bundled_digits()
     kept = set(src.kept)
     for ds in (src.train, src.test):
         assert set(target[ds.source].tolist()) <= kept

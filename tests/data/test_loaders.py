@@ -369,9 +369,9 @@ def test_classes_bad_values_are_one_line_errors(d, needles):
 def _digit_of_image():
     """An 8x8 digit image's bytes -> its digit, from the bundled digits (the test's ground
     truth for which class a loader's sample really is)."""
-    from fbnas.data.sources import _load_digits
+    from fbnas.data.sources import bundled_digits
 
-    images, target = _load_digits()
+    images, target = bundled_digits()
     return {img.tobytes(): int(t) for img, t in zip(images, target, strict=True)}
 
 
@@ -399,9 +399,9 @@ def test_classes_pick_the_same_digits_on_every_split_and_in_search_retrain_and_e
         assert {int(ds.labels[i]) for i in (range(len(ds)) if idx is None else idx)} == \
             set(range(4)), name
     # the kept digits' samples, all of them: the full train/test split filtered
-    from fbnas.data.sources import _load_digits
+    from fbnas.data.sources import bundled_digits
 
-    _, target = _load_digits()
+    _, target = bundled_digits()
     tr, te = digits_split()
     assert len(s.w_loader.dataset) == int(np.isin(target[tr], kept).sum())
     assert len(s.test_loader.dataset) == int(np.isin(target[te], kept).sum())
@@ -532,7 +532,7 @@ def test_classes_flow_through_search_retrain_and_eval(tmp_path, capsys):
     n_test = build_eval_data(DataConfig(classes=3, class_seed=5), 8, 1, 3, seed=3,
                              split="test").sampler.indices.numel()
     assert f"test ({n_test} images" in capsys.readouterr().out
-    from fbnas.data.sources import _load_digits
+    from fbnas.data.sources import bundled_digits
 
-    _, target = _load_digits()
+    _, target = bundled_digits()
     assert n_test == int(np.isin(target[digits_split()[1]], picked["indices"]).sum())

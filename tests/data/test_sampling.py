@@ -7,6 +7,7 @@ import pytest
 from conftest import one_line_error, order
 
 from fbnas.data import DataConfig, build_search_data, digits_split, split_indices
+from fbnas.data.sources import bundled_digits
 
 N_DIGITS_TRAIN = 1797 - 360
 
@@ -38,11 +39,25 @@ def test_digits_test_split_is_fixed_stratified_and_disjoint():
     tr, te = digits_split()
     assert len(te) == 360 and len(tr) == N_DIGITS_TRAIN
     assert not set(tr) & set(te) and sorted(np.concatenate([tr, te])) == list(range(1797))
-    from sklearn.datasets import load_digits
-
-    y = load_digits().target
+    y = bundled_digits()[1]
     counts = np.bincount(y[te], minlength=10)
     assert counts.min() >= 34 and counts.max() <= 38  # 20% of 174..183 per class
+
+
+@pytest.mark.slow  # imports scikit-learn (a second), which loading the digits does not
+def test_the_digits_and_their_split_are_scikit_learns():
+    """The digits as `load_digits()` gives them, and the declared split as `train_test_split`
+    draws it (stratified, 20%, random_state 0), whatever the installed scikit-learn."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    images, target = bundled_digits()
+    assert np.array_equal(images, (d.images / 16.0).astype(np.float32))
+    assert np.array_equal(target, d.target)
+    tr, te = train_test_split(np.arange(len(d.target)), test_size=0.2, stratify=d.target,
+                              random_state=0)
+    assert [list(x) for x in digits_split()] == [sorted(tr), sorted(te)]
 
 
 def test_search_data_index_sets():
