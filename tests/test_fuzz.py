@@ -30,8 +30,27 @@ from fbnas.latency import LatencyTable, space_signatures
 from fbnas.runs.results import load_results
 from fbnas.search_space import SearchSpace
 
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
+FUZZ = settings(deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def fuzz(*strategies, examples: int = 50):
+    """The decorated property checked on `examples` draws of `strategies` in the fast tier and
+    on ten times as many in the slow tier (derandomized: the same draws every run)."""
+
+    def wrap(prop):
+        @pytest.mark.parametrize("n", [pytest.param(examples, id="fast"),
+                                       pytest.param(10 * examples, id="deep",
+                                                    marks=pytest.mark.slow)])
+        def test(n):
+            settings(FUZZ, max_examples=n)(given(*strategies)(prop))()
+
+        test.__name__, test.__qualname__, test.__doc__ = prop.__name__, prop.__qualname__, \
+            prop.__doc__
+        test.__module__ = prop.__module__
+        return test
+
+    return wrap
 
 SPACE = {
     "name": "tiny", "input_size": 8, "in_channels": 1, "num_classes": 10,
@@ -158,8 +177,7 @@ def test_fbnas_error_folds_every_line_break(sep):
     assert text.startswith("runs/evil name.yaml: key 'a b'")
 
 
-@FUZZ
-@given(st.text(max_size=60))
+@fuzz(st.text(max_size=60))
 def test_fbnas_error_is_always_one_line(msg):
     assert len(str(FbnasError(msg)).splitlines()) <= 1
 
@@ -169,15 +187,14 @@ _TMP = Path(tempfile.mkdtemp(prefix="fbnas-fuzz-"))
 atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 
-@FUZZ
-@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode)
-       | st.sampled_from([b"a: [1, 2", b"- x\n- y", b"&a [*a]", b"a: &x 1\nb: *x",
-                          b"!!python/object:os.system x", b"{a: !!binary ZZZ}",
-                          b"\xef\xbb\xbfa: 1", b"? [a, b]\n: c", b"a: 1\na: 2",
-                          b"%YAML 9.9\n---\na: 1", b"a: 2001-13-45", b"a: !!int x",
-                          b"a: !!float x", b"a: !!timestamp 2020-02-30", b"a: !!set {1, 2}",
-                          b"a: " + b"9" * 5000, b'{"a": ' + b"9" * 5000 + b"}",
-                          b'{"a": NaN, "b": -Infinity}', b"a: !!binary AAAA"]))
+@fuzz(st.binary(max_size=300) | st.text(max_size=300).map(str.encode)
+      | st.sampled_from([b"a: [1, 2", b"- x\n- y", b"&a [*a]", b"a: &x 1\nb: *x",
+                         b"!!python/object:os.system x", b"{a: !!binary ZZZ}",
+                         b"\xef\xbb\xbfa: 1", b"? [a, b]\n: c", b"a: 1\na: 2",
+                         b"%YAML 9.9\n---\na: 1", b"a: 2001-13-45", b"a: !!int x",
+                         b"a: !!float x", b"a: !!timestamp 2020-02-30", b"a: !!set {1, 2}",
+                         b"a: " + b"9" * 5000, b'{"a": ' + b"9" * 5000 + b"}",
+                         b'{"a": NaN, "b": -Infinity}', b"a: !!binary AAAA"]))
 def test_load_yaml_and_load_json_raise_only_fbnas_errors(raw):
     p = _TMP / "f"
     p.write_bytes(raw)
@@ -187,8 +204,7 @@ def test_load_yaml_and_load_json_raise_only_fbnas_errors(raw):
     assert data is None or isinstance(data, dict)
 
 
-@FUZZ
-@given(values() | edited(SPACE))
+@fuzz(values() | edited(SPACE))
 def test_search_space_from_dict(data):
     space = only_fbnas_errors(SearchSpace.from_dict, data)
     if space is not None:
@@ -197,8 +213,7 @@ def test_search_space_from_dict(data):
         assert [la.index for la in space.layers()] == list(range(space.num_layers))
 
 
-@FUZZ
-@given(values() | edited(ARCH))
+@fuzz(values() | edited(ARCH))
 def test_architecture_from_dict(data):
     arch = only_fbnas_errors(Architecture.from_dict, data)
     if arch is not None:
@@ -206,8 +221,7 @@ def test_architecture_from_dict(data):
         assert again.hash() == arch.hash() and again.ops == arch.ops
 
 
-@FUZZ
-@given(values(JSON_KEYS) | edited(TABLE, JSON_KEYS))
+@fuzz(values(JSON_KEYS) | edited(TABLE, JSON_KEYS))
 def test_latency_table_from_dict(data):
     try:
         json.dumps(data)
@@ -222,8 +236,7 @@ def test_latency_table_from_dict(data):
         only_fbnas_errors(table.check_run, 1, "float32", "contiguous", "fake")
 
 
-@FUZZ
-@given(values() | edited(CONFIG))
+@fuzz(values() | edited(CONFIG))
 def test_config_from_dict(data):
     if not isinstance(data, dict):
         data = {"space": data}
@@ -232,8 +245,7 @@ def test_config_from_dict(data):
         assert config_from_dict(cfg.resolved()).resolved() == cfg.resolved()
 
 
-@FUZZ
-@given(values(JSON_KEYS) | edited(RESULTS, JSON_KEYS))
+@fuzz(values(JSON_KEYS) | edited(RESULTS, JSON_KEYS))
 def test_load_results(data):
     p = _TMP / "results.json"
     try:
@@ -302,17 +314,15 @@ OP_NAMES = (st.text(max_size=40)
             | st.sampled_from(["skip", "shift", "ir_k3_s4_se", "k3_e1", "ir_k" + "9" * 5000]))
 
 
-@FUZZ
-@given(OP_NAMES | values())
+@fuzz(OP_NAMES | values())
 def test_canonical_op_raises_only_fbnas_errors_and_is_idempotent(name):
     canon = only_fbnas_errors(canonical_op, name)
     if canon is not None:
         assert canonical_op(canon) == canon
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
-@given(OP_NAMES, st.integers(-2, 17) | st.booleans() | st.none(), st.integers(-1, 17),
-       st.integers(-1, 3) | st.floats(0, 3))
+@fuzz(OP_NAMES, st.integers(-2, 17) | st.booleans() | st.none(), st.integers(-1, 17),
+      st.integers(-1, 3) | st.floats(0, 3), examples=25)
 def test_build_block_raises_only_fbnas_errors(name, c_in, c_out, stride):
     import torch
 
