@@ -222,6 +222,8 @@ def test_input_shape_parsing():
             parse_input_shape(bad)
 
 
+@pytest.mark.slow  # scripting and exporting the two programs (torch.export's first use in a
+# worker is 2 s); the fast tier times arch networks through the same measure_specs
 def test_plain_torchscript_and_pt2_programs_are_timed_with_arch_networks(tmp_path):
     ts, pt2 = _files(tmp_path)
     specs = [ModelSpec("0:plain", "model", str(ts), (3, 12, 12)),

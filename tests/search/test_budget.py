@@ -136,7 +136,8 @@ def budget_config(tmp_path, budget, **search):
     return config_from_dict(copy.deepcopy(d), "tiny.yaml")
 
 
-@pytest.mark.parametrize("budget", [2.0, 3.0])
+@pytest.mark.parametrize("budget", [2.0, pytest.param(3.0, marks=pytest.mark.slow)])
+# (one budget in the fast tier; a second, with the supernet's epochs re-planned, in the slow)
 def test_a_budgeted_search_spends_what_its_plan_predicts(tmp_path, monkeypatch, budget):
     clock = FakeClock()
     fake_costs(monkeypatch, clock)
@@ -231,6 +232,8 @@ def test_a_real_budgeted_search_on_the_quickstart_records_what_it_spent(tmp_path
     assert saved["budget"] == 3 and saved["epochs"] >= 2
 
 
+@pytest.mark.slow  # two searches (stopped, resumed) beside a third; the fast tier checks the
+# plan and a budgeted search that runs through
 def test_a_budgeted_search_interrupted_resumes_on_its_plan(tmp_path, monkeypatch):
     """Ctrl-C after the re-planned epochs: `--resume` reads the plan from the run (no new
     probe), runs the planned epochs and records the seconds of both processes."""
