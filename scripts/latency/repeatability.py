@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                              for a in archs])
         res["reference_protocol"].update(rank_metrics(ref_pred, meas))
         res["reference_protocol"]["median_ratio"] = float(np.median(ref_pred / meas))
-    # the careful isolated table of the issue (eval, inference mode, 1 thread, min over rounds,
+    # a careful isolated table (eval, inference mode, 1 thread, min over rounds,
     # no reference op, no context factor): sums of the entries' raw minima
     iso = np.array([sum(table.entries[s.key()].stats["raw_min_us"] for s in arch_signatures(a))
                     for a in archs])

@@ -1,7 +1,7 @@
 """Search throughput per mode and precision, against a memory-bandwidth bound.
 
 Runs what `fbnas train` runs: SearchTrainer.weight_step + theta_step (one "step" = both, as in
-the issue's table) on one synthetic batch held on the device, for every variant of
+the reported GPU table) on one synthetic batch held on the device, for every variant of
 --modes x --precisions x --layouts (`search.channels_last`: `auto`, the default, is NHWC on
 CUDA and NCHW on the CPU; `channels_last` and `nchw` force one; each variant's name says the
 layout it ran), each its own trainer. Variants are timed in interleaved rounds
