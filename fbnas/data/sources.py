@@ -34,7 +34,7 @@ DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3760  # pixel statistics of load_digits().im
 # is a test sample. It is scikit-learn's `train_test_split(range(1797), test_size=0.2,
 # stratify=target, random_state=0)` (360 test samples), written out so that the split does not
 # depend on the installed scikit-learn and loading the digits does not import it; the slow tier
-# checks it against scikit-learn (tests/data/test_loaders.py)
+# checks it against scikit-learn (tests/data/test_sampling.py)
 DIGITS_TEST_MASK = (
     "000004883524104000064100934205001a00080100240028062c12001000940a009019120420f8a0028110a0"
     "00080a8820441524494240a00a0000004004d80000818020004805c400104008a0100005404800301000020e"
