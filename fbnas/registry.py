@@ -31,6 +31,12 @@ from fbnas.errors import FbnasError
 T = TypeVar("T")
 
 
+def located(at: str) -> Any:
+    """The object "module:attribute" names, its module imported (once: Python caches it)."""
+    module, _, attr = at.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 class Entry(Generic[T]):
     """One registration: the name, the registered object and what was said of it. An entry
     registered `at` "module:attribute" imports its object the first time `obj` is read."""
@@ -43,8 +49,7 @@ class Entry(Generic[T]):
     @property
     def obj(self) -> T:
         if self._obj is None and self.at is not None:
-            module, _, attr = self.at.partition(":")
-            self._obj = getattr(importlib.import_module(module), attr)
+            self._obj = located(self.at)
         return self._obj  # type: ignore[return-value]
 
     def __repr__(self) -> str:

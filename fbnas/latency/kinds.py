@@ -14,12 +14,11 @@ no torch (the command line reads the kinds for its help); counting does.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fbnas.registry import Registry
+from fbnas.registry import Registry, located
 
 
 @dataclass(frozen=True)
@@ -44,10 +43,7 @@ class CostKind:
 
     def count(self, module: Any, input_chw: tuple[int, int, int]) -> float:
         """The counted cost of `module` on one input of `input_chw`."""
-        fn = self.counter
-        if isinstance(fn, str):
-            where, _, name = fn.partition(":")
-            fn = getattr(importlib.import_module(where), name)
+        fn = located(self.counter) if isinstance(self.counter, str) else self.counter
         if fn is None:
             raise ValueError("a measured cost kind is timed on a device, not counted")
         return float(fn(module, input_chw))

@@ -54,10 +54,14 @@ def entry_to_retrain(b: Bench) -> tuple[str, int]:
                key=lambda ks: b.networks[ks[0]]["runs"][str(ks[1])][full]["seconds"])
 
 
+def sittings(b: Bench) -> list[dict]:
+    """The machine of each sitting that trained `b` (the first, then those of its `code`)."""
+    return [b.meta["machine"], *(c.get("machine", {}) for c in b.meta.get("code", []))]
+
+
 def recorded_capability(b: Bench) -> str:
     """The CPU capability every sitting of `b` trained with (one, or the file is mixed)."""
-    caps = {m.get("cpu_capability") for m in
-            [b.meta["machine"], *(c.get("machine", {}) for c in b.meta.get("code", []))]}
+    caps = {m.get("cpu_capability") for m in sittings(b)}
     assert len(caps) == 1 and None not in caps, f"{b.path}: trained with capabilities {caps}"
     return caps.pop()
 
@@ -72,8 +76,7 @@ def recorded_vendor(b: Bench) -> str:
     """The CPU vendor every sitting of `b` trained on (one, or the file is mixed). A sitting
     that recorded no CPU model predates that field (before 2026-11-30), when the project VM
     always ran on AMD EPYC hosts."""
-    vendors = {cpu_vendor(m.get("cpu_model") or "AMD EPYC") for m in
-               [b.meta["machine"], *(c.get("machine", {}) for c in b.meta.get("code", []))]}
+    vendors = {cpu_vendor(m.get("cpu_model") or "AMD EPYC") for m in sittings(b)}
     assert len(vendors) == 1, f"{b.path}: trained on {vendors}"
     return vendors.pop()
 
